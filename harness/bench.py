@@ -1,0 +1,391 @@
+"""Benchmarks: ``python -m harness.bench kernels`` and ``python -m harness.bench overhead``.
+
+``kernels``: every softmax method, forward and backward separately, against the device-to-device copy
+bandwidth measured in the same run. GB/s counts 2 x tensor bytes forward (read x, write y) and 3 x
+backward (read y and dy, write dx), whatever the method really moves, so a method that moves more
+bytes shows as a lower effective bandwidth. Timing: ``triton.testing.do_bench`` (CUDA events, L2
+flushed between repetitions, median) after a warm-up that includes any compilation. Backward is timed
+through ``torch.autograd.grad`` on a retained graph, the same way for every method. Each method's
+forward is checked against a float32 reference on the benchmark input first; a wrong result is marked
+and no ratio is reported for it. Writes CSV, markdown and a PNG chart of GB/s against N.
+
+``overhead``: the harness's training throughput with the ``torch`` method against a bare PyTorch loop
+training the same model the same way (same model code, AdamW fused, bf16 autocast, gradient clipping,
+same batches), alternating the two, in the same process.
+
+On a CPU both run at tiny sizes with a wall-clock timer: the numbers mean nothing there; it only
+checks the plumbing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gc
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+import kernels
+from harness.results import atomic_write_text, write_json
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DEFAULT_SIZES = "128,256,512,1024,2048,4096,8192,16384,32768,65536,262144"
+
+
+def bench_ms(fn: Callable[[], object], rep_ms: int = 100) -> float:
+    """Median time of fn in ms: CUDA events via triton.testing.do_bench on a GPU, wall clock on a CPU."""
+    if torch.cuda.is_available():
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
+    fn()
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        fn()
+        times.append(1000 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def copy_bandwidth(device: str, nbytes: int = 2**30, rep_ms: int = 200) -> float:
+    """Device-to-device copy in GB/s counting bytes read + written (the memory ceiling)."""
+    n = nbytes // 2
+    src = torch.randn(n, device=device).to(torch.bfloat16)
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src), rep_ms)
+    return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
+
+
+@dataclass
+class KernelRow:
+    method: str
+    dtype: str
+    n: int
+    rows: int
+    causal: bool
+    fwd_ms: Optional[float] = None
+    bwd_ms: Optional[float] = None
+    fwd_gbs: Optional[float] = None
+    bwd_gbs: Optional[float] = None
+    fwd_frac_copy: Optional[float] = None
+    bwd_frac_copy: Optional[float] = None
+    fwd_vs_best_baseline: Optional[float] = None  # GB/s ratio to the faster of torch and compile
+    bwd_vs_best_baseline: Optional[float] = None
+    correct: Optional[bool] = None
+    error: str = ""
+
+
+def _check_forward(y: torch.Tensor, x: torch.Tensor, scale: float, causal: bool, dtype: torch.dtype) -> bool:
+    ref = kernels.reference_softmax(x.float(), scale=scale, causal=causal)  # fp32 on the device
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    err = ((y.float() - ref).norm() / ref.norm()).item()
+    return bool(err <= tol)
+
+
+def measure_method(
+    method: str, shape: tuple, dtype: torch.dtype, scale: float, causal: bool, device: str, rep_ms: int
+) -> KernelRow:
+    n = shape[-1]
+    rows = int(torch.Size(shape).numel() // n)
+    row = KernelRow(method, str(dtype).replace("torch.", ""), n, rows, causal)
+    try:
+        fn = kernels.bind(method)
+        m = kernels.get_method(method)
+        if m.prepare is not None:
+            m.prepare()
+        x = torch.randn(shape, device=device, dtype=torch.float32).mul_(2).to(dtype).requires_grad_(True)
+        y = fn(x, scale, causal)  # also compiles / JITs: outside the timed region
+        row.correct = _check_forward(y.detach(), x.detach(), scale, causal, dtype)
+        with torch.no_grad():
+            row.fwd_ms = bench_ms(lambda: fn(x, scale, causal), rep_ms)
+        dy = torch.randn_like(y)
+        torch.autograd.grad(y, x, dy, retain_graph=True)  # warm the backward (compile) too
+        row.bwd_ms = bench_ms(lambda: torch.autograd.grad(y, x, dy, retain_graph=True), rep_ms)
+        nbytes = x.numel() * x.element_size()
+        row.fwd_gbs = 2 * nbytes / (row.fwd_ms * 1e-3) / 1e9
+        row.bwd_gbs = 3 * nbytes / (row.bwd_ms * 1e-3) / 1e9
+        del x, y, dy
+    except Exception as exc:  # one failing method must not stop the table
+        row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    finally:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return row
+
+
+def fill_ratios(rows: list[KernelRow], copy_gbs: float) -> None:
+    baseline = ("torch", "compile")
+    for r in rows:
+        if r.fwd_gbs:
+            r.fwd_frac_copy = r.fwd_gbs / copy_gbs
+        if r.bwd_gbs:
+            r.bwd_frac_copy = r.bwd_gbs / copy_gbs
+        peers = [p for p in rows if p.method in baseline and (p.dtype, p.n, p.causal, p.rows) == (r.dtype, r.n, r.causal, r.rows)
+                 and p.correct]
+        if not r.correct:
+            continue  # no speedup reported for a wrong result
+        best_f = max((p.fwd_gbs for p in peers if p.fwd_gbs), default=None)
+        best_b = max((p.bwd_gbs for p in peers if p.bwd_gbs), default=None)
+        if best_f and r.fwd_gbs:
+            r.fwd_vs_best_baseline = r.fwd_gbs / best_f
+        if best_b and r.bwd_gbs:
+            r.bwd_vs_best_baseline = r.bwd_gbs / best_b
+
+
+def _fmt(v, spec=".0f"):
+    return "-" if v is None else format(v, spec)
+
+
+def markdown_table(rows: list[KernelRow], copy_gbs: float, header: str) -> str:
+    lines = [
+        header,
+        "",
+        f"Copy ceiling (device-to-device, read + write): **{copy_gbs:.0f} GB/s**.",
+        "",
+        "| method | dtype | N | rows | causal | fwd ms | fwd GB/s | fwd / copy | fwd vs best(torch, compile) "
+        "| bwd ms | bwd GB/s | bwd / copy | bwd vs best(torch, compile) | correct |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ok = "yes" if r.correct else ("**NO**" if r.correct is False else f"error: {r.error}")
+        lines.append(
+            f"| {r.method} | {r.dtype} | {r.n} | {r.rows} | {'yes' if r.causal else 'no'} | {_fmt(r.fwd_ms, '.4f')} "
+            f"| {_fmt(r.fwd_gbs)} | {_fmt(r.fwd_frac_copy, '.2f')} | {_fmt(r.fwd_vs_best_baseline, '.2f')} "
+            f"| {_fmt(r.bwd_ms, '.4f')} | {_fmt(r.bwd_gbs)} | {_fmt(r.bwd_frac_copy, '.2f')} "
+            f"| {_fmt(r.bwd_vs_best_baseline, '.2f')} | {ok} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[KernelRow], copy_gbs: float, path: Path, dtype: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for ax, key, title in ((axes[0], "fwd_gbs", "forward"), (axes[1], "bwd_gbs", "backward")):
+        for method in dict.fromkeys(r.method for r in rows):
+            pts = sorted((r.n, getattr(r, key)) for r in rows
+                         if r.method == method and r.dtype == dtype and not r.causal and getattr(r, key))
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=method)
+        ax.axhline(copy_gbs, color="black", linestyle="--", label=f"copy {copy_gbs:.0f} GB/s")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("row length N")
+        ax.set_title(f"softmax {title}, {dtype}")
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel("effective GB/s")
+    axes[1].legend(loc="lower left", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_rows_csv(rows: list, path: Path) -> None:
+    if not rows:
+        return
+    dicts = [asdict(r) if hasattr(r, "__dataclass_fields__") else dict(r) for r in rows]
+    import io
+
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(dicts[0]))
+    w.writeheader()
+    w.writerows(dicts)
+    atomic_write_text(path, buf.getvalue())
+
+
+@dataclass
+class KernelBench:
+    copy_gbs: float
+    rows: list[KernelRow] = field(default_factory=list)
+    attention: list[dict] = field(default_factory=list)
+
+
+def run_kernel_bench(
+    methods: list[str], sizes: list[int], elements: int, dtype: str, fp32_sizes: list[int],
+    attention_shape: Optional[tuple], out: Path, rep_ms: int = 100,
+) -> KernelBench:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    from harness.env import environment
+
+    env = environment()
+    copy_gbs = copy_bandwidth(device, nbytes=min(2**30, 4 * elements * 2) if device == "cuda" else 2**22)
+    res = KernelBench(copy_gbs)
+    plan = [(DTYPES[dtype], n) for n in sizes] + [(torch.float32, n) for n in fp32_sizes]
+    for dt, n in plan:
+        shape = (max(1, elements // n), n)
+        for m in methods:
+            row = measure_method(m, shape, dt, 1.0, False, device, rep_ms)
+            res.rows.append(row)
+            print(f"  {m:8s} {row.dtype:9s} N={n:<7d} fwd {_fmt(row.fwd_gbs):>6s} GB/s  bwd {_fmt(row.bwd_gbs):>6s} GB/s"
+                  f"  {'ok' if row.correct else row.error or 'WRONG'}", flush=True)
+    if attention_shape:
+        att_rows = []
+        for m in methods:
+            row = measure_method(m, attention_shape, DTYPES[dtype], 0.125, True, device, rep_ms)
+            att_rows.append(row)
+            print(f"  {m:8s} causal {attention_shape}: fwd {_fmt(row.fwd_ms, '.4f')} ms bwd {_fmt(row.bwd_ms, '.4f')} ms",
+                  flush=True)
+        comp = next((r for r in att_rows if r.method == "compile" and r.correct), None)
+        for r in att_rows:
+            res.attention.append({
+                **asdict(r),
+                "fwd_vs_compile_time": (r.fwd_ms / comp.fwd_ms) if comp and r.fwd_ms and r.correct else None,
+                "bwd_vs_compile_time": (r.bwd_ms / comp.bwd_ms) if comp and r.bwd_ms and r.correct else None,
+            })
+    fill_ratios(res.rows, copy_gbs)
+    out.mkdir(parents=True, exist_ok=True)
+    header = (f"## Softmax kernels on {env['device_name']} (torch {env['torch']}, triton {env['triton']}, "
+              f"CUDA {env['cuda']}), rows x N = {elements} elements")
+    md = markdown_table(res.rows, copy_gbs, header)
+    if res.attention:
+        md += (f"\n### Attention-shaped causal scores {tuple(attention_shape)}, {dtype}, scale 1/8\n\n"
+               "| method | fwd ms | fwd time / compile | bwd ms | bwd time / compile | correct |\n|---|---|---|---|---|---|\n")
+        for a in res.attention:
+            md += (f"| {a['method']} | {_fmt(a['fwd_ms'], '.4f')} | {_fmt(a['fwd_vs_compile_time'], '.2f')} "
+                   f"| {_fmt(a['bwd_ms'], '.4f')} | {_fmt(a['bwd_vs_compile_time'], '.2f')} | "
+                   f"{'yes' if a['correct'] else 'NO ' + a['error']} |\n")
+    atomic_write_text(out / "kernels.md", md)
+    write_rows_csv(res.rows, out / "kernels.csv")
+    write_json(out / "kernels.json", {"env": env, "copy_gbs": copy_gbs, "rows": [asdict(r) for r in res.rows],
+                                      "attention": res.attention})
+    plot(res.rows, copy_gbs, out / "kernels.png", str(DTYPES[dtype]).replace("torch.", ""))
+    print(md)
+    return res
+
+
+# ------------------------------------------------------------------------------------------------
+# overhead: harness vs a bare loop
+# ------------------------------------------------------------------------------------------------
+def bare_loop_tokens_per_s(cfg, steps: int, warmup: int) -> float:
+    """Train the same model the same way as the harness does, with nothing around it."""
+    from harness.data import BatchStream, data_vocab_size, make_corpus
+    from harness.methods import apply_accel
+    from models import GPT, GPTConfig
+
+    torch.manual_seed(cfg.seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    seq = int(cfg.data.seq_len or cfg.model.context)
+    vocab = int(cfg.model.vocab_size or data_vocab_size(cfg.data))
+    model = GPT(GPTConfig(vocab_size=vocab, block_size=cfg.model.context, n_layer=cfg.model.n_layer,
+                          n_head=cfg.model.n_head, n_embd=cfg.model.n_embd)).to(device)
+    apply_accel(model, cfg.accel.attention, cfg.accel.softmax)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.trainer.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.trainer.lr,
+                            betas=(cfg.trainer.beta1, cfg.trainer.beta2), fused=device == "cuda")
+    corpus = make_corpus(cfg.data, seq)
+    total = steps + warmup
+    stream = BatchStream(None if corpus is None else corpus.train, vocab, cfg.model.batch_size, seq,
+                         cfg.seed, "train", 0, total)
+    warm, floor = cfg.trainer.lr_warmup_steps, cfg.trainer.min_lr_ratio
+
+    def schedule(step: int) -> float:  # the harness's schedule (LanguageModelTask.configure_optimizers)
+        if warm and step < warm:
+            return (step + 1) / warm
+        progress = min(1.0, (step - warm) / max(1, total - warm))
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    amp = torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda")
+    t0 = None
+    for i, (x, y) in enumerate(stream):
+        if i == warmup:
+            if device == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        if device == "cuda":
+            x, y = x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+        with amp:
+            _, loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.grad_clip)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return steps * cfg.model.batch_size * seq / (time.perf_counter() - t0)
+
+
+def run_overhead(overrides: list[str], steps: int, rounds: int, out: Path) -> dict:
+    from hydra import compose, initialize_config_dir
+
+    from harness.env import environment
+    from harness.train import CONF_DIR, run_training
+
+    warmup = 5
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "accel=torch", "data=synthetic", "logger=none", f"trainer.max_steps={steps + warmup}",
+            f"trainer.warmup_steps={warmup}", "trainer.window=10", "trainer.val_every=0", "trainer.val_batches=1",
+            *overrides,
+        ])
+    harness_tps, bare_tps = [], []
+    for r in range(rounds):
+        res = run_training(cfg, out / f"harness_round{r}")
+        harness_tps.append(res["tokens_per_s"])
+        gc.collect()
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+        bare_tps.append(bare_loop_tokens_per_s(cfg, steps, warmup))
+        gc.collect()
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+        print(f"round {r}: harness {harness_tps[-1]:,.0f} tokens/s, bare loop {bare_tps[-1]:,.0f} tokens/s", flush=True)
+    h, b = statistics.median(harness_tps), statistics.median(bare_tps)
+    result = {"env": environment(), "model": cfg.model.name, "accel": cfg.accel.name, "steps": steps,
+              "rounds": rounds, "harness_tokens_per_s": harness_tps, "bare_tokens_per_s": bare_tps,
+              "harness_median": h, "bare_median": b, "ratio": h / b}
+    write_json(out / "overhead.json", result)
+    print(f"harness / bare loop = {h / b:.3f} (harness {h:,.0f}, bare {b:,.0f} tokens/s; median of {rounds})")
+    return result
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m harness.bench", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    k = sub.add_parser("kernels", help="softmax GB/s vs N per method, with the copy ceiling")
+    k.add_argument("--methods", default="triton,cuda,torch,compile",
+                   help="comma-separated kernels methods (default: %(default)s; naive is slow, add it if wanted)")
+    k.add_argument("--sizes", default=DEFAULT_SIZES, help="row lengths N (default: %(default)s)")
+    k.add_argument("--elements", type=int, default=2**27, help="rows x N per measurement (default: 2^27)")
+    k.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    k.add_argument("--fp32-sizes", default="1024,16384", help="extra fp32 row lengths ('' for none)")
+    k.add_argument("--attention", default="8,12,1024,1024",
+                   help="B,H,T,T of the causal attention-shaped case ('' to skip)")
+    k.add_argument("--rep-ms", type=int, default=100)
+    k.add_argument("--out", default="outputs/bench", type=Path)
+    o = sub.add_parser("overhead", help="harness tokens/s vs a bare PyTorch loop (torch method)")
+    o.add_argument("overrides", nargs="*", default=["model=gpt2s"], help="Hydra overrides (default: model=gpt2s)")
+    o.add_argument("--steps", type=int, default=30)
+    o.add_argument("--rounds", type=int, default=2)
+    o.add_argument("--out", default="outputs/bench", type=Path)
+    a = p.parse_args(argv)
+    if a.cmd == "kernels":
+        ints = lambda s: [int(v) for v in s.split(",") if v.strip()]  # noqa: E731
+        methods = [m.strip() for m in a.methods.split(",") if m.strip()]
+        runnable = kernels.runnable_methods()
+        skipped = [m for m in methods if m not in runnable]
+        if skipped:
+            reasons = kernels.available_methods()
+            for m in skipped:
+                why = reasons[m].reason if m in reasons else "unknown method"
+                print(f"skipping {m}: {why}")
+        att = tuple(ints(a.attention)) if a.attention else None
+        run_kernel_bench([m for m in methods if m in runnable], ints(a.sizes), a.elements, a.dtype,
+                         ints(a.fp32_sizes), att, a.out, a.rep_ms)
+    else:
+        run_overhead(a.overrides, a.steps, a.rounds, a.out)
+
+
+if __name__ == "__main__":
+    main()

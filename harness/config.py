@@ -1,0 +1,184 @@
+"""Typed (structured) configs: the schema every YAML file under ``conf/`` is merged into.
+
+Hydra rejects an unknown key or a value of the wrong type when it composes the config; ``validate``
+rejects out-of-range values before any work starts, naming the key, the bad value and what is accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+@dataclass
+class AccelConfig:
+    name: str = MISSING  # the label of the method in results and W&B (naive, torch, triton, sdpa...)
+    attention: str = "materialized"  # materialized (scores in memory + softmax method) | sdpa
+    softmax: Optional[str] = None  # a kernels method name; required when attention == materialized
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    n_layer: int = 2
+    n_head: int = 2
+    n_embd: int = 64
+    context: int = 64  # sequence length, and the longest the position embedding supports
+    batch_size: int = 8
+    dropout: float = 0.0
+    bias: bool = False
+    vocab_size: Optional[int] = None  # None: the data's vocabulary
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING  # stdlib | text | synthetic
+    path: Optional[str] = None  # the text file (data=text)
+    vocab_size: Optional[int] = None  # synthetic tokens' vocabulary; byte-level corpora use 256
+    max_bytes: int = 16_000_000  # cap on the stdlib corpus size
+    val_fraction: float = 0.05
+    seq_len: Optional[int] = None  # None: the model's context
+    cache_dir: str = "~/.cache/softmax-harness"
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 200
+    warmup_steps: int = 5  # first steps (compile, autotune, allocator warm-up) kept out of throughput
+    window: int = 10  # throughput window (steps); also the logging / progress-bar interval
+    val_every: int = 100  # run validation every this many steps (0: only at the end)
+    val_batches: int = 8
+    lr: float = 6e-4
+    min_lr_ratio: float = 0.1
+    lr_warmup_steps: int = 20
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    accelerator: str = "auto"  # auto | gpu | cpu
+    devices: Any = 1
+    num_nodes: int = 1
+    strategy: str = "auto"
+    precision: str = "auto"  # auto: bf16-mixed on a GPU, 32-true on the CPU
+    ckpt_every: int = 0  # save a checkpoint every this many steps (0: never)
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "wandb"  # wandb | csv | none
+    project: str = "softmax-harness"
+    mode: str = "auto"  # auto (online when logged in or WANDB_MODE says so, else offline) | offline | online
+    group: Optional[str] = None  # default: the sweep directory's name in a multirun
+    tags: list = field(default_factory=list)
+
+
+@dataclass
+class TrainConfig:
+    accel: AccelConfig = MISSING
+    model: ModelConfig = MISSING
+    data: DataConfig = MISSING
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    seed: int = 1337
+    compile_model: bool = False  # torch.compile the whole model (independent of the softmax method)
+    compile_mode: str = "default"  # torch.compile mode for the whole model
+
+
+ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+
+ATTENTION_KINDS = ("materialized", "sdpa")
+DATA_KINDS = ("stdlib", "text", "synthetic")
+LOGGER_KINDS = ("wandb", "csv", "none")
+LOGGER_MODES = ("auto", "offline", "online", "disabled")
+PRECISIONS = ("auto", "bf16-mixed", "16-mixed", "32-true", "32", "bf16-true")
+
+
+class ConfigError(ValueError):
+    """A config value out of range: the message names the key, the bad value and what is accepted."""
+
+
+def _bad(key: str, value: Any, accepted: str) -> ConfigError:
+    return ConfigError(f"config value {key}={value!r} is not accepted: {accepted}")
+
+
+def validate(cfg: DictConfig | TrainConfig) -> None:
+    """Range checks that the type system cannot express. Raises ConfigError on the first bad value."""
+    c = cfg
+    positive = {
+        "model.n_layer": c.model.n_layer,
+        "model.n_head": c.model.n_head,
+        "model.n_embd": c.model.n_embd,
+        "model.context": c.model.context,
+        "model.batch_size": c.model.batch_size,
+        "trainer.max_steps": c.trainer.max_steps,
+        "trainer.window": c.trainer.window,
+        "trainer.val_batches": c.trainer.val_batches,
+    }
+    for key, v in positive.items():
+        if v < 1:
+            raise _bad(key, v, "an integer >= 1")
+    for key, v in {
+        "trainer.warmup_steps": c.trainer.warmup_steps,
+        "trainer.val_every": c.trainer.val_every,
+        "trainer.ckpt_every": c.trainer.ckpt_every,
+        "trainer.lr_warmup_steps": c.trainer.lr_warmup_steps,
+    }.items():
+        if v < 0:
+            raise _bad(key, v, "an integer >= 0")
+    if c.model.n_embd % c.model.n_head:
+        raise _bad("model.n_embd", c.model.n_embd, f"a multiple of model.n_head ({c.model.n_head})")
+    if not 0.0 <= c.model.dropout < 1.0:
+        raise _bad("model.dropout", c.model.dropout, "a float in [0, 1)")
+    if c.model.vocab_size is not None and c.model.vocab_size < 2:
+        raise _bad("model.vocab_size", c.model.vocab_size, "null (the data's vocabulary) or >= 2")
+    if c.trainer.lr <= 0:
+        raise _bad("trainer.lr", c.trainer.lr, "a float > 0")
+    if c.trainer.warmup_steps >= c.trainer.max_steps:
+        raise _bad(
+            "trainer.warmup_steps",
+            c.trainer.warmup_steps,
+            f"fewer than trainer.max_steps ({c.trainer.max_steps}), so that some steps are measured",
+        )
+    for key in ("val_every", "ckpt_every"):
+        v = getattr(c.trainer, key)
+        if v and v % c.trainer.window:
+            raise _bad(
+                f"trainer.{key}",
+                v,
+                f"0 or a multiple of trainer.window ({c.trainer.window}), so that it never falls inside "
+                "a throughput window",
+            )
+    if c.accel.attention not in ATTENTION_KINDS:
+        raise _bad("accel.attention", c.accel.attention, f"one of {', '.join(ATTENTION_KINDS)}")
+    if c.accel.attention == "materialized" and not c.accel.softmax:
+        raise _bad("accel.softmax", c.accel.softmax, "a softmax method name when accel.attention=materialized")
+    if c.data.name not in DATA_KINDS:
+        raise _bad("data.name", c.data.name, f"one of {', '.join(DATA_KINDS)}")
+    if c.data.name == "text" and not c.data.path:
+        raise _bad("data.path", c.data.path, "the path of a text file (data=text data.path=/my/file.txt)")
+    if c.data.name == "synthetic" and (c.data.vocab_size is None or c.data.vocab_size < 2):
+        raise _bad("data.vocab_size", c.data.vocab_size, "an integer >= 2 for synthetic tokens")
+    if not 0.0 < c.data.val_fraction < 0.5:
+        raise _bad("data.val_fraction", c.data.val_fraction, "a float in (0, 0.5)")
+    if c.data.seq_len is not None:
+        if c.data.seq_len < 1:
+            raise _bad("data.seq_len", c.data.seq_len, "null (the model's context) or an integer >= 1")
+        if c.data.seq_len > c.model.context:
+            raise _bad(
+                "data.seq_len",
+                c.data.seq_len,
+                f"at most model.context ({c.model.context}), the longest context the model supports",
+            )
+    if c.logger.name not in LOGGER_KINDS:
+        raise _bad("logger.name", c.logger.name, f"one of {', '.join(LOGGER_KINDS)}")
+    if c.logger.mode not in LOGGER_MODES:
+        raise _bad("logger.mode", c.logger.mode, f"one of {', '.join(LOGGER_MODES)}")
+    if str(c.trainer.precision) not in PRECISIONS:
+        raise _bad("trainer.precision", c.trainer.precision, f"one of {', '.join(PRECISIONS)}")
+
+
+def to_container(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)  # type: ignore[return-value]

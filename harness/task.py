@@ -1,0 +1,133 @@
+"""The Lightning side: a language-modelling task around a GPT, and the data module that feeds it."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import lightning as L
+import torch
+import torch.nn as nn
+
+from harness.data import BatchStream, Corpus, loader
+
+
+class LanguageModelTask(L.LightningModule):
+    """Next-token prediction with AdamW, linear warm-up then cosine decay.
+
+    With ``compile_model`` the whole model runs through ``torch.compile`` (after the softmax method was
+    applied, so a Triton/CUDA op sits inside the compiled graph). The per-step loss is kept on the
+    device (no sync) and read once at the end: ``loss_curve()``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        lr: float,
+        weight_decay: float,
+        betas: tuple[float, float],
+        max_steps: int,
+        lr_warmup_steps: int,
+        min_lr_ratio: float,
+        compile_model: bool = False,
+        compile_mode: str = "default",
+    ):
+        super().__init__()
+        self.model = model
+        self.lr, self.weight_decay, self.betas = lr, weight_decay, betas
+        self.max_steps, self.lr_warmup_steps, self.min_lr_ratio = max_steps, lr_warmup_steps, min_lr_ratio
+        # the compiled wrapper shares the model's parameters; kept out of the module tree so the
+        # checkpoint holds one copy under the same names either way
+        fwd = torch.compile(model, mode=compile_mode) if compile_model else model
+        object.__setattr__(self, "_forward_model", fwd)
+        self._losses: list[torch.Tensor] = []
+        self._loss_steps: list[int] = []
+
+    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None):
+        return self._forward_model(idx, targets)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        _, loss = self(x, y)
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
+        self._losses.append(loss.detach())
+        self._loss_steps.append(self.global_step)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        _, loss = self(x, y)
+        self.log("val/loss", loss, prog_bar=True, on_step=False, on_epoch=True, sync_dist=True)
+        return loss
+
+    def loss_curve(self) -> list[tuple[int, float]]:
+        """(step, train loss) for every step of this process; one device sync."""
+        if not self._losses:
+            return []
+        values = torch.stack(self._losses).float().cpu().tolist()
+        return list(zip(self._loss_steps, values))
+
+    def configure_optimizers(self):
+        decay, no_decay = [], []
+        for p in self.model.parameters():
+            if p.requires_grad:
+                (decay if p.dim() >= 2 else no_decay).append(p)
+        groups = [
+            {"params": decay, "weight_decay": self.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        fused = bool(decay) and decay[0].is_cuda
+        opt = torch.optim.AdamW(groups, lr=self.lr, betas=self.betas, fused=fused)
+
+        warm, total, floor = self.lr_warmup_steps, self.max_steps, self.min_lr_ratio
+
+        def schedule(step: int) -> float:
+            if warm and step < warm:
+                return (step + 1) / warm
+            progress = min(1.0, (step - warm) / max(1, total - warm))
+            return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class TokenDataModule(L.LightningDataModule):
+    """Train stream starting at the trainer's (possibly restored) global step; fixed validation set."""
+
+    def __init__(
+        self,
+        corpus: Optional[Corpus],
+        vocab_size: int,
+        batch_size: int,
+        seq_len: int,
+        seed: int,
+        max_steps: int,
+        val_batches: int,
+    ):
+        super().__init__()
+        self.corpus, self.vocab_size = corpus, vocab_size
+        self.batch_size, self.seq_len, self.seed = batch_size, seq_len, seed
+        self.max_steps, self.val_batches = max_steps, val_batches
+
+    def _pin(self) -> bool:
+        return self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+
+    def _rank(self) -> int:
+        return self.trainer.global_rank if self.trainer is not None else 0
+
+    def train_dataloader(self):
+        start = self.trainer.global_step if self.trainer is not None else 0
+        tokens = None if self.corpus is None else self.corpus.train
+        stream = BatchStream(
+            tokens, self.vocab_size, self.batch_size, self.seq_len, self.seed, "train",
+            start, self.max_steps, self._rank(),
+        )
+        return loader(stream, self._pin())
+
+    def val_dataloader(self):
+        tokens = None if self.corpus is None else self.corpus.val
+        stream = BatchStream(
+            tokens, self.vocab_size, self.batch_size, self.seq_len, self.seed, "val",
+            0, self.val_batches, self._rank(),
+        )
+        return loader(stream, self._pin())

@@ -1,0 +1,230 @@
+"""Throughput measurement that does not perturb what it measures.
+
+Steps are timed in windows of ``window`` steps. The device is synchronized only where a window opens
+after a pause (validation, checkpointing) and where it closes; inside a window the host never waits
+for the GPU. Per-step times come from CUDA events recorded at each step start (no sync) and read when
+the window closes. The first ``warmup_steps`` steps (compilation, autotuning, allocator warm-up) are
+timed apart and reported as ``warmup_s``; they are never part of a throughput figure.
+
+Logged under ``train/``: ``tokens_per_s``, ``samples_per_s``, ``step_ms``, ``mfu`` (against the dense
+bf16 peak of the GPU, see :data:`PEAK_BF16_FLOPS`), ``peak_mem_gib``, and ``warmup_s`` once.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from lightning.pytorch import Callback
+
+#: Dense (no sparsity) bf16 tensor-core peak FLOP/s by device-name fragment, first match wins.
+#: Datasheet figures; H200 SXM has the H100 SXM's compute (989.4 TFLOP/s).
+PEAK_BF16_FLOPS: list[tuple[str, float]] = [
+    ("GH200", 989.4e12),
+    ("H200", 989.4e12),
+    ("H100 PCIe", 756.0e12),
+    ("H100 NVL", 835.0e12),
+    ("H100", 989.4e12),
+    ("H800", 989.4e12),
+    ("H20", 148.0e12),
+    ("B200", 2250e12),
+    ("A100", 312.0e12),
+    ("A800", 312.0e12),
+    ("L40S", 362.0e12),
+    ("L4", 121.0e12),
+    ("A10G", 70.0e12),
+    ("A10", 125.0e12),
+    ("RTX 4090", 165.2e12),
+    ("RTX 3090", 71.0e12),
+    ("V100", 125.0e12),  # fp16 (no bf16 on Volta)
+]
+
+
+def peak_bf16_flops(device_name: Optional[str]) -> Optional[float]:
+    """Dense bf16 peak for a device name such as 'NVIDIA H200' or 'NVIDIA H100 80GB HBM3'; None if unknown."""
+    if not device_name:
+        return None
+    for fragment, flops in PEAK_BF16_FLOPS:
+        if fragment.lower() in device_name.lower():
+            return flops
+    return None
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (q in [0, 100]) of a non-empty list."""
+    s = sorted(values)
+    if len(s) == 1:
+        return s[0]
+    pos = (len(s) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+@dataclass
+class ThroughputSummary:
+    tokens_per_s: Optional[float] = None  # median over windows
+    samples_per_s: Optional[float] = None
+    step_ms_p50: Optional[float] = None
+    step_ms_p90: Optional[float] = None
+    step_ms_mean: Optional[float] = None
+    mfu: Optional[float] = None
+    peak_mem_gib: Optional[float] = None
+    warmup_s: Optional[float] = None
+    measured_steps: int = 0
+    windows: int = 0
+    window_tokens_per_s: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class ThroughputMonitor(Callback):
+    def __init__(
+        self,
+        tokens_per_step: int,
+        samples_per_step: int,
+        flops_per_token: float,
+        warmup_steps: int,
+        window: int,
+        peak_flops: Optional[float],
+        world_size: int = 1,
+    ):
+        self.tokens_per_step = tokens_per_step  # global (all ranks)
+        self.samples_per_step = samples_per_step
+        self.flops_per_token = flops_per_token
+        self.warmup_steps = warmup_steps
+        self.window = window
+        self.peak_flops = peak_flops  # per device
+        self.world_size = world_size
+        self._cuda = False
+        self._start_time: Optional[float] = None
+        self._win_t0: Optional[float] = None
+        self._win_steps = 0
+        self._events: list = []
+        self._host_step_t: list[float] = []
+        self.step_ms: list[float] = []
+        self.window_tps: list[float] = []
+        self.window_steps: list[int] = []
+        self.warmup_s: Optional[float] = None
+        self._steps_seen = 0
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _sync(self) -> None:
+        if self._cuda:
+            torch.cuda.synchronize()
+
+    def _open(self) -> None:
+        self._sync()  # work queued before the window (validation, warm-up) must not count
+        self._win_t0 = time.perf_counter()
+        self._win_steps = 0
+        self._events = []
+        self._host_step_t = []
+
+    def _finish_window(self) -> Optional[float]:
+        """Close the open window: sync, collect per-step times; returns its wall seconds (None if empty)."""
+        if self._win_t0 is None or self._win_steps == 0:
+            self._win_t0 = None
+            return None
+        if self._cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+        self._sync()
+        elapsed = time.perf_counter() - self._win_t0
+        if self._cuda:
+            marks = self._events + [end]
+            self.step_ms += [a.elapsed_time(b) for a, b in zip(marks[:-1], marks[1:])]
+        else:
+            marks = self._host_step_t + [time.perf_counter()]
+            self.step_ms += [1000.0 * (b - a) for a, b in zip(marks[:-1], marks[1:])]
+        self.window_tps.append(self._win_steps * self.tokens_per_step / elapsed)
+        self.window_steps.append(self._win_steps)
+        self._win_t0 = None
+        return elapsed
+
+    def _close(self, pl_module) -> None:
+        steps = self._win_steps
+        elapsed = self._finish_window()
+        if elapsed is None:
+            return
+        tps = self.window_tps[-1]
+        metrics = {
+            "train/tokens_per_s": tps,
+            "train/samples_per_s": steps * self.samples_per_step / elapsed,
+            "train/step_ms": 1000.0 * elapsed / steps,
+        }
+        if self.peak_flops:
+            metrics["train/mfu"] = tps / self.world_size * self.flops_per_token / self.peak_flops
+        if self._cuda:
+            metrics["train/peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        for k, v in metrics.items():
+            pl_module.log(k, v, prog_bar=k in ("train/tokens_per_s", "train/mfu"), rank_zero_only=True)
+
+    # -- Lightning hooks -------------------------------------------------------------------------
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._cuda = pl_module.device.type == "cuda"
+        self._sync()
+        self._start_time = time.perf_counter()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self._steps_seen >= self.warmup_steps:
+            if self._win_t0 is None:
+                self._open()
+            if self._cuda:
+                ev = torch.cuda.Event(enable_timing=True)
+                ev.record()
+                self._events.append(ev)
+            else:
+                self._host_step_t.append(time.perf_counter())
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._steps_seen += 1
+        if self._steps_seen == self.warmup_steps:
+            self._sync()
+            self.warmup_s = time.perf_counter() - self._start_time
+            pl_module.log("train/warmup_s", self.warmup_s, rank_zero_only=True)
+            return
+        if self._win_t0 is not None:
+            self._win_steps += 1
+            # windows end on multiples of `window` global steps, where validation and checkpoints
+            # happen (their interval is a multiple of it), so those never fall inside a window
+            if trainer.global_step % self.window == 0:
+                self._close(pl_module)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        # validation must not fall inside a window; windows normally close just before it (val_every
+        # is a multiple of the window), this closes a partial one without logging it
+        if trainer.state.fn == "fit" and self._win_t0 is not None:
+            self._finish_window()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        # a last partial window counts only if it is at least half a window long (Lightning no longer
+        # accepts self.log here, so it goes to the summary alone)
+        if self._win_t0 is not None and self._win_steps >= max(1, self.window // 2):
+            self._finish_window()
+        self._win_t0 = None
+
+    # -- results ---------------------------------------------------------------------------------
+    def summary(self) -> ThroughputSummary:
+        s = ThroughputSummary(warmup_s=self.warmup_s, windows=len(self.window_tps))
+        s.window_tokens_per_s = list(self.window_tps)
+        s.measured_steps = len(self.step_ms)
+        # the median is over windows of at least half the nominal length (the first window after the
+        # warm-up can be a short one); their per-step times still count in the percentiles
+        full = [t for t, n in zip(self.window_tps, self.window_steps) if n >= max(1, self.window // 2)]
+        if full or self.window_tps:
+            tps = statistics.median(full or self.window_tps)
+            s.tokens_per_s = tps
+            s.samples_per_s = tps * self.samples_per_step / self.tokens_per_step
+            if self.peak_flops:
+                s.mfu = tps / self.world_size * self.flops_per_token / self.peak_flops
+        if self.step_ms:
+            s.step_ms_p50 = percentile(self.step_ms, 50)
+            s.step_ms_p90 = percentile(self.step_ms, 90)
+            s.step_ms_mean = statistics.fmean(self.step_ms)
+        if self._cuda:
+            s.peak_mem_gib = torch.cuda.max_memory_allocated() / 2**30
+        return s

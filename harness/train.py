@@ -1,0 +1,282 @@
+"""Training entry point: ``python -m harness.train [group=option ...] [key=value ...]`` (or ``harness-train``).
+
+A Hydra app (``--help`` lists the config groups and their options). It builds the model, applies the
+acceleration method chosen by ``accel=...``, trains it with Lightning, logs throughput to W&B (offline
+by default) and writes ``results.json`` into the run directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import hydra
+from omegaconf import DictConfig
+
+from harness.cli import precheck_overrides
+from harness.config import validate  # also registers the structured-config schema
+
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def resolve_precision(requested: str, on_gpu: bool) -> str:
+    if requested != "auto":
+        return requested
+    import torch
+
+    if on_gpu and torch.cuda.is_bf16_supported():
+        return "bf16-mixed"
+    return "32-true"
+
+
+def wandb_mode(requested: str) -> str:
+    """auto: WANDB_MODE if set, online if an API key is configured, else offline."""
+    if requested != "auto":
+        return requested
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    try:
+        if "api.wandb.ai" in netrc.read_text():
+            return "online"
+    except OSError:
+        pass
+    return "offline"
+
+
+def make_logger(cfg: DictConfig, run_dir: Path, run_name: str, group: Optional[str], config: dict):
+    name = cfg.logger.name
+    if name == "none":
+        return None
+    if name == "csv":
+        from lightning.pytorch.loggers import CSVLogger
+
+        return CSVLogger(save_dir=str(run_dir), name="csv", version="")
+    from lightning.pytorch.loggers import WandbLogger
+
+    return WandbLogger(
+        project=cfg.logger.project,
+        name=run_name,
+        group=group,
+        save_dir=str(run_dir),
+        dir=str(run_dir),
+        mode=wandb_mode(cfg.logger.mode),
+        tags=list(cfg.logger.tags) or None,
+        config=config,
+        job_type="train",
+    )
+
+
+def run_training(cfg: DictConfig, run_dir: Path, group: Optional[str] = None) -> dict[str, Any]:
+    """Train once with a composed config; returns (and writes to run_dir/results.json) the results."""
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+    from rich.console import Console
+
+    import kernels
+    from harness.config import to_container
+    from harness.data import data_vocab_size, make_corpus
+    from harness.env import environment
+    from harness.methods import apply_accel
+    from harness.results import write_json
+    from harness.task import LanguageModelTask, TokenDataModule
+    from harness.throughput import ThroughputMonitor, peak_bf16_flops
+    from models import GPT, GPTConfig
+
+    validate(cfg)
+    # Lightning prints through its own handlers; under Hydra the root logger prints (and files) it too
+    if logging.getLogger().hasHandlers():
+        for name in ("lightning", "lightning.pytorch"):
+            logging.getLogger(name).handlers.clear()
+    console = Console(stderr=True)
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not os.access(run_dir, os.W_OK):
+        raise PermissionError(f"output directory {run_dir} is not writable")
+
+    want_gpu = cfg.trainer.accelerator in ("auto", "gpu", "cuda")
+    on_gpu = want_gpu and torch.cuda.is_available()
+    if cfg.trainer.accelerator in ("gpu", "cuda") and not on_gpu:
+        raise RuntimeError("trainer.accelerator=gpu but no CUDA GPU is available here (use auto or cpu)")
+    precision = resolve_precision(str(cfg.trainer.precision), on_gpu)
+    prepared: dict = {}
+    if cfg.accel.softmax:
+        method = kernels.get_method(cfg.accel.softmax)  # unknown / not runnable here: fail before work
+        if method.prepare is not None:  # e.g. build the CUDA extension: timed apart, reported
+            prepared = method.prepare()
+            console.print(f"[bold]harness[/]: prepared softmax method {method.name!r}: {prepared}")
+
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    seq_len = int(cfg.data.seq_len or cfg.model.context)
+    corpus = make_corpus(cfg.data, seq_len)
+    vocab = int(cfg.model.vocab_size or data_vocab_size(cfg.data))
+    gcfg = GPTConfig(
+        vocab_size=vocab,
+        block_size=int(cfg.model.context),
+        n_layer=int(cfg.model.n_layer),
+        n_head=int(cfg.model.n_head),
+        n_embd=int(cfg.model.n_embd),
+        dropout=float(cfg.model.dropout),
+        bias=bool(cfg.model.bias),
+    )
+    model = GPT(gcfg)
+    apply_accel(model, cfg.accel.attention, cfg.accel.softmax, dropout=gcfg.dropout)
+
+    env = environment()
+    device = env["device_name"] if on_gpu else "CPU"
+    label = f"{cfg.accel.name}" + (" + compiled model" if cfg.compile_model else "")
+    console.print(
+        f"[bold]harness[/]: accel=[cyan]{label}[/] (attention={cfg.accel.attention}, "
+        f"softmax={cfg.accel.softmax}) model={cfg.model.name} ({model.matmul_params() / 1e6:.1f}M matmul "
+        f"params) data={cfg.data.name} on [green]{device}[/] precision={precision} -> {run_dir}"
+    )
+    if not on_gpu and cfg.model.name != "tiny":
+        console.print(
+            "[yellow]no CUDA GPU here: this model will train slowly on the CPU; for a quick CPU run use "
+            "model=tiny trainer=cpu[/]"
+        )
+
+    task = LanguageModelTask(
+        model,
+        lr=cfg.trainer.lr,
+        weight_decay=cfg.trainer.weight_decay,
+        betas=(cfg.trainer.beta1, cfg.trainer.beta2),
+        max_steps=cfg.trainer.max_steps,
+        lr_warmup_steps=cfg.trainer.lr_warmup_steps,
+        min_lr_ratio=cfg.trainer.min_lr_ratio,
+        compile_model=cfg.compile_model,
+        compile_mode=cfg.compile_mode,
+    )
+    dm = TokenDataModule(
+        corpus, vocab, int(cfg.model.batch_size), seq_len, cfg.seed, cfg.trainer.max_steps,
+        cfg.trainer.val_batches,
+    )
+
+    config = to_container(cfg)
+    config["env"] = env
+    config["precision_resolved"] = precision
+    run_name = f"{label.replace(' + compiled model', '+compile')}-{cfg.model.name}"
+    logger = make_logger(cfg, run_dir, run_name, group, config)
+
+    world = int(cfg.trainer.num_nodes) * (int(cfg.trainer.devices) if str(cfg.trainer.devices).isdigit() else 1)
+    tokens_per_step = int(cfg.model.batch_size) * seq_len * world
+    monitor = ThroughputMonitor(
+        tokens_per_step=tokens_per_step,
+        samples_per_step=int(cfg.model.batch_size) * world,
+        flops_per_token=model.flops_per_token(seq_len),
+        warmup_steps=cfg.trainer.warmup_steps,
+        window=cfg.trainer.window,
+        peak_flops=peak_bf16_flops(env["device_name"]) if on_gpu else None,
+        world_size=world,
+    )
+    callbacks: list = [monitor, TQDMProgressBar(refresh_rate=cfg.trainer.window)]
+    if cfg.trainer.ckpt_every:
+        callbacks.append(
+            ModelCheckpoint(
+                dirpath=str(run_dir / "checkpoints"), every_n_train_steps=cfg.trainer.ckpt_every,
+                save_last=True, save_top_k=-1,
+            )
+        )
+    val_every = cfg.trainer.val_every or cfg.trainer.max_steps
+    trainer = L.Trainer(
+        accelerator="gpu" if on_gpu else "cpu",
+        devices=cfg.trainer.devices,
+        num_nodes=cfg.trainer.num_nodes,
+        strategy=cfg.trainer.strategy,
+        precision=precision,
+        max_steps=cfg.trainer.max_steps,
+        val_check_interval=val_every,
+        check_val_every_n_epoch=None,
+        limit_val_batches=cfg.trainer.val_batches,
+        num_sanity_val_steps=0,
+        log_every_n_steps=cfg.trainer.window,
+        gradient_clip_val=cfg.trainer.grad_clip or None,
+        logger=logger if logger is not None else False,
+        callbacks=callbacks,
+        enable_checkpointing=bool(cfg.trainer.ckpt_every),
+        enable_model_summary=False,
+        default_root_dir=str(run_dir),
+    )
+    trainer.fit(task, datamodule=dm)
+    if cfg.trainer.max_steps % val_every:
+        trainer.validate(task, datamodule=dm, verbose=False)
+
+    summary = monitor.summary()
+    curve = task.loss_curve()
+    val_loss = trainer.callback_metrics.get("val/loss")
+    results: dict[str, Any] = {
+        "status": "completed",
+        "method": cfg.accel.name,
+        "attention": cfg.accel.attention,
+        "softmax": cfg.accel.softmax,
+        "compile_model": bool(cfg.compile_model),
+        "model": config["model"],
+        "data": config["data"],
+        "seed": cfg.seed,
+        "device": device,
+        "precision": precision,
+        "world_size": world,
+        "tokens_per_step": tokens_per_step,
+        "flops_per_token": model.flops_per_token(seq_len),
+        "method_prepare": prepared,
+        **summary.as_dict(),
+        "final_train_loss": curve[-1][1] if curve else None,
+        "final_val_loss": float(val_loss) if val_loss is not None else None,
+        "loss_curve": [v for _, v in curve],
+        "env": env,
+        "run_dir": str(run_dir),
+        "config": config,
+    }
+    if logger is not None and cfg.logger.name == "wandb":
+        run = logger.experiment
+        results["wandb"] = {"id": run.id, "dir": str(Path(run.dir).parent), "mode": wandb_mode(cfg.logger.mode)}
+        run.summary.update({k: v for k, v in results.items() if isinstance(v, (int, float, str)) and v is not None})
+    if trainer.is_global_zero:
+        write_json(run_dir / "results.json", results)
+    if logger is not None and cfg.logger.name == "wandb":
+        import wandb
+
+        wandb.finish()
+    tps = f"{summary.tokens_per_s:,.0f}" if summary.tokens_per_s else "n/a"
+    console.print(
+        f"[bold]harness[/]: done: accel={label} on {device}: {tps} tokens/s (median of {summary.windows} "
+        f"windows), warm-up {summary.warmup_s or 0:.1f}s, final loss {results['final_train_loss']}, "
+        f"results -> {run_dir / 'results.json'}"
+    )
+    return results
+
+
+def validate_with_data(cfg: DictConfig) -> None:
+    """Config ranges plus the cheap data checks (a missing text file) that need no corpus build."""
+    validate(cfg)
+    if cfg.data.name == "text" and not Path(str(cfg.data.path)).expanduser().is_file():
+        from harness.data import DataError
+
+        raise DataError(f"data.path={cfg.data.path!r}: no such file (data=text needs an existing text file)")
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def hydra_main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    group = cfg.logger.group
+    if group is None and hc.mode == RunMode.MULTIRUN:
+        group = Path(hc.sweep.dir).name
+    run_training(cfg, Path(hc.runtime.output_dir), group=group)
+
+
+def main() -> None:
+    precheck_overrides(sys.argv[1:], CONF_DIR, "config", validate=validate_with_data)
+    hydra_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""Softmax implementations behind one contract (see :mod:`kernels.registry`).
+
+Public entry points::
+
+    kernels.softmax(scores, *, scale=1.0, causal=False, method="torch")
+    kernels.available_methods()   # name -> Availability(available, reason, summary)
+
+This package knows nothing of Lightning, Hydra or W&B.
+"""
+
+from kernels.reference import reference_softmax, reference_softmax_backward, relative_error
+from kernels.registry import (
+    SUPPORTED_DTYPES,
+    Availability,
+    MethodUnavailableError,
+    SoftmaxMethod,
+    UnknownMethodError,
+    available_methods,
+    bind,
+    get_method,
+    register,
+    runnable_methods,
+    softmax,
+    unregister,
+)
+
+__all__ = [
+    "SUPPORTED_DTYPES",
+    "Availability",
+    "MethodUnavailableError",
+    "SoftmaxMethod",
+    "UnknownMethodError",
+    "available_methods",
+    "bind",
+    "get_method",
+    "reference_softmax",
+    "reference_softmax_backward",
+    "register",
+    "relative_error",
+    "runnable_methods",
+    "softmax",
+    "unregister",
+]

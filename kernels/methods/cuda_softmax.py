@@ -1,0 +1,135 @@
+"""`cuda`: fused scale + causal mask + softmax as a CUDA C++ extension, forward and backward.
+
+The kernels (``csrc/softmax_kernels.cu``, no torch header) pick a code path by row length: rows in
+registers with 16-byte vector loads (several rows per warp for short rows, a block per row up to
+32768 columns), rows cached in shared memory, or a streaming path for rows of any length; causal rows
+load only their unmasked prefix. ``csrc/softmax_binding.cpp`` registers the ops
+``softmax_harness_cuda::softmax_fwd`` / ``softmax_bwd`` with ``TORCH_LIBRARY`` (CUDA implementation via
+``TORCH_LIBRARY_IMPL``); this module registers their fake implementations and autograd, so
+``torch.compile(fullgraph=True)`` traces through them and ``torch.library.opcheck`` passes.
+
+Build: on first use (or ``prepare()``), with ``torch.utils.cpp_extension.load`` for the GPU at hand
+(sm_90 on Hopper), cached under ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``) and
+rebuilt only when a source or flag changes; concurrent builds (DDP ranks) wait on a file lock. The build
+time is reported by ``prepare()``, never hidden inside a throughput figure. Without a GPU, nvcc or ninja
+the method reports itself unavailable with the reason.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from kernels.registry import SoftmaxMethod, register
+
+CSRC = Path(__file__).resolve().parents[2] / "csrc"
+SOURCES = [CSRC / "softmax_binding.cpp", CSRC / "softmax_kernels.cu"]
+_LOCK = threading.Lock()
+_STATE: dict = {"loaded": False, "error": None, "build_s": None}
+
+
+def _toolchain_problem() -> Optional[str]:
+    if not torch.cuda.is_available():
+        return "it needs a CUDA GPU and none was found"
+    if torch.version.cuda is None:
+        return "this PyTorch build has no CUDA support"
+    from torch.utils.cpp_extension import CUDA_HOME, is_ninja_available
+
+    if CUDA_HOME is None and shutil.which("nvcc") is None:
+        return "the CUDA compiler nvcc was not found (install the CUDA toolkit or set CUDA_HOME)"
+    if not is_ninja_available():
+        return "ninja is not installed (pip install ninja), needed to build the extension"
+    return None
+
+
+def unavailable_reason() -> Optional[str]:
+    if _STATE["error"]:
+        return f"building the CUDA extension failed: {_STATE['error']}"
+    return _toolchain_problem()
+
+
+def prepare() -> dict:
+    """Build (or load the cached build of) the extension; returns {'build_s': seconds} of this call."""
+    with _LOCK:
+        if _STATE["loaded"]:
+            return {"build_s": 0.0, "cached_in_process": True}
+        problem = _toolchain_problem()
+        if problem:
+            raise RuntimeError(f"the cuda softmax cannot be built here: {problem}")
+        from torch.utils.cpp_extension import load
+
+        t0 = time.perf_counter()
+        try:
+            load(
+                name="softmax_harness_cuda",
+                sources=[str(s) for s in SOURCES],
+                extra_cflags=["-O3"],
+                extra_cuda_cflags=["-O3", "-std=c++17", "-lineinfo"],
+                extra_include_paths=[str(CSRC)],
+                is_python_module=False,
+                verbose=False,
+            )
+        except Exception as exc:
+            _STATE["error"] = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
+            raise
+        _register_python_side()
+        _STATE["loaded"] = True
+        _STATE["build_s"] = time.perf_counter() - t0
+        return {"build_s": _STATE["build_s"], "cached_in_process": False}
+
+
+def _register_python_side() -> None:
+    @torch.library.register_fake("softmax_harness_cuda::softmax_fwd")
+    def _fwd_fake(x, scale, causal):
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+    @torch.library.register_fake("softmax_harness_cuda::softmax_bwd")
+    def _bwd_fake(y, dy, scale, causal):
+        return torch.empty(y.shape, dtype=y.dtype, device=y.device)
+
+    def setup_context(ctx, inputs, output):
+        _, scale, causal = inputs
+        ctx.save_for_backward(output)  # only y is saved
+        ctx.scale, ctx.causal = scale, causal
+
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        return torch.ops.softmax_harness_cuda.softmax_bwd(y, dy, ctx.scale, ctx.causal), None, None
+
+    torch.library.register_autograd("softmax_harness_cuda::softmax_fwd", backward, setup_context=setup_context)
+
+
+def validate(x: torch.Tensor) -> None:
+    if x.device.type != "cuda":
+        raise ValueError(f"the cuda softmax runs on CUDA tensors; got a tensor on {x.device}")
+
+
+def cuda_softmax(scores: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+    if not _STATE["loaded"]:
+        prepare()
+    return torch.ops.softmax_harness_cuda.softmax_fwd(scores, scale, causal)
+
+
+def code_path(dtype: torch.dtype, backward: bool, cols: int, aligned: bool = True) -> str:
+    """Which kernel path a row length takes: 'register', 'smem' or 'stream' (needs the extension)."""
+    if not _STATE["loaded"]:
+        prepare()
+    code = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}[dtype]
+    return torch.ops.softmax_harness_cuda.softmax_path(code, backward, cols, aligned)
+
+
+register(
+    SoftmaxMethod(
+        name="cuda",
+        fn=cuda_softmax,
+        summary="fused CUDA C++ extension: scale + causal mask + softmax, forward and backward, any N",
+        unavailable_reason=unavailable_reason,
+        validate=validate,
+        prepare=prepare,
+    )
+)

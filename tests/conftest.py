@@ -1,0 +1,36 @@
+"""Test setup: Triton's CPU interpreter where there is no GPU, offline W&B, a private data cache.
+
+TRITON_INTERPRET must be set before anything imports triton (Lightning does), hence here, at import.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("WANDB_DISABLE_GIT", "true")
+os.environ.setdefault("HARNESS_CACHE", tempfile.mkdtemp(prefix="harness-cache-"))
+
+import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def seeded():
+    torch.manual_seed(0)
+    return torch.Generator().manual_seed(0)

@@ -1,0 +1,38 @@
+"""Shared test helpers: tolerances per dtype and a forward+backward check against float64."""
+
+from __future__ import annotations
+
+import torch
+
+import kernels
+
+# ||out - ref|| / ||ref|| bounds: the output is rounded to the dtype (bf16 has 8 mantissa bits)
+FWD_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+BWD_TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 4e-2}
+
+
+def random_scores(shape, dtype, device="cpu", spread=3.0, gen=None) -> torch.Tensor:
+    return (torch.randn(*shape, generator=gen) * spread).to(device=device, dtype=dtype)
+
+
+def check_method(method: str, x: torch.Tensor, scale: float, causal: bool) -> tuple[float, float]:
+    """Run method forward+backward on x (any layout), compare with float64; returns (fwd, bwd) errors
+    after asserting the contract's exact zeros on masked entries."""
+    x = x.detach().requires_grad_(True)
+    y = kernels.softmax(x, scale=scale, causal=causal, method=method)
+    assert y.shape == x.shape and y.dtype == x.dtype and y.device == x.device
+    dy = torch.randn(y.shape, dtype=torch.float32).to(device=y.device, dtype=y.dtype)
+    y.backward(dy)
+    x64 = x.detach().to(torch.float64).requires_grad_(True)
+    ref = kernels.reference_softmax(x64, scale=scale, causal=causal)
+    ref.backward(dy.to(torch.float64))
+    assert not torch.isnan(y).any(), "NaN in the output"
+    assert not torch.isnan(x.grad).any(), "NaN in the gradient"
+    if causal:
+        tq, tk = x.shape[-2], x.shape[-1]
+        masked = torch.ones(tq, tk, dtype=torch.bool).triu(tk - tq + 1).to(y.device)
+        assert (y.detach()[..., masked] == 0).all(), "masked entries must be exactly 0"
+        assert (x.grad[..., masked] == 0).all(), "masked entries must get gradient exactly 0"
+    fwd = kernels.relative_error(y, ref)
+    bwd = kernels.relative_error(x.grad, x64.grad)
+    return fwd, bwd

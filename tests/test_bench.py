@@ -1,0 +1,34 @@
+"""The benchmark commands' plumbing at tiny sizes on the CPU (the numbers mean nothing there)."""
+
+from __future__ import annotations
+
+import csv
+
+import kernels
+from harness.bench import KernelRow, fill_ratios, run_kernel_bench
+
+
+def test_kernel_bench_writes_table_csv_and_chart(tmp_path):
+    methods = [m for m in ("naive", "torch", "triton") if m in kernels.runnable_methods()]
+    res = run_kernel_bench(methods, [8, 32], 256, "fp32", [], (1, 2, 8, 8), tmp_path, rep_ms=10)
+    assert res.copy_gbs > 0
+    assert len(res.rows) == 2 * len(methods) and all(r.correct for r in res.rows), res.rows
+    assert all(r.fwd_gbs and r.bwd_gbs and r.fwd_frac_copy for r in res.rows)
+    for name in ("kernels.md", "kernels.csv", "kernels.json", "kernels.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    with open(tmp_path / "kernels.csv") as f:
+        assert len(list(csv.DictReader(f))) == len(res.rows)
+    md = (tmp_path / "kernels.md").read_text()
+    assert "Copy ceiling" in md and "Attention-shaped" in md
+    assert [a["method"] for a in res.attention] == methods
+
+
+def test_wrong_method_gets_no_ratio():
+    rows = [
+        KernelRow("torch", "bfloat16", 128, 8, False, fwd_gbs=100.0, bwd_gbs=100.0, correct=True),
+        KernelRow("fast", "bfloat16", 128, 8, False, fwd_gbs=400.0, bwd_gbs=400.0, correct=False),
+        KernelRow("good", "bfloat16", 128, 8, False, fwd_gbs=200.0, bwd_gbs=50.0, correct=True),
+    ]
+    fill_ratios(rows, copy_gbs=1000.0)
+    assert rows[1].fwd_vs_best_baseline is None and rows[1].fwd_frac_copy == 0.4
+    assert rows[2].fwd_vs_best_baseline == 2.0 and rows[2].bwd_vs_best_baseline == 0.5

@@ -1,0 +1,140 @@
+"""GPU tests (marked `gpu`, skipped without CUDA) of the fused methods at full sizes: the Triton and
+the CUDA extension kernels against float64, op checks, full-graph compile, and training parity."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+from tests.helpers import BWD_TOL, FWD_TOL, check_method, random_scores
+
+pytestmark = pytest.mark.gpu
+FUSED = ["triton", "cuda"]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _xin(shape, dtype, layout="contiguous"):
+    g = torch.Generator().manual_seed(hash((shape, str(dtype), layout)) % 2**31)
+    if layout == "misaligned":  # data pointer off by one element: no 16-byte vector loads
+        *lead, n = shape
+        return random_scores((*lead, n + 1), dtype, "cuda", gen=g)[..., 1:]
+    if layout == "transposed":
+        *lead, a, b = shape
+        return random_scores((*lead, b, a), dtype, "cuda", gen=g).transpose(-1, -2)
+    return random_scores(shape, dtype, "cuda", gen=g)
+
+
+SHAPES = [
+    ((4096, 1), False, "contiguous"),
+    ((999, 7), False, "contiguous"),
+    ((64, 127), False, "contiguous"),
+    ((64, 128), False, "contiguous"),
+    ((64, 129), False, "contiguous"),
+    ((32, 1024), False, "contiguous"),
+    ((16, 4095), False, "contiguous"),
+    ((16, 4096), False, "contiguous"),
+    ((8, 16384), False, "contiguous"),
+    ((8, 32768), False, "contiguous"),
+    ((4, 65536), False, "contiguous"),
+    ((4, 100003), False, "contiguous"),
+    ((2, 262144), False, "contiguous"),
+    ((2, 12, 1024, 1024), True, "contiguous"),
+    ((4, 100, 300), True, "contiguous"),
+    ((4, 300, 100), True, "contiguous"),
+    ((2, 3, 2048, 2048), True, "contiguous"),
+    ((2, 5000, 5000), True, "contiguous"),
+    ((8, 1024), False, "misaligned"),
+    ((2, 64, 512), True, "misaligned"),
+    ((3, 256, 256), True, "transposed"),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("case", SHAPES, ids=lambda c: f"{'x'.join(map(str, c[0]))}{'-causal' if c[1] else ''}-{c[2]}")
+@pytest.mark.parametrize("method", FUSED)
+def test_full_size_matches_float64(method, case, dtype):
+    shape, causal, layout = case
+    fwd, bwd = check_method(method, _xin(shape, dtype, layout), scale=0.125, causal=causal)
+    assert fwd <= FWD_TOL[dtype] and bwd <= BWD_TOL[dtype], (fwd, bwd)
+
+
+@pytest.mark.parametrize("method", FUSED)
+def test_every_output_element_is_written(method):
+    # poison the allocator's next blocks: an unwritten element would keep NaN
+    for shape in [(257, 3000), (3, 70000), (2, 4, 33, 33)]:
+        torch.cuda.empty_cache()
+        junk = torch.full((sum(torch.Size(shape).numel() for _ in range(4)),), float("nan"), device="cuda")
+        del junk
+        y = kernels.softmax(torch.randn(shape, device="cuda"), causal=len(shape) > 2, method=method)
+        assert torch.isfinite(y).all()
+
+
+@pytest.mark.parametrize("method", FUSED)
+def test_backward_never_writes_into_incoming_gradient(method):
+    x = torch.randn(64, 2048, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    y = kernels.softmax(x, scale=0.5, method=method)
+    dy = torch.randn_like(y)
+    keep = dy.clone()
+    y.backward(dy)
+    assert torch.equal(dy, keep)
+
+
+def test_cuda_code_paths_by_row_length():
+    from kernels.methods.cuda_softmax import code_path
+
+    assert code_path(torch.bfloat16, False, 1024) == "register"
+    assert code_path(torch.bfloat16, False, 32768) == "register"
+    assert code_path(torch.bfloat16, False, 65536) == "smem"
+    assert code_path(torch.bfloat16, False, 262144) == "stream"
+    assert code_path(torch.bfloat16, False, 1024, aligned=False) == "smem"
+
+
+def test_opchecks():
+    x = torch.randn(2, 3, 64, 64, device="cuda", dtype=torch.bfloat16)
+    y = torch.softmax(x.float(), -1).to(x.dtype)
+    dy = torch.randn_like(y)
+    kernels.get_method("cuda").prepare()
+    torch.library.opcheck(torch.ops.softmax_harness.triton_softmax_fwd.default, (x, 0.125, True))
+    torch.library.opcheck(torch.ops.softmax_harness.triton_softmax_bwd.default, (y, dy, 0.125, True))
+    torch.library.opcheck(torch.ops.softmax_harness_cuda.softmax_fwd.default, (x, 0.125, True))
+    torch.library.opcheck(torch.ops.softmax_harness_cuda.softmax_bwd.default, (y, dy, 0.125, True))
+
+
+@pytest.mark.parametrize("method", FUSED)
+def test_fullgraph_compile_of_the_model(method):
+    from harness.methods import apply_accel
+    from models import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=512, block_size=256, n_layer=2, n_head=4, n_embd=128)).cuda()
+    idx = torch.randint(0, 512, (4, 256), device="cuda")
+    with torch.autocast("cuda", torch.bfloat16):
+        ref, _ = model(idx)
+    apply_accel(model, "materialized", method)
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.autocast("cuda", torch.bfloat16):
+        logits, loss = compiled(idx, idx)
+    loss.backward()
+    assert (logits.float() - ref.float()).norm() / ref.float().norm() < 2e-2
+
+
+@pytest.mark.parametrize("method", FUSED)
+def test_training_tracks_the_torch_loss_curve(method, tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from harness.train import CONF_DIR, run_training
+
+    def run(accel):
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            cfg = compose(
+                config_name="config",
+                overrides=[f"accel={accel}", "model=small", "model.n_layer=2", "trainer.max_steps=60",
+                           "trainer.val_every=0", "logger=none"],
+            )
+        return run_training(cfg, tmp_path / accel)["loss_curve"]
+
+    ref, got = run("torch"), run(method)
+    diffs = [abs(a - b) for a, b in zip(ref, got)]
+    assert max(diffs) < 0.05 * max(ref), f"max loss difference {max(diffs):.4f}"
+    assert got[-1] < 0.7 * got[0]

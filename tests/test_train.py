@@ -1,0 +1,116 @@
+"""The Hydra app end to end on the CPU: composes, trains the tiny model, writes results and W&B runs,
+rejects bad overrides with clear messages."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from harness.config import ConfigError, validate
+from harness.train import CONF_DIR, run_training
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = ["model=tiny", "trainer=cpu", "trainer.max_steps=20", "trainer.val_every=10"]
+
+
+def compose_cfg(*overrides):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def run_cli(*args, cwd=None, timeout=600):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run(
+        [sys.executable, "-m", "harness.train", *args], cwd=cwd or ROOT, env=env,
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def test_train_writes_results_and_offline_wandb_run(tmp_path):
+    cfg = compose_cfg(*QUICK, "accel=naive")
+    res = run_training(cfg, tmp_path)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["status"] == "completed" and saved["method"] == "naive" and saved["device"] == "CPU"
+    assert saved["measured_steps"] == 20 - cfg.trainer.warmup_steps
+    assert saved["tokens_per_s"] > 0 and saved["step_ms_p90"] >= saved["step_ms_p50"] > 0
+    assert saved["warmup_s"] > 0 and saved["final_val_loss"] is not None
+    assert len(saved["loss_curve"]) == 20
+    assert saved["env"]["torch"] and "git_revision" in saved["env"]
+    assert res["wandb"]["mode"] == "offline"
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and any(runs[0].rglob("*.wandb"))
+
+
+def test_training_makes_the_loss_fall(tmp_path):
+    cfg = compose_cfg("model=tiny", "trainer=cpu", "trainer.max_steps=60", "trainer.val_every=0", "logger=none")
+    res = run_training(cfg, tmp_path)
+    curve = res["loss_curve"]
+    assert sum(curve[-5:]) / 5 < 0.8 * sum(curve[:5]) / 5
+
+
+def test_same_seed_same_losses_and_methods_agree(tmp_path):
+    a = run_training(compose_cfg(*QUICK, "logger=none", "accel=torch"), tmp_path / "a")
+    b = run_training(compose_cfg(*QUICK, "logger=none", "accel=torch"), tmp_path / "b")
+    c = run_training(compose_cfg(*QUICK, "logger=none", "accel=naive"), tmp_path / "c")
+    assert a["loss_curve"] == b["loss_curve"]
+    assert max(abs(x - y) for x, y in zip(a["loss_curve"], c["loss_curve"])) < 1e-3
+
+
+def test_csv_logger(tmp_path):
+    run_training(compose_cfg(*QUICK, "logger=csv"), tmp_path)
+    text = (tmp_path / "csv" / "metrics.csv").read_text()
+    assert "train/tokens_per_s" in text and "train/loss" in text
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("trainer.max_steps=-3", "trainer.max_steps=-3"),
+        ("model.batch_size=0", "model.batch_size=0"),
+        ("data.seq_len=4096", "at most model.context"),
+        ("trainer.val_every=7", "multiple of trainer.window"),
+    ],
+)
+def test_out_of_range_values_are_rejected_by_validate(override, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(compose_cfg(*QUICK, override))
+
+
+def test_cli_rejects_bad_overrides_before_any_work(tmp_path):
+    r = run_cli("trainer.max_stepz=3", cwd=tmp_path)
+    assert r.returncode == 2 and "unknown config key 'trainer.max_stepz'" in r.stderr and "max_steps" in r.stderr
+    r = run_cli("accel=fastest", cwd=tmp_path)
+    assert r.returncode != 0 and "accel/fastest" in r.stderr and "triton" in r.stderr
+    r = run_cli("trainer.max_steps=abc", cwd=tmp_path)
+    assert r.returncode != 0 and "max_steps" in r.stderr
+    r = run_cli("model=tiny", "trainer.max_steps=0", cwd=tmp_path)
+    assert r.returncode == 2 and "trainer.max_steps=0" in r.stderr
+    assert not (tmp_path / "outputs").exists()  # nothing half-written
+
+
+def test_cli_help_lists_groups_and_options():
+    r = run_cli("--help")
+    assert r.returncode == 0
+    for word in ("accel", "model", "data", "trainer", "logger", "triton", "gpt2s", "synthetic"):
+        assert word in r.stdout
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="CPU-only behaviour")
+def test_gpu_only_method_fails_clearly_on_cpu(tmp_path):
+    r = run_cli("model=tiny", "trainer=cpu", "accel=cuda", "logger=none", f"hydra.run.dir={tmp_path}/run")
+    assert r.returncode != 0 and "cannot run here" in r.stderr and "naive" in r.stderr
+
+
+def test_cli_end_to_end_and_multirun(tmp_path):
+    r = run_cli("-m", *QUICK, "logger=csv", "accel=naive,torch", f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = sorted((tmp_path / "sweep").glob("*/results.json"))
+    assert [json.loads(p.read_text())["method"] for p in results] == ["naive", "torch"]
+    assert "accel=torch" in r.stderr or "accel=torch" in r.stdout

@@ -1,0 +1,96 @@
+"""The Triton kernels' own paths: long rows (forced small), launch plans, op registration, errors.
+
+On a CPU these run in Triton's interpreter (TRITON_INTERPRET=1, set by conftest.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+from tests.helpers import BWD_TOL, FWD_TOL, check_method, random_scores
+
+pytestmark = pytest.mark.skipif("triton" not in kernels.runnable_methods(), reason="triton cannot run here")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture
+def ts():
+    from kernels.methods import triton_softmax
+
+    return triton_softmax
+
+
+@pytest.fixture
+def force_long_path(ts, monkeypatch):
+    """Rows longer than 16 take the long (streaming) path, in chunks of 8."""
+    monkeypatch.setattr(ts, "MAX_TILE_N", 16)
+    monkeypatch.setattr(ts, "LONG_BLOCK_N", 8)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "shape,causal",
+    [((3, 37), False), ((2, 64), False), ((2, 20, 20), True), ((2, 9, 30), True), ((2, 30, 9), True),
+     ((1, 17), False)],
+)
+def test_long_path_matches_reference(force_long_path, ts, shape, causal, dtype, seeded):
+    assert ts.plan(shape[-1], 4).long or shape[-1] <= 16
+    fwd, bwd = check_method("triton", random_scores(shape, dtype, DEVICE, gen=seeded), 0.5, causal)
+    assert fwd <= FWD_TOL[dtype] and bwd <= BWD_TOL[dtype], (fwd, bwd)
+
+
+def test_long_path_non_contiguous(force_long_path, seeded):
+    x = random_scores((2, 40, 24), torch.float32, DEVICE, gen=seeded).transpose(-1, -2)  # (2, 24, 40)
+    fwd, bwd = check_method("triton", x, 0.5, True)
+    assert fwd <= 1e-5 and bwd <= 1e-4
+
+
+def test_plan_packs_short_rows_and_streams_long_ones(ts):
+    short = ts.plan(128, 2)
+    assert not short.long and short.rows > 1 and short.block_n == 128
+    odd = ts.plan(1000, 2)
+    assert not odd.long and odd.block_n == 1024
+    long = ts.plan(262144, 2)
+    assert long.long and long.block_n == ts.LONG_BLOCK_N
+    assert ts.plan(ts.MAX_TILE_N, 2).long is False and ts.plan(ts.MAX_TILE_N + 1, 2).long is True
+
+
+def test_cpu_tensor_without_interpreter_is_a_clear_error(ts, monkeypatch):
+    monkeypatch.setattr(ts, "interpreter_enabled", lambda: False)
+    if not torch.cuda.is_available():  # through the registry: the method says why it cannot run
+        with pytest.raises(kernels.MethodUnavailableError, match="CUDA GPU"):
+            kernels.softmax(torch.randn(2, 8), method="triton")
+    with pytest.raises(ValueError, match="CUDA tensors"):  # the op itself, called directly
+        torch.ops.softmax_harness.triton_softmax_fwd(torch.randn(2, 8), 1.0, False)
+
+
+def test_opcheck(seeded):
+    x = random_scores((2, 3, 8, 8), torch.float32, DEVICE, gen=seeded)
+    torch.library.opcheck(torch.ops.softmax_harness.triton_softmax_fwd.default, (x, 0.5, True))
+    y = torch.softmax(x, -1)
+    torch.library.opcheck(torch.ops.softmax_harness.triton_softmax_bwd.default, (y, torch.randn_like(y), 0.5, True))
+
+
+def test_only_the_output_is_saved_for_backward(seeded):
+    x = random_scores((4, 16), torch.float32, DEVICE, gen=seeded).requires_grad_(True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = kernels.softmax(x, method="triton")
+    assert len(saved) == 1 and saved[0].data_ptr() == y.data_ptr()
+
+
+def test_fullgraph_compile_of_a_model_using_it():
+    from harness.methods import apply_accel
+    from models import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32)).to(DEVICE)
+    idx = torch.randint(0, 64, (2, 16), device=DEVICE)
+    ref_logits, _ = model(idx)
+    apply_accel(model, "materialized", "triton")
+    compiled = torch.compile(model, fullgraph=True)  # a graph break would raise
+    logits, loss = compiled(idx, idx)
+    loss.backward()
+    assert torch.allclose(logits, ref_logits, atol=1e-4, rtol=1e-4)
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
