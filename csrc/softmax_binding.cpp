@@ -3,9 +3,12 @@
 // with TORCH_LIBRARY_IMPL, checks inputs with clear messages and launches on the current CUDA stream.
 // Fake (meta) implementations and autograd are registered from Python (kernels/methods/cuda_softmax.py).
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
+
+#include <limits>
+#include <string>
 
 #include "softmax_kernels.h"
 
@@ -62,7 +65,7 @@ at::Tensor softmax_fwd(const at::Tensor& x, double scale, bool causal) {
   causal_geometry(x, causal, &tq, &diag);
   const cudaError_t err = softmax_harness::softmax_fwd(
       dt, x2.data_ptr(), y.data_ptr(), x2.size(0), x2.size(1), x2.size(0) > 1 ? x2.stride(0) : x2.size(1),
-      tq, diag, static_cast<float>(scale), causal, at::cuda::getCurrentCUDAStream());
+      tq, diag, static_cast<float>(scale), causal, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "cuda softmax forward launch failed: ", cudaGetErrorString(err));
   return y;
 }
@@ -84,7 +87,7 @@ at::Tensor softmax_bwd(const at::Tensor& y, const at::Tensor& dy, double scale, 
   const cudaError_t err = softmax_harness::softmax_bwd(
       dt, y2.data_ptr(), dy2.data_ptr(), dx.data_ptr(), y2.size(0), y2.size(1),
       dy2.size(0) > 1 ? dy2.stride(0) : dy2.size(1), tq, diag, static_cast<float>(scale), causal,
-      at::cuda::getCurrentCUDAStream());
+      c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "cuda softmax backward launch failed: ", cudaGetErrorString(err));
   return dx;
 }

@@ -69,7 +69,7 @@ def prepare() -> dict:
                 name="softmax_harness_cuda",
                 sources=[str(s) for s in SOURCES],
                 extra_cflags=["-O3"],
-                extra_cuda_cflags=["-O3", "-std=c++17", "-lineinfo"],
+                extra_cuda_cflags=["-O3", "-lineinfo"],
                 extra_include_paths=[str(CSRC)],
                 is_python_module=False,
                 verbose=False,

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Run a stage on a GPU machine with no internet (the lent H200): install the offline wheels (Hydra,
+# OmegaConf, W&B, built by shared/tools/offline-wheels.sh into .whl/), then one or more stages:
+#   tests    build the CUDA extension, run the GPU tests and the fused methods' CPU-contract tests
+#   kernels  python -m harness.bench kernels (full table; extra args in KERNEL_ARGS)
+#   overhead python -m harness.bench overhead model=gpt2s
+#   study    python -m harness.study (STUDY_ARGS)
+# Logs and results go to $OUT (or outputs/device); the last lines printed are a short summary.
+set -uo pipefail
+OUT=${OUT:-outputs/device}
+mkdir -p "$OUT"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | tail -2
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+export WANDB_MODE=${WANDB_MODE:-offline} WANDB_SILENT=true PYTHONUNBUFFERED=1 HARNESS_CACHE=/tmp/harness-cache
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+summary=()
+for stage in "$@"; do
+  t0=$(date +%s)
+  case $stage in
+    tests)
+      python3 -c "from kernels.methods import cuda_softmax as c; print('cuda extension:', c.prepare())" 2>&1 | tail -30 | tee "$OUT/build.log"
+      timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -p no:cacheprovider tests/test_gpu_methods.py \
+        tests/test_kernels.py -k "${TEST_FILTER:-triton or cuda or gpu}" 2>&1 | tee "$OUT/tests.log" | tail -40
+      summary+=("tests: $(tail -1 "$OUT/tests.log")")
+      ;;
+    kernels)
+      timeout ${KERNEL_TIMEOUT:-400} python3 -m harness.bench kernels --out "$OUT" ${KERNEL_ARGS:-} 2>&1 | tee "$OUT/kernels.log" | grep -v "^|" | tail -60
+      summary+=("kernels: see $OUT/kernels.md")
+      ;;
+    overhead)
+      timeout ${OVERHEAD_TIMEOUT:-300} python3 -m harness.bench overhead --out "$OUT/overhead" ${OVERHEAD_ARGS:-model=gpt2s} 2>&1 | tee "$OUT/overhead.log" | grep -E "round|harness /|Error|error" | tail -20
+      summary+=("overhead: $(grep 'harness / bare' "$OUT/overhead.log" | tail -1)")
+      ;;
+    study)
+      timeout ${STUDY_TIMEOUT:-500} python3 -m harness.study ${STUDY_ARGS:-} hydra.run.dir="$OUT/study" 2>&1 | tee "$OUT/study.log" | tail -40
+      summary+=("study: see $OUT/study/report.md")
+      ;;
+    *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+  summary+=("  ($stage took $(( $(date +%s) - t0 )) s)")
+done
+echo "==== summary"
+printf '%s\n' "${summary[@]}"
