@@ -1,22 +1,24 @@
 // Fused scale + causal mask + softmax kernels, forward and backward (CUDA C++, no torch header).
 //
 // Code paths, chosen per launch by row length and alignment:
-//  * register: the row lives in registers (fp32). BLOCK_N = next power of two >= cols; each thread
-//    holds ITEMS elements as 16-byte vectors; L threads share a row: L <= 32 packs several rows into
-//    one warp (short rows), L > 32 is a block per row reducing through shared memory. Needs 16-byte
-//    alignment (cols and the row stride multiples of the vector width, aligned base pointers).
-//    Forward up to 32768 columns (16-bit types) / 16384 (fp32); backward up to 16384.
-//  * smem: a block per row for longer (or unaligned) rows that fit in shared memory (about 227 KB on
-//    Hopper): the first pass reads the row from global memory once, keeping the raw values in shared
-//    memory, the second pass normalizes from there. Each thread re-reads only what it stored itself.
-//  * stream: rows of any length (no cap): the same two passes, the second re-reading global memory
-//    backwards, so that the chunks read last in the first pass (still in L2) come first.
-// Causal rows load only their unmasked prefix and write zeros after it. Accumulation is fp32; NaN
+//  * register: the row stays in registers, packed in the input dtype (16-byte vectors). BLOCK_N is the
+//    next power of two >= cols; L threads share a row, ITEMS elements each: L <= 32 packs several rows
+//    into one warp (short rows), L > 32 is a block per row. One pass over memory each way; the max and
+//    the sum are reduced together (online-softmax merge), so a block synchronizes once per reduction.
+//  * cluster: long rows are split over a thread-block cluster (Hopper, up to 8 CTAs); each CTA keeps
+//    its slice in registers and the CTAs combine their (max, sum) partials through distributed shared
+//    memory. Still one pass over memory each way, with many CTAs in flight per SM.
+//  * stream: rows of any length (no cap) and unaligned rows: a block per row, two passes over global
+//    memory, the second walking backwards so the chunks read last (still in L2) come first.
+// Register and cluster paths need 16-byte alignment (cols and the row stride multiples of the vector
+// width, aligned base pointers). Causal rows load only their unmasked prefix and write zeros after it.
+// Math in fp32 with exp2 and one fma per element (exp2(x * c - m) never rounds x * c first); NaN
 // propagates within its row; a row with no unmasked key (or all -inf) gives zeros.
-// Bytes: forward reads x once (the prefix, when causal) and writes y; backward reads y and dy (prefix)
+// Bytes: forward reads x once (its prefix, when causal) and writes y; backward reads y and dy (prefix)
 // and writes dx into a fresh buffer (never into dy).
 #include "softmax_kernels.h"
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
@@ -24,8 +26,10 @@
 namespace softmax_harness {
 namespace {
 
+namespace cg = cooperative_groups;
+
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kLongThreads = 512;
+constexpr int kStreamThreads = 512;
 
 template <typename T>
 struct Cvt;
@@ -50,176 +54,107 @@ struct alignas(sizeof(T) * VEC) Pack {
   T v[VEC];
 };
 
-template <int WIDTH>
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = WIDTH / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o, WIDTH));
-  return v;
+// ---------------------------------------------------------------------------------------------
+// reductions
+// ---------------------------------------------------------------------------------------------
+// Merge two (max, sum) partials of an online softmax (sums relative to their max, exp2 domain).
+// -inf maxima (nothing unmasked yet) merge without NaN; a NaN sum stays NaN.
+__device__ __forceinline__ void merge_stats(float& m, float& s, float mo, float so) {
+  const float mn = fmaxf(m, mo);
+  const float ref = mn == -INFINITY ? 0.f : mn;
+  s = s * exp2f(m - ref) + so * exp2f(mo - ref);
+  m = mn;
 }
 
-template <int WIDTH>
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = WIDTH / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o, WIDTH);
-  return v;
-}
-
-// Reductions over the L threads of one row. L <= 32: inside a warp (rows never straddle warps).
-// L > 32: the whole block is one row; warps combine through shared memory.
+// (max, sum) over the L threads of one row; every thread gets the result. L <= 32: inside a warp
+// (rows never straddle warps); L > 32: the block is one row, warps combine through shared memory.
 template <int L>
-__device__ __forceinline__ float row_max(float v, float* red) {
-  if constexpr (L <= 32) {
-    return warp_max<L>(v);
-  } else {
-    v = warp_max<32>(v);
+__device__ __forceinline__ void row_stats(float& m, float& s, float2* red) {
+  constexpr int W = L < 32 ? L : 32;
+#pragma unroll
+  for (int o = W / 2; o > 0; o >>= 1) {
+    const float mo = __shfl_xor_sync(0xffffffffu, m, o, W);
+    const float so = __shfl_xor_sync(0xffffffffu, s, o, W);
+    merge_stats(m, s, mo, so);
+  }
+  if constexpr (L > 32) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (lane == 0) red[warp] = v;
+    if (lane == 0) red[warp] = make_float2(m, s);
     __syncthreads();
-    v = lane < L / 32 ? red[lane] : -INFINITY;
-    v = warp_max<32>(v);
-    __syncthreads();  // red is reused by the next reduction
-    return v;
+    const float2 v = lane < L / 32 ? red[lane] : make_float2(-INFINITY, 0.f);
+    m = v.x;
+    s = v.y;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float mo = __shfl_xor_sync(0xffffffffu, m, o);
+      const float so = __shfl_xor_sync(0xffffffffu, s, o);
+      merge_stats(m, s, mo, so);
+    }
+    __syncthreads();  // red is reused
   }
 }
 
 template <int L>
-__device__ __forceinline__ float row_sum(float v, float* red) {
-  if constexpr (L <= 32) {
-    return warp_sum<L>(v);
-  } else {
-    v = warp_sum<32>(v);
+__device__ __forceinline__ float row_sum(float v, float2* red) {
+  constexpr int W = L < 32 ? L : 32;
+#pragma unroll
+  for (int o = W / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o, W);
+  if constexpr (L > 32) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (lane == 0) red[warp] = v;
+    if (lane == 0) red[warp] = make_float2(v, 0.f);
     __syncthreads();
-    v = lane < L / 32 ? red[lane] : 0.f;
-    v = warp_sum<32>(v);
+    v = lane < L / 32 ? red[lane].x : 0.f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     __syncthreads();
-    return v;
   }
+  return v;
 }
 
+// Combine the per-CTA partials of one row across its cluster (distributed shared memory).
+__device__ __forceinline__ void cluster_stats(float& m, float& s, float2* slot) {
+  cg::cluster_group cluster = cg::this_cluster();
+  if (threadIdx.x == 0) *slot = make_float2(m, s);
+  cluster.sync();
+  float cm = -INFINITY, cs = 0.f;
+  const unsigned n = cluster.num_blocks();
+  for (unsigned r = 0; r < n; ++r) {
+    const float2 o = *cluster.map_shared_rank(slot, r);
+    merge_stats(cm, cs, o.x, o.y);
+  }
+  cluster.sync();  // no CTA leaves (freeing its slot) while others still read it
+  m = cm;
+  s = cs;
+}
+
+__device__ __forceinline__ float cluster_sum(float v, float2* slot) {
+  cg::cluster_group cluster = cg::this_cluster();
+  if (threadIdx.x == 0) *slot = make_float2(v, 0.f);
+  cluster.sync();
+  float total = 0.f;
+  const unsigned n = cluster.num_blocks();
+  for (unsigned r = 0; r < n; ++r) total += cluster.map_shared_rank(slot, r)->x;
+  cluster.sync();
+  return total;
+}
+
+template <int NT>
+__device__ __forceinline__ void block_stats(float& m, float& s, float2* red) {
+  row_stats<NT>(m, s, red);
+}
+
+// ---------------------------------------------------------------------------------------------
+// indexing helpers
+// ---------------------------------------------------------------------------------------------
 // Number of unmasked keys of a row: all of them, or query i = row mod tq keeps j <= i + diag.
+// rows, tq < 2^31 (checked on the host): 32-bit modulo, no 64-bit division routine.
 __device__ __forceinline__ int row_limit(int64_t row, int cols, int64_t tq, int64_t diag, bool causal) {
   if (!causal) return cols;
-  const int64_t l = row % tq + diag + 1;
+  const int64_t l = (int64_t)((unsigned)row % (unsigned)tq) + diag + 1;
   return (int)(l < 0 ? 0 : (l < cols ? l : cols));
 }
 
-// ---------------------------------------------------------------------------------------------
-// register path
-// ---------------------------------------------------------------------------------------------
-template <typename T, int VEC, int ITEMS, int L, int ROWS>
-__global__ void __launch_bounds__(L* ROWS)
-    fwd_register_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int cols,
-                        int64_t x_stride, int64_t tq, int64_t diag, float scale_log2e, bool causal) {
-  constexpr int NV = ITEMS / VEC;
-  __shared__ float red[32];
-  const int lane = threadIdx.x % L;
-  const int64_t row = (int64_t)blockIdx.x * ROWS + threadIdx.x / L;
-  const bool row_ok = row < rows;
-  const int lim = row_ok ? row_limit(row, cols, tq, diag, causal) : 0;
-  const T* xr = x + (row_ok ? row : 0) * x_stride;
-
-  float v[ITEMS];
-#pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    const int c0 = (i * L + lane) * VEC;
-    if (c0 + VEC <= lim) {
-      const Pack<T, VEC> p = *reinterpret_cast<const Pack<T, VEC>*>(xr + c0);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) v[i * VEC + j] = Cvt<T>::load(p.v[j]) * scale_log2e;
-    } else {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const int c = c0 + j;
-        v[i * VEC + j] = c < lim ? Cvt<T>::load(xr[c]) * scale_log2e : -INFINITY;
-      }
-    }
-  }
-  float m = -INFINITY;
-#pragma unroll
-  for (int k = 0; k < ITEMS; ++k) m = fmaxf(m, v[k]);
-  m = row_max<L>(m, red);
-  if (m == -INFINITY) m = 0.f;  // no unmasked key: every exp2 below is 0
-  float s = 0.f;
-#pragma unroll
-  for (int k = 0; k < ITEMS; ++k) {
-    v[k] = exp2f(v[k] - m);
-    s += v[k];
-  }
-  s = row_sum<L>(s, red);
-  const float inv = 1.f / (s == 0.f ? 1.f : s);  // NaN stays NaN
-  if (!row_ok) return;
-  T* yr = y + row * cols;
-#pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    const int c0 = (i * L + lane) * VEC;
-    if (c0 >= cols) continue;  // cols is a multiple of VEC on this path
-    Pack<T, VEC> p;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) p.v[j] = Cvt<T>::store(c0 + j < lim ? v[i * VEC + j] * inv : 0.f);
-    *reinterpret_cast<Pack<T, VEC>*>(yr + c0) = p;
-  }
-}
-
-template <typename T, int VEC, int ITEMS, int L, int ROWS>
-__global__ void __launch_bounds__(L* ROWS)
-    bwd_register_kernel(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx,
-                        int64_t rows, int cols, int64_t dy_stride, int64_t tq, int64_t diag,
-                        float scale, bool causal) {
-  constexpr int NV = ITEMS / VEC;
-  __shared__ float red[32];
-  const int lane = threadIdx.x % L;
-  const int64_t row = (int64_t)blockIdx.x * ROWS + threadIdx.x / L;
-  const bool row_ok = row < rows;
-  const int lim = row_ok ? row_limit(row, cols, tq, diag, causal) : 0;
-  const T* yr = y + (row_ok ? row : 0) * cols;
-  const T* gr = dy + (row_ok ? row : 0) * dy_stride;
-
-  float yv[ITEMS], gv[ITEMS];
-#pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    const int c0 = (i * L + lane) * VEC;
-    if (c0 + VEC <= lim) {
-      const Pack<T, VEC> a = *reinterpret_cast<const Pack<T, VEC>*>(yr + c0);
-      const Pack<T, VEC> b = *reinterpret_cast<const Pack<T, VEC>*>(gr + c0);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        yv[i * VEC + j] = Cvt<T>::load(a.v[j]);
-        gv[i * VEC + j] = Cvt<T>::load(b.v[j]);
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const int c = c0 + j;
-        yv[i * VEC + j] = c < lim ? Cvt<T>::load(yr[c]) : 0.f;
-        gv[i * VEC + j] = c < lim ? Cvt<T>::load(gr[c]) : 0.f;
-      }
-    }
-  }
-  float dot = 0.f;
-#pragma unroll
-  for (int k = 0; k < ITEMS; ++k) dot += yv[k] * gv[k];
-  dot = row_sum<L>(dot, red);
-  if (!row_ok) return;
-  T* xr = dx + row * cols;
-#pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    const int c0 = (i * L + lane) * VEC;
-    if (c0 >= cols) continue;
-    Pack<T, VEC> p;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const int k = i * VEC + j;
-      p.v[j] = Cvt<T>::store(c0 + j < lim ? scale * yv[k] * (gv[k] - dot) : 0.f);
-    }
-    *reinterpret_cast<Pack<T, VEC>*>(xr + c0) = p;
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// smem / stream paths: a block of kLongThreads per row, two passes
-// ---------------------------------------------------------------------------------------------
+// VEC elements from column c0: one 16-byte load when all are unmasked, else element by element.
 template <typename T, int VEC>
 __device__ __forceinline__ Pack<T, VEC> load_prefix(const T* p, int c0, int lim) {
   Pack<T, VEC> out;
@@ -243,14 +178,130 @@ __device__ __forceinline__ void store_row(T* p, int c0, int cols, const Pack<T, 
   }
 }
 
-template <typename T, int VEC, bool CACHE>
-__global__ void __launch_bounds__(kLongThreads)
-    fwd_long_kernel(const T* __restrict__ x, T* __restrict__ y, int cols, int64_t x_stride,
-                    int64_t tq, int64_t diag, float scale_log2e, bool causal) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  T* cache = reinterpret_cast<T*>(smem);
-  __shared__ float red[32];
-  constexpr int STEP = kLongThreads * VEC;
+// Which row, and which slice of it, this thread works on. Register path: ROWS rows per block, L
+// threads per row, the whole row. Cluster path: one row per cluster; CTA r of the cluster takes the
+// columns [r * SLICE, (r + 1) * SLICE).
+template <int L, int ROWS, int SLICE, bool CLUSTER>
+__device__ __forceinline__ void locate(int64_t& row, int& base) {
+  if constexpr (CLUSTER) {
+    const unsigned n = cg::this_cluster().num_blocks();
+    row = blockIdx.x / n;
+    base = (int)(blockIdx.x % n) * SLICE;
+  } else {
+    row = (int64_t)blockIdx.x * ROWS + threadIdx.x / L;
+    base = 0;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// register and cluster paths
+// ---------------------------------------------------------------------------------------------
+template <typename T, int VEC, int ITEMS, int L, int ROWS, bool CLUSTER>
+__global__ void __launch_bounds__(L* ROWS, 1)
+    fwd_register_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int cols,
+                        int64_t x_stride, int64_t tq, int64_t diag, float c, bool causal) {
+  constexpr int NV = ITEMS / VEC;
+  __shared__ float2 red[32];
+  __shared__ float2 slot;
+  const int lane = threadIdx.x % L;
+  int64_t row;
+  int base;
+  locate<L, ROWS, L * ITEMS, CLUSTER>(row, base);
+  const bool row_ok = row < rows;
+  const int lim = row_ok ? row_limit(row, cols, tq, diag, causal) : 0;
+  const T* xr = x + (row_ok ? row : 0) * x_stride;
+
+  Pack<T, VEC> raw[NV];
+  float m = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int c0 = base + (i * L + lane) * VEC;
+    raw[i] = load_prefix<T, VEC>(xr, c0, lim);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j)
+      if (c0 + j < lim) m = fmaxf(m, Cvt<T>::load(raw[i].v[j]) * c);
+  }
+  float s = 0.f;
+  const float ref = m == -INFINITY ? 0.f : m;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int c0 = base + (i * L + lane) * VEC;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j)
+      if (c0 + j < lim) s += exp2f(fmaf(Cvt<T>::load(raw[i].v[j]), c, -ref));
+  }
+  row_stats<L>(m, s, red);
+  if constexpr (CLUSTER) cluster_stats(m, s, &slot);
+  if (m == -INFINITY) m = 0.f;                   // no unmasked key: all outputs 0
+  const float inv = 1.f / (s == 0.f ? 1.f : s);  // NaN stays NaN
+  if (!row_ok) return;
+  T* yr = y + row * cols;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int c0 = base + (i * L + lane) * VEC;
+    if (c0 >= cols) continue;  // cols is a multiple of VEC on this path
+    Pack<T, VEC> o;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j)
+      o.v[j] = Cvt<T>::store(c0 + j < lim ? exp2f(fmaf(Cvt<T>::load(raw[i].v[j]), c, -m)) * inv : 0.f);
+    *reinterpret_cast<Pack<T, VEC>*>(yr + c0) = o;
+  }
+}
+
+template <typename T, int VEC, int ITEMS, int L, int ROWS, bool CLUSTER>
+__global__ void __launch_bounds__(L* ROWS, 1)
+    bwd_register_kernel(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx,
+                        int64_t rows, int cols, int64_t dy_stride, int64_t tq, int64_t diag,
+                        float scale, bool causal) {
+  constexpr int NV = ITEMS / VEC;
+  __shared__ float2 red[32];
+  __shared__ float2 slot;
+  const int lane = threadIdx.x % L;
+  int64_t row;
+  int base;
+  locate<L, ROWS, L * ITEMS, CLUSTER>(row, base);
+  const bool row_ok = row < rows;
+  const int lim = row_ok ? row_limit(row, cols, tq, diag, causal) : 0;
+  const T* yr = y + (row_ok ? row : 0) * cols;
+  const T* gr = dy + (row_ok ? row : 0) * dy_stride;
+
+  Pack<T, VEC> ya[NV], ga[NV];
+  float dot = 0.f;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int c0 = base + (i * L + lane) * VEC;
+    ya[i] = load_prefix<T, VEC>(yr, c0, lim);
+    ga[i] = load_prefix<T, VEC>(gr, c0, lim);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) dot += Cvt<T>::load(ya[i].v[j]) * Cvt<T>::load(ga[i].v[j]);
+  }
+  dot = row_sum<L>(dot, red);
+  if constexpr (CLUSTER) dot = cluster_sum(dot, &slot);
+  if (!row_ok) return;
+  T* xr = dx + row * cols;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int c0 = base + (i * L + lane) * VEC;
+    if (c0 >= cols) continue;
+    Pack<T, VEC> o;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float yy = Cvt<T>::load(ya[i].v[j]);
+      o.v[j] = Cvt<T>::store(c0 + j < lim ? scale * yy * (Cvt<T>::load(ga[i].v[j]) - dot) : 0.f);
+    }
+    *reinterpret_cast<Pack<T, VEC>*>(xr + c0) = o;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// stream path: a block per row, two passes over global memory
+// ---------------------------------------------------------------------------------------------
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kStreamThreads)
+    fwd_stream_kernel(const T* __restrict__ x, T* __restrict__ y, int cols, int64_t x_stride, int64_t tq,
+                      int64_t diag, float c, bool causal) {
+  __shared__ float2 red[32];
+  constexpr int STEP = kStreamThreads * VEC;
   const int64_t row = blockIdx.x;
   const int lim = row_limit(row, cols, tq, diag, causal);
   const T* xr = x + row * x_stride;
@@ -260,52 +311,44 @@ __global__ void __launch_bounds__(kLongThreads)
 #pragma unroll 4
   for (int c0 = threadIdx.x * VEC; c0 < lim; c0 += STEP) {
     const Pack<T, VEC> p = load_prefix<T, VEC>(xr, c0, lim);
-    if constexpr (CACHE) *reinterpret_cast<Pack<T, VEC>*>(cache + c0) = p;
-    float z[VEC];
     float mm = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      z[j] = c0 + j < lim ? Cvt<T>::load(p.v[j]) * scale_log2e : -INFINITY;
-      mm = fmaxf(mm, z[j]);
-    }
+    for (int j = 0; j < VEC; ++j)
+      if (c0 + j < lim) mm = fmaxf(mm, Cvt<T>::load(p.v[j]) * c);
     const float mn = fmaxf(m, mm);
     const float ref = mn == -INFINITY ? 0.f : mn;
     float add = 0.f;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) add += exp2f(z[j] - ref);
+    for (int j = 0; j < VEC; ++j)
+      if (c0 + j < lim) add += exp2f(fmaf(Cvt<T>::load(p.v[j]), c, -ref));
     s = s * exp2f(m - ref) + add;
     m = mn;
   }
-  float M = row_max<kLongThreads>(m, red);
-  if (M == -INFINITY) M = 0.f;
-  const float S = row_sum<kLongThreads>(s * exp2f(m - M), red);
-  const float inv = 1.f / (S == 0.f ? 1.f : S);
+  block_stats<kStreamThreads>(m, s, red);
+  if (m == -INFINITY) m = 0.f;
+  const float inv = 1.f / (s == 0.f ? 1.f : s);
 
-  // pass 2, over this thread's chunks backwards (most recently read first)
+  // pass 2, over this thread's chunks backwards (the most recently read first)
   T* yr = y + row * (int64_t)cols;
   const int first = threadIdx.x * VEC;
   if (first >= cols) return;
   for (int k = (cols - 1 - first) / STEP; k >= 0; --k) {
     const int c0 = first + k * STEP;
-    const Pack<T, VEC> p = CACHE ? load_prefix<T, VEC>(cache, c0, lim) : load_prefix<T, VEC>(xr, c0, lim);
+    const Pack<T, VEC> p = load_prefix<T, VEC>(xr, c0, lim);
     Pack<T, VEC> o;
 #pragma unroll
     for (int j = 0; j < VEC; ++j)
-      o.v[j] = Cvt<T>::store(c0 + j < lim ? exp2f(Cvt<T>::load(p.v[j]) * scale_log2e - M) * inv : 0.f);
+      o.v[j] = Cvt<T>::store(c0 + j < lim ? exp2f(fmaf(Cvt<T>::load(p.v[j]), c, -m)) * inv : 0.f);
     store_row<T, VEC>(yr, c0, cols, o);
   }
 }
 
-template <typename T, int VEC, bool CACHE>
-__global__ void __launch_bounds__(kLongThreads)
-    bwd_long_kernel(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, int cols,
-                    int64_t dy_stride, int64_t tq, int64_t diag, float scale, bool causal,
-                    int dy_cache_offset) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  T* cache_y = reinterpret_cast<T*>(smem);
-  T* cache_g = reinterpret_cast<T*>(smem + dy_cache_offset);
-  __shared__ float red[32];
-  constexpr int STEP = kLongThreads * VEC;
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kStreamThreads)
+    bwd_stream_kernel(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, int cols,
+                      int64_t dy_stride, int64_t tq, int64_t diag, float scale, bool causal) {
+  __shared__ float2 red[32];
+  constexpr int STEP = kStreamThreads * VEC;
   const int64_t row = blockIdx.x;
   const int lim = row_limit(row, cols, tq, diag, causal);
   const T* yr = y + row * (int64_t)cols;
@@ -316,22 +359,18 @@ __global__ void __launch_bounds__(kLongThreads)
   for (int c0 = threadIdx.x * VEC; c0 < lim; c0 += STEP) {
     const Pack<T, VEC> a = load_prefix<T, VEC>(yr, c0, lim);
     const Pack<T, VEC> b = load_prefix<T, VEC>(gr, c0, lim);
-    if constexpr (CACHE) {
-      *reinterpret_cast<Pack<T, VEC>*>(cache_y + c0) = a;
-      *reinterpret_cast<Pack<T, VEC>*>(cache_g + c0) = b;
-    }
 #pragma unroll
     for (int j = 0; j < VEC; ++j) acc += Cvt<T>::load(a.v[j]) * Cvt<T>::load(b.v[j]);
   }
-  const float dot = row_sum<kLongThreads>(acc, red);
+  const float dot = row_sum<kStreamThreads>(acc, red);
 
   T* xr = dx + row * (int64_t)cols;
   const int first = threadIdx.x * VEC;
   if (first >= cols) return;
   for (int k = (cols - 1 - first) / STEP; k >= 0; --k) {
     const int c0 = first + k * STEP;
-    const Pack<T, VEC> a = CACHE ? load_prefix<T, VEC>(cache_y, c0, lim) : load_prefix<T, VEC>(yr, c0, lim);
-    const Pack<T, VEC> b = CACHE ? load_prefix<T, VEC>(cache_g, c0, lim) : load_prefix<T, VEC>(gr, c0, lim);
+    const Pack<T, VEC> a = load_prefix<T, VEC>(yr, c0, lim);
+    const Pack<T, VEC> b = load_prefix<T, VEC>(gr, c0, lim);
     Pack<T, VEC> o;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
@@ -349,31 +388,35 @@ template <typename T>
 constexpr int vec_of() {
   return 16 / (int)sizeof(T);
 }
+constexpr int kItems = 32;        // elements per thread on the register and cluster paths
+constexpr int kMaxCluster = 8;    // portable cluster size
+// Longest rows one block keeps in registers (forward / backward), by element size.
 template <typename T>
 constexpr int reg_max_fwd() {
-  return sizeof(T) == 2 ? 32768 : 16384;
+  return sizeof(T) == 2 ? 16384 : 8192;
 }
-constexpr int kRegMaxBwd = 16384;
+template <typename T>
+constexpr int reg_max_bwd() {
+  return sizeof(T) == 2 ? 16384 : 8192;
+}
+// Cluster slices (threads per CTA): a small slice first (more CTAs in flight), a large one for the
+// longest rows; beyond kMaxCluster large slices the stream path takes over.
+constexpr int kSmallSliceThreads = 256;
+template <typename T>
+constexpr int large_slice_threads(bool backward) {
+  return sizeof(T) == 2 && !backward ? 1024 : 512;  // backward holds y and dy: 512 threads, no spills
+}
 
 template <typename T, int BLOCK_N>
 struct RegCfg {
   static constexpr int VEC = vec_of<T>();
-  static constexpr int ITEMS = BLOCK_N / 32 < VEC ? VEC : (BLOCK_N / 32 > 32 ? 32 : BLOCK_N / 32);
-  static constexpr int L = BLOCK_N / ITEMS;  // threads per row
+  static constexpr int ITEMS = BLOCK_N < kItems ? BLOCK_N : kItems;
+  static constexpr int L = BLOCK_N / ITEMS;                           // threads per row
   static constexpr int ROWS = L >= 32 ? (L == 32 ? 8 : 1) : 256 / L;  // rows per block
   static_assert(ITEMS % VEC == 0 && L * ITEMS == BLOCK_N && L * ROWS <= 1024, "bad register config");
 };
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
-inline int max_optin_smem() {
-  int dev = 0, v = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 48 * 1024;
-  if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) return 48 * 1024;
-  return v - 1024;  // leave room for the static reduction buffer
-}
-
-inline size_t round16(size_t n) { return (n + 15) & ~size_t(15); }
 
 inline int next_pow2_at_least(int64_t n, int lo) {
   int b = lo;
@@ -395,7 +438,7 @@ template <typename T, int BLOCK_N>
 cudaError_t launch_fwd_register(const Args& a) {
   using C = RegCfg<T, BLOCK_N>;
   const int64_t blocks = (a.rows + C::ROWS - 1) / C::ROWS;
-  fwd_register_kernel<T, C::VEC, C::ITEMS, C::L, C::ROWS><<<(unsigned)blocks, C::L * C::ROWS, 0, a.stream>>>(
+  fwd_register_kernel<T, C::VEC, C::ITEMS, C::L, C::ROWS, false><<<(unsigned)blocks, C::L * C::ROWS, 0, a.stream>>>(
       static_cast<const T*>(a.a), static_cast<T*>(a.out), a.rows, (int)a.cols, a.stride, a.tq, a.diag,
       a.scale * kLog2e, a.causal);
   return cudaGetLastError();
@@ -405,47 +448,64 @@ template <typename T, int BLOCK_N>
 cudaError_t launch_bwd_register(const Args& a) {
   using C = RegCfg<T, BLOCK_N>;
   const int64_t blocks = (a.rows + C::ROWS - 1) / C::ROWS;
-  bwd_register_kernel<T, C::VEC, C::ITEMS, C::L, C::ROWS><<<(unsigned)blocks, C::L * C::ROWS, 0, a.stream>>>(
+  bwd_register_kernel<T, C::VEC, C::ITEMS, C::L, C::ROWS, false><<<(unsigned)blocks, C::L * C::ROWS, 0, a.stream>>>(
       static_cast<const T*>(a.a), static_cast<const T*>(a.b), static_cast<T*>(a.out), a.rows, (int)a.cols,
       a.stride, a.tq, a.diag, a.scale, a.causal);
   return cudaGetLastError();
 }
 
-template <typename Kernel>
-cudaError_t allow_smem(Kernel kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+inline cudaLaunchConfig_t cluster_config(const Args& a, int threads, int n_ctas, cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)(a.rows * n_ctas));
+  cfg.blockDim = dim3((unsigned)threads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = a.stream;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = (unsigned)n_ctas;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
 }
 
-template <typename T, int VEC, bool CACHE>
-cudaError_t launch_fwd_long(const Args& a) {
-  const size_t bytes = CACHE ? round16((size_t)a.cols * sizeof(T)) : 0;
-  auto kernel = fwd_long_kernel<T, VEC, CACHE>;
-  cudaError_t err = allow_smem(kernel, bytes);
-  if (err != cudaSuccess) return err;
-  kernel<<<(unsigned)a.rows, kLongThreads, bytes, a.stream>>>(
+template <typename T, int L>
+cudaError_t launch_fwd_cluster(const Args& a, int n_ctas) {
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = cluster_config(a, L, n_ctas, attr);
+  constexpr int VEC = vec_of<T>();
+  cudaLaunchKernelEx(&cfg, fwd_register_kernel<T, VEC, kItems, L, 1, true>, static_cast<const T*>(a.a),
+                     static_cast<T*>(a.out), a.rows, (int)a.cols, a.stride, a.tq, a.diag, a.scale * kLog2e,
+                     a.causal);
+  return cudaGetLastError();
+}
+
+template <typename T, int L>
+cudaError_t launch_bwd_cluster(const Args& a, int n_ctas) {
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = cluster_config(a, L, n_ctas, attr);
+  constexpr int VEC = vec_of<T>();
+  cudaLaunchKernelEx(&cfg, bwd_register_kernel<T, VEC, kItems, L, 1, true>, static_cast<const T*>(a.a),
+                     static_cast<const T*>(a.b), static_cast<T*>(a.out), a.rows, (int)a.cols, a.stride, a.tq,
+                     a.diag, a.scale, a.causal);
+  return cudaGetLastError();
+}
+
+template <typename T, int VEC>
+cudaError_t launch_fwd_stream(const Args& a) {
+  fwd_stream_kernel<T, VEC><<<(unsigned)a.rows, kStreamThreads, 0, a.stream>>>(
       static_cast<const T*>(a.a), static_cast<T*>(a.out), (int)a.cols, a.stride, a.tq, a.diag,
       a.scale * kLog2e, a.causal);
   return cudaGetLastError();
 }
 
-template <typename T, int VEC, bool CACHE>
-cudaError_t launch_bwd_long(const Args& a) {
-  const size_t half = round16((size_t)a.cols * sizeof(T));
-  const size_t bytes = CACHE ? 2 * half : 0;
-  auto kernel = bwd_long_kernel<T, VEC, CACHE>;
-  cudaError_t err = allow_smem(kernel, bytes);
-  if (err != cudaSuccess) return err;
-  kernel<<<(unsigned)a.rows, kLongThreads, bytes, a.stream>>>(
-      static_cast<const T*>(a.a), static_cast<const T*>(a.b), static_cast<T*>(a.out), (int)a.cols,
-      a.stride, a.tq, a.diag, a.scale, a.causal, CACHE ? (int)half : 0);
+template <typename T, int VEC>
+cudaError_t launch_bwd_stream(const Args& a) {
+  bwd_stream_kernel<T, VEC><<<(unsigned)a.rows, kStreamThreads, 0, a.stream>>>(
+      static_cast<const T*>(a.a), static_cast<const T*>(a.b), static_cast<T*>(a.out), (int)a.cols, a.stride,
+      a.tq, a.diag, a.scale, a.causal);
   return cudaGetLastError();
 }
-
-#define REG_CASE(BN, LAUNCH, MAX)                                       \
-  case BN:                                                              \
-    if constexpr (BN >= vec_of<T>() && BN <= (MAX)) return LAUNCH<T, BN>(a); \
-    break;
 
 template <typename T>
 bool is_aligned(const Args& a, bool backward) {
@@ -455,61 +515,90 @@ bool is_aligned(const Args& a, bool backward) {
   return ok;
 }
 
+enum class Path { Register, ClusterSmall, ClusterLarge, Stream };
+
+template <typename T>
+Path choose_path(int64_t cols, bool aligned, bool backward) {
+  if (!aligned) return Path::Stream;
+  if (cols <= (backward ? reg_max_bwd<T>() : reg_max_fwd<T>())) return Path::Register;
+  if (cols <= (int64_t)kMaxCluster * kSmallSliceThreads * kItems) return Path::ClusterSmall;
+  if (cols <= (int64_t)kMaxCluster * large_slice_threads<T>(backward) * kItems) return Path::ClusterLarge;
+  return Path::Stream;
+}
+
+inline int ctas_for(int64_t cols, int threads) { return (int)((cols + (int64_t)threads * kItems - 1) / (threads * kItems)); }
+
+#define REG_CASE(BN, LAUNCH, MAX)                                            \
+  case BN:                                                                   \
+    if constexpr (BN >= vec_of<T>() && BN <= (MAX)) return LAUNCH<T, BN>(a); \
+    break;
+
 template <typename T>
 cudaError_t fwd_dispatch(const Args& a) {
   constexpr int VEC = vec_of<T>();
   const bool aligned = is_aligned<T>(a, false);
-  if (aligned && a.cols <= reg_max_fwd<T>()) {
-    switch (next_pow2_at_least(a.cols, VEC)) {
-      REG_CASE(4, launch_fwd_register, reg_max_fwd<T>())
-      REG_CASE(8, launch_fwd_register, reg_max_fwd<T>())
-      REG_CASE(16, launch_fwd_register, reg_max_fwd<T>())
-      REG_CASE(32, launch_fwd_register, reg_max_fwd<T>())
-      REG_CASE(64, launch_fwd_register, reg_max_fwd<T>())
-      REG_CASE(128, launch_fwd_register, reg_max_fwd<T>())
-      REG_CASE(256, launch_fwd_register, reg_max_fwd<T>())
-      REG_CASE(512, launch_fwd_register, reg_max_fwd<T>())
-      REG_CASE(1024, launch_fwd_register, reg_max_fwd<T>())
-      REG_CASE(2048, launch_fwd_register, reg_max_fwd<T>())
-      REG_CASE(4096, launch_fwd_register, reg_max_fwd<T>())
-      REG_CASE(8192, launch_fwd_register, reg_max_fwd<T>())
-      REG_CASE(16384, launch_fwd_register, reg_max_fwd<T>())
-      REG_CASE(32768, launch_fwd_register, reg_max_fwd<T>())
-      default:
-        break;
-    }
+  switch (choose_path<T>(a.cols, aligned, false)) {
+    case Path::Register:
+      switch (next_pow2_at_least(a.cols, VEC)) {
+        REG_CASE(4, launch_fwd_register, reg_max_fwd<T>())
+        REG_CASE(8, launch_fwd_register, reg_max_fwd<T>())
+        REG_CASE(16, launch_fwd_register, reg_max_fwd<T>())
+        REG_CASE(32, launch_fwd_register, reg_max_fwd<T>())
+        REG_CASE(64, launch_fwd_register, reg_max_fwd<T>())
+        REG_CASE(128, launch_fwd_register, reg_max_fwd<T>())
+        REG_CASE(256, launch_fwd_register, reg_max_fwd<T>())
+        REG_CASE(512, launch_fwd_register, reg_max_fwd<T>())
+        REG_CASE(1024, launch_fwd_register, reg_max_fwd<T>())
+        REG_CASE(2048, launch_fwd_register, reg_max_fwd<T>())
+        REG_CASE(4096, launch_fwd_register, reg_max_fwd<T>())
+        REG_CASE(8192, launch_fwd_register, reg_max_fwd<T>())
+        REG_CASE(16384, launch_fwd_register, reg_max_fwd<T>())
+        default:
+          break;
+      }
+      return cudaErrorInvalidConfiguration;
+    case Path::ClusterSmall:
+      return launch_fwd_cluster<T, kSmallSliceThreads>(a, ctas_for(a.cols, kSmallSliceThreads));
+    case Path::ClusterLarge:
+      return launch_fwd_cluster<T, large_slice_threads<T>(false)>(a, ctas_for(a.cols, large_slice_threads<T>(false)));
+    case Path::Stream:
+      break;
   }
-  const bool cache = round16((size_t)a.cols * sizeof(T)) <= (size_t)max_optin_smem();
-  if (aligned) return cache ? launch_fwd_long<T, VEC, true>(a) : launch_fwd_long<T, VEC, false>(a);
-  return cache ? launch_fwd_long<T, 1, true>(a) : launch_fwd_long<T, 1, false>(a);
+  return aligned ? launch_fwd_stream<T, VEC>(a) : launch_fwd_stream<T, 1>(a);
 }
 
 template <typename T>
 cudaError_t bwd_dispatch(const Args& a) {
   constexpr int VEC = vec_of<T>();
   const bool aligned = is_aligned<T>(a, true);
-  if (aligned && a.cols <= kRegMaxBwd) {
-    switch (next_pow2_at_least(a.cols, VEC)) {
-      REG_CASE(4, launch_bwd_register, kRegMaxBwd)
-      REG_CASE(8, launch_bwd_register, kRegMaxBwd)
-      REG_CASE(16, launch_bwd_register, kRegMaxBwd)
-      REG_CASE(32, launch_bwd_register, kRegMaxBwd)
-      REG_CASE(64, launch_bwd_register, kRegMaxBwd)
-      REG_CASE(128, launch_bwd_register, kRegMaxBwd)
-      REG_CASE(256, launch_bwd_register, kRegMaxBwd)
-      REG_CASE(512, launch_bwd_register, kRegMaxBwd)
-      REG_CASE(1024, launch_bwd_register, kRegMaxBwd)
-      REG_CASE(2048, launch_bwd_register, kRegMaxBwd)
-      REG_CASE(4096, launch_bwd_register, kRegMaxBwd)
-      REG_CASE(8192, launch_bwd_register, kRegMaxBwd)
-      REG_CASE(16384, launch_bwd_register, kRegMaxBwd)
-      default:
-        break;
-    }
+  switch (choose_path<T>(a.cols, aligned, true)) {
+    case Path::Register:
+      switch (next_pow2_at_least(a.cols, VEC)) {
+        REG_CASE(4, launch_bwd_register, reg_max_bwd<T>())
+        REG_CASE(8, launch_bwd_register, reg_max_bwd<T>())
+        REG_CASE(16, launch_bwd_register, reg_max_bwd<T>())
+        REG_CASE(32, launch_bwd_register, reg_max_bwd<T>())
+        REG_CASE(64, launch_bwd_register, reg_max_bwd<T>())
+        REG_CASE(128, launch_bwd_register, reg_max_bwd<T>())
+        REG_CASE(256, launch_bwd_register, reg_max_bwd<T>())
+        REG_CASE(512, launch_bwd_register, reg_max_bwd<T>())
+        REG_CASE(1024, launch_bwd_register, reg_max_bwd<T>())
+        REG_CASE(2048, launch_bwd_register, reg_max_bwd<T>())
+        REG_CASE(4096, launch_bwd_register, reg_max_bwd<T>())
+        REG_CASE(8192, launch_bwd_register, reg_max_bwd<T>())
+        REG_CASE(16384, launch_bwd_register, reg_max_bwd<T>())
+        default:
+          break;
+      }
+      return cudaErrorInvalidConfiguration;
+    case Path::ClusterSmall:
+      return launch_bwd_cluster<T, kSmallSliceThreads>(a, ctas_for(a.cols, kSmallSliceThreads));
+    case Path::ClusterLarge:
+      return launch_bwd_cluster<T, large_slice_threads<T>(true)>(a, ctas_for(a.cols, large_slice_threads<T>(true)));
+    case Path::Stream:
+      break;
   }
-  const bool cache = 2 * round16((size_t)a.cols * sizeof(T)) <= (size_t)max_optin_smem();
-  if (aligned) return cache ? launch_bwd_long<T, VEC, true>(a) : launch_bwd_long<T, VEC, false>(a);
-  return cache ? launch_bwd_long<T, 1, true>(a) : launch_bwd_long<T, 1, false>(a);
+  return aligned ? launch_bwd_stream<T, VEC>(a) : launch_bwd_stream<T, 1>(a);
 }
 
 #undef REG_CASE
@@ -551,11 +640,21 @@ cudaError_t softmax_bwd(DType dtype, const void* y, const void* dy, void* dx, in
 }
 
 const char* softmax_path(DType dtype, bool backward, int64_t cols, bool aligned) {
-  const int elem = dtype == DType::F32 ? 4 : 2;
-  const int64_t reg_max = backward ? kRegMaxBwd : (elem == 2 ? 32768 : 16384);
-  if (aligned && cols <= reg_max) return "register";
-  const size_t bytes = (backward ? 2 : 1) * round16((size_t)cols * elem);
-  return bytes <= (size_t)max_optin_smem() ? "smem" : "stream";
+  Path p;
+  if (dtype == DType::F32)
+    p = choose_path<float>(cols, aligned, backward);
+  else
+    p = choose_path<__half>(cols, aligned, backward);
+  switch (p) {
+    case Path::Register:
+      return "register";
+    case Path::ClusterSmall:
+    case Path::ClusterLarge:
+      return "cluster";
+    case Path::Stream:
+      return "stream";
+  }
+  return "stream";
 }
 
 }  // namespace softmax_harness

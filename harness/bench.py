@@ -62,6 +62,13 @@ def copy_bandwidth(device: str, nbytes: int = 2**30, rep_ms: int = 200) -> float
     return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
 
 
+def write_bandwidth(device: str, nbytes: int = 2**30, rep_ms: int = 200) -> float:
+    """Write-only bandwidth (fill) in GB/s: the floor for a kernel that must write its whole output."""
+    dst = torch.empty(nbytes // 2, device=device, dtype=torch.bfloat16)
+    ms = bench_ms(lambda: dst.fill_(1.0), rep_ms)
+    return dst.numel() * dst.element_size() / (ms * 1e-3) / 1e9
+
+
 @dataclass
 class KernelRow:
     method: str
@@ -206,6 +213,7 @@ def write_rows_csv(rows: list, path: Path) -> None:
 @dataclass
 class KernelBench:
     copy_gbs: float
+    write_gbs: float = 0.0
     rows: list[KernelRow] = field(default_factory=list)
     attention: list[dict] = field(default_factory=list)
 
@@ -219,7 +227,7 @@ def run_kernel_bench(
 
     env = environment()
     copy_gbs = copy_bandwidth(device, nbytes=min(2**30, 4 * elements * 2) if device == "cuda" else 2**22)
-    res = KernelBench(copy_gbs)
+    res = KernelBench(copy_gbs, write_bandwidth(device, nbytes=2**30 if device == "cuda" else 2**22))
     plan = [(DTYPES[dtype], n) for n in sizes] + [(torch.float32, n) for n in fp32_sizes]
     for dt, n in plan:
         shape = (max(1, elements // n), n)
@@ -247,6 +255,7 @@ def run_kernel_bench(
     header = (f"## Softmax kernels on {env['device_name']} (torch {env['torch']}, triton {env['triton']}, "
               f"CUDA {env['cuda']}), rows x N = {elements} elements")
     md = markdown_table(res.rows, copy_gbs, header)
+    md += f"\nWrite-only ceiling (fill): {res.write_gbs:.0f} GB/s.\n"
     if res.attention:
         md += (f"\n### Attention-shaped causal scores {tuple(attention_shape)}, {dtype}, scale 1/8\n\n"
                "| method | fwd ms | fwd time / compile | bwd ms | bwd time / compile | correct |\n|---|---|---|---|---|---|\n")
@@ -256,7 +265,7 @@ def run_kernel_bench(
                    f"{'yes' if a['correct'] else 'NO ' + a['error']} |\n")
     atomic_write_text(out / "kernels.md", md)
     write_rows_csv(res.rows, out / "kernels.csv")
-    write_json(out / "kernels.json", {"env": env, "copy_gbs": copy_gbs, "rows": [asdict(r) for r in res.rows],
+    write_json(out / "kernels.json", {"env": env, "copy_gbs": copy_gbs, "write_gbs": res.write_gbs, "rows": [asdict(r) for r in res.rows],
                                       "attention": res.attention})
     plot(res.rows, copy_gbs, out / "kernels.png", str(DTYPES[dtype]).replace("torch.", ""))
     print(md)
@@ -350,6 +359,74 @@ def run_overhead(overrides: list[str], steps: int, rounds: int, out: Path) -> di
     return result
 
 
+# ------------------------------------------------------------------------------------------------
+# triton launch-settings sweep (how the heuristics in kernels/methods/triton_softmax.py were chosen)
+# ------------------------------------------------------------------------------------------------
+def triton_candidates(n: int) -> list:
+    from kernels.methods.triton_softmax import Plan, _next_pow2
+
+    block = _next_pow2(n)
+    plans = []
+    if block <= 32768:
+        for tile in sorted({max(block, t) for t in (4096, 8192, 16384)}):
+            rows = tile // block
+            if rows < 1 or rows > 64:
+                continue
+            for warps in (4, 8, 16, 32):
+                per_thread = tile // (32 * warps)
+                if 8 <= per_thread <= 32:
+                    plans.append(Plan(False, block, rows, warps))
+    if block >= 8192:
+        for chunk in (4096, 8192):
+            for warps in (8, 16):
+                if 4 <= chunk // (32 * warps) <= 32:
+                    plans.append(Plan(True, chunk, 1, warps))
+    return plans
+
+
+def run_triton_sweep(sizes: list[int], elements: int, dtype: str, out: Path, causal_shape: Optional[tuple]) -> list[dict]:
+    from kernels.methods import triton_softmax as ts
+
+    dt = DTYPES[dtype]
+    cases = [((max(1, elements // n), n), False) for n in sizes]
+    if causal_shape:
+        cases.append((causal_shape, True))
+    results = []
+    for shape, causal in cases:
+        n = shape[-1]
+        x = torch.randn(shape, device="cuda", dtype=torch.float32).mul_(2).to(dt)
+        ref = torch.softmax(x.float() if not causal else x.float().masked_fill(
+            torch.ones(n, n, dtype=torch.bool, device="cuda").triu(1), float("-inf")), -1)
+        dy = torch.randn_like(x)
+        y = ref.to(dt)
+        nbytes = x.numel() * x.element_size()
+        default = ts.plan(n, x.element_size())
+        for p in triton_candidates(n):
+            row = {"n": n, "causal": causal, "plan": str(p), "default": p == default}
+            try:
+                out_y = ts.launch_fwd(x, 1.0, causal, p)
+                err = ((out_y.float() - ref).norm() / ref.norm()).item()
+                row["fwd_ok"] = err < 2e-2
+                row["fwd_gbs"] = 2 * nbytes / (bench_ms(lambda: ts.launch_fwd(x, 1.0, causal, p), 50) * 1e-3) / 1e9
+                row["bwd_gbs"] = 3 * nbytes / (bench_ms(lambda: ts.launch_bwd(y, dy, 1.0, causal, p), 50) * 1e-3) / 1e9
+            except Exception as exc:
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
+            results.append(row)
+        best_f = max((r for r in results if r["n"] == n and r["causal"] == causal and r.get("fwd_ok")),
+                     key=lambda r: r["fwd_gbs"], default=None)
+        best_b = max((r for r in results if r["n"] == n and r["causal"] == causal and r.get("fwd_ok")),
+                     key=lambda r: r["bwd_gbs"], default=None)
+        dflt = next((r for r in results if r["n"] == n and r["causal"] == causal and r["default"]), {})
+        print(f"N={n:<7d}{' causal' if causal else '       '} fwd best {best_f and best_f['plan']} "
+              f"{best_f and round(best_f['fwd_gbs'])} GB/s (default {round(dflt.get('fwd_gbs', 0))}) | bwd best "
+              f"{best_b and best_b['plan']} {best_b and round(best_b['bwd_gbs'])} GB/s (default "
+              f"{round(dflt.get('bwd_gbs', 0))})", flush=True)
+        del x, dy, y, ref
+        torch.cuda.empty_cache()
+    write_json(out / "triton_sweep.json", {"rows": results})
+    return results
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     p = argparse.ArgumentParser(prog="python -m harness.bench", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -369,7 +446,18 @@ def main(argv: Optional[list[str]] = None) -> None:
     o.add_argument("--steps", type=int, default=30)
     o.add_argument("--rounds", type=int, default=2)
     o.add_argument("--out", default="outputs/bench", type=Path)
+    t = sub.add_parser("triton-sweep", help="time candidate Triton launch settings per N (GPU only)")
+    t.add_argument("--sizes", default=DEFAULT_SIZES)
+    t.add_argument("--elements", type=int, default=2**27)
+    t.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    t.add_argument("--causal", default="8,12,1024,1024", help="causal case B,H,T,T ('' to skip)")
+    t.add_argument("--out", default="outputs/bench", type=Path)
     a = p.parse_args(argv)
+    if a.cmd == "triton-sweep":
+        ints = lambda s: [int(v) for v in s.split(",") if v.strip()]  # noqa: E731
+        a.out.mkdir(parents=True, exist_ok=True)
+        run_triton_sweep(ints(a.sizes), a.elements, a.dtype, a.out, tuple(ints(a.causal)) if a.causal else None)
+        return
     if a.cmd == "kernels":
         ints = lambda s: [int(v) for v in s.split(",") if v.strip()]  # noqa: E731
         methods = [m.strip() for m in a.methods.split(",") if m.strip()]

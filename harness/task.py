@@ -31,11 +31,14 @@ class LanguageModelTask(L.LightningModule):
         min_lr_ratio: float,
         compile_model: bool = False,
         compile_mode: str = "default",
+        grad_clip: float = 0.0,
+        fused_optimizer: bool = True,
     ):
         super().__init__()
         self.model = model
         self.lr, self.weight_decay, self.betas = lr, weight_decay, betas
         self.max_steps, self.lr_warmup_steps, self.min_lr_ratio = max_steps, lr_warmup_steps, min_lr_ratio
+        self.grad_clip, self.fused_optimizer = grad_clip, fused_optimizer
         # the compiled wrapper shares the model's parameters; kept out of the module tree so the
         # checkpoint holds one copy under the same names either way
         fwd = torch.compile(model, mode=compile_mode) if compile_model else model
@@ -60,6 +63,13 @@ class LanguageModelTask(L.LightningModule):
         self.log("val/loss", loss, prog_bar=True, on_step=False, on_epoch=True, sync_dist=True)
         return loss
 
+    def on_before_optimizer_step(self, optimizer) -> None:
+        # clipping here rather than through Lightning, which refuses it for a fused optimizer even in
+        # bf16 (no gradient scaler); with fp16 + scaler the optimizer is not fused and Lightning has
+        # unscaled the gradients before this hook
+        if self.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+
     def loss_curve(self) -> list[tuple[int, float]]:
         """(step, train loss) for every step of this process; one device sync."""
         if not self._losses:
@@ -76,7 +86,7 @@ class LanguageModelTask(L.LightningModule):
             {"params": decay, "weight_decay": self.weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
         ]
-        fused = bool(decay) and decay[0].is_cuda
+        fused = self.fused_optimizer and bool(decay) and decay[0].is_cuda
         opt = torch.optim.AdamW(groups, lr=self.lr, betas=self.betas, fused=fused)
 
         warm, total, floor = self.lr_warmup_steps, self.max_steps, self.min_lr_ratio

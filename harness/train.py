@@ -152,6 +152,8 @@ def run_training(cfg: DictConfig, run_dir: Path, group: Optional[str] = None) ->
         min_lr_ratio=cfg.trainer.min_lr_ratio,
         compile_model=cfg.compile_model,
         compile_mode=cfg.compile_mode,
+        grad_clip=float(cfg.trainer.grad_clip or 0.0),
+        fused_optimizer=precision != "16-mixed",
     )
     dm = TokenDataModule(
         corpus, vocab, int(cfg.model.batch_size), seq_len, cfg.seed, cfg.trainer.max_steps,
@@ -196,7 +198,6 @@ def run_training(cfg: DictConfig, run_dir: Path, group: Optional[str] = None) ->
         limit_val_batches=cfg.trainer.val_batches,
         num_sanity_val_steps=0,
         log_every_n_steps=cfg.trainer.window,
-        gradient_clip_val=cfg.trainer.grad_clip or None,
         logger=logger if logger is not None else False,
         callbacks=callbacks,
         enable_checkpointing=bool(cfg.trainer.ckpt_every),

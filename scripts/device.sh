@@ -3,6 +3,7 @@
 # OmegaConf, W&B, built by shared/tools/offline-wheels.sh into .whl/), then one or more stages:
 #   tests    build the CUDA extension, run the GPU tests and the fused methods' CPU-contract tests
 #   kernels  python -m harness.bench kernels (full table; extra args in KERNEL_ARGS)
+#   sweep    python -m harness.bench triton-sweep (Triton launch settings per N)
 #   overhead python -m harness.bench overhead model=gpt2s
 #   study    python -m harness.study (STUDY_ARGS)
 # Logs and results go to $OUT (or outputs/device); the last lines printed are a short summary.
@@ -31,6 +32,10 @@ for stage in "$@"; do
     kernels)
       timeout ${KERNEL_TIMEOUT:-400} python3 -m harness.bench kernels --out "$OUT" ${KERNEL_ARGS:-} 2>&1 | tee "$OUT/kernels.log" | grep -v "^|" | tail -60
       summary+=("kernels: see $OUT/kernels.md")
+      ;;
+    sweep)
+      timeout ${SWEEP_TIMEOUT:-240} python3 -m harness.bench triton-sweep --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | grep -E "^N=|Error" | tail -20
+      summary+=("sweep: see $OUT/triton_sweep.json")
       ;;
     overhead)
       timeout ${OVERHEAD_TIMEOUT:-300} python3 -m harness.bench overhead --out "$OUT/overhead" ${OVERHEAD_ARGS:-model=gpt2s} 2>&1 | tee "$OUT/overhead.log" | grep -E "round|harness /|Error|error" | tail -20

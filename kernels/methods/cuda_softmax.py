@@ -1,9 +1,10 @@
 """`cuda`: fused scale + causal mask + softmax as a CUDA C++ extension, forward and backward.
 
-The kernels (``csrc/softmax_kernels.cu``, no torch header) pick a code path by row length: rows in
-registers with 16-byte vector loads (several rows per warp for short rows, a block per row up to
-32768 columns), rows cached in shared memory, or a streaming path for rows of any length; causal rows
-load only their unmasked prefix. ``csrc/softmax_binding.cpp`` registers the ops
+The kernels (``csrc/softmax_kernels.cu``, no torch header) pick a code path by row length: rows kept
+in registers with 16-byte vector loads (several rows per warp for short rows, a block per row up to
+16384 columns), long rows split across a Hopper thread-block cluster that combines its partial
+(max, sum) through distributed shared memory (up to 262144 columns in one pass), and a streaming path
+for rows of any length or alignment; causal rows load only their unmasked prefix. ``csrc/softmax_binding.cpp`` registers the ops
 ``softmax_harness_cuda::softmax_fwd`` / ``softmax_bwd`` with ``TORCH_LIBRARY`` (CUDA implementation via
 ``TORCH_LIBRARY_IMPL``); this module registers their fake implementations and autograd, so
 ``torch.compile(fullgraph=True)`` traces through them and ``torch.library.opcheck`` passes.
@@ -116,7 +117,7 @@ def cuda_softmax(scores: torch.Tensor, scale: float, causal: bool) -> torch.Tens
 
 
 def code_path(dtype: torch.dtype, backward: bool, cols: int, aligned: bool = True) -> str:
-    """Which kernel path a row length takes: 'register', 'smem' or 'stream' (needs the extension)."""
+    """Which kernel path a row length takes: 'register', 'cluster' or 'stream' (needs the extension)."""
     if not _STATE["loaded"]:
         prepare()
     code = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}[dtype]

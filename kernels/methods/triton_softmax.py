@@ -107,13 +107,15 @@ if triton is not None:
         keep = row_ok[:, None] & (cols[None, :] < lim[:, None])
         rows64 = rows.to(tl.int64)
         x = tl.load(X + rows64[:, None] * stride_xr + cols[None, :] * stride_xc, mask=keep, other=0.0)
-        z = tl.where(keep, x.to(tl.float32) * scale_log2e, float("-inf"))  # mask after scaling
-        m = tl.max(z, axis=1)
+        x = x.to(tl.float32)
+        m = tl.max(tl.where(keep, x * scale_log2e, float("-inf")), axis=1)  # mask after scaling
         m = tl.where(m == float("-inf"), 0.0, m)  # rows with no unmasked key
-        e = tl.exp2(z - m[:, None])
+        # exp2(x * c - m) straight from x (one fma): rounding x * c first would lose precision on
+        # large scores, shifting each element differently
+        e = tl.where(keep, tl.exp2(x * scale_log2e - m[:, None]), 0.0)
         s = tl.sum(e, axis=1)
         inv = 1.0 / tl.where(s == 0.0, 1.0, s)  # s == 0 only for rows with no unmasked key; NaN stays
-        y = tl.where(keep, e * inv[:, None], 0.0)
+        y = e * inv[:, None]
         out_ok = row_ok[:, None] & (cols[None, :] < n_cols)
         tl.store(Y + rows64[:, None] * n_cols + cols[None, :], y.to(Y.dtype.element_ty), mask=out_ok)
 
@@ -133,10 +135,10 @@ if triton is not None:
             c = start + cols
             keep = c < lim
             x = tl.load(x_row + c * stride_xc, mask=keep, other=0.0, eviction_policy="evict_last")
-            z = tl.where(keep, x.to(tl.float32) * scale_log2e, float("-inf"))
-            m_new = tl.maximum(m_vec, z)
+            x = x.to(tl.float32)
+            m_new = tl.maximum(m_vec, tl.where(keep, x * scale_log2e, float("-inf")))
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-            s_vec = s_vec * tl.exp2(m_vec - m_ref) + tl.exp2(z - m_ref)
+            s_vec = s_vec * tl.exp2(m_vec - m_ref) + tl.where(keep, tl.exp2(x * scale_log2e - m_ref), 0.0)
             m_vec = m_new
         m = tl.max(m_vec, axis=0)
         m = tl.where(m == float("-inf"), 0.0, m)
