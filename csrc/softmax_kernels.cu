@@ -1,11 +1,12 @@
 // Fused scale + causal mask + softmax kernels, forward and backward (CUDA C++, no torch header).
 //
 // Code paths, chosen per launch by row length and alignment:
-//  * register: the row stays in registers, packed in the input dtype (16-byte vectors). BLOCK_N is the
-//    next power of two >= cols; L threads share a row, ITEMS elements each: L <= 32 packs several rows
-//    into one warp (short rows), L > 32 is a block per row. One pass over memory each way; the max and
-//    the sum are reduced together (online-softmax merge), so a block synchronizes once per reduction.
-//  * cluster: long rows are split over a thread-block cluster (Hopper, up to 8 CTAs); each CTA keeps
+//  * register: the row stays in registers (fp32, loaded with 16-byte vectors). BLOCK_N is the next
+//    power of two >= cols; L threads share a row, ITEMS elements each: L <= 32 packs several rows into
+//    one warp (short rows), L > 32 is a block per row. One pass over memory each way, one exponential
+//    per element: each thread exponentiates against its own max, then one merged (max, sum) reduction
+//    (online-softmax merge) rescales by exp2(thread max - row max).
+//  * cluster: long rows are split over a thread-block cluster (Hopper, up to 16 CTAs); each CTA keeps
 //    its slice in registers and the CTAs combine their (max, sum) partials through distributed shared
 //    memory. Still one pass over memory each way, with many CTAs in flight per SM.
 //  * stream: rows of any length (no cap) and unaligned rows: a block per row, two passes over global
@@ -54,6 +55,13 @@ struct alignas(sizeof(T) * VEC) Pack {
   T v[VEC];
 };
 
+// 2^x with the SFU instruction (relative error ~2^-22, what Triton's tl.exp2 uses as well).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // ---------------------------------------------------------------------------------------------
 // reductions
 // ---------------------------------------------------------------------------------------------
@@ -62,7 +70,7 @@ struct alignas(sizeof(T) * VEC) Pack {
 __device__ __forceinline__ void merge_stats(float& m, float& s, float mo, float so) {
   const float mn = fmaxf(m, mo);
   const float ref = mn == -INFINITY ? 0.f : mn;
-  s = s * exp2f(m - ref) + so * exp2f(mo - ref);
+  s = s * fast_exp2(m - ref) + so * fast_exp2(mo - ref);
   m = mn;
 }
 
@@ -197,7 +205,7 @@ __device__ __forceinline__ void locate(int64_t& row, int& base) {
 // register and cluster paths
 // ---------------------------------------------------------------------------------------------
 template <typename T, int VEC, int ITEMS, int L, int ROWS, bool CLUSTER>
-__global__ void __launch_bounds__(L* ROWS, 1)
+__global__ void __launch_bounds__(L* ROWS)
     fwd_register_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int cols,
                         int64_t x_stride, int64_t tq, int64_t diag, float c, bool causal) {
   constexpr int NV = ITEMS / VEC;
@@ -211,29 +219,56 @@ __global__ void __launch_bounds__(L* ROWS, 1)
   const int lim = row_ok ? row_limit(row, cols, tq, diag, causal) : 0;
   const T* xr = x + (row_ok ? row : 0) * x_stride;
 
-  Pack<T, VEC> raw[NV];
+  // load (unmasked prefix only) and this thread's max of x * c
+  float v[ITEMS];
   float m = -INFINITY;
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int c0 = base + (i * L + lane) * VEC;
-    raw[i] = load_prefix<T, VEC>(xr, c0, lim);
+    if (c0 + VEC <= lim) {
+      const Pack<T, VEC> p = *reinterpret_cast<const Pack<T, VEC>*>(xr + c0);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j)
-      if (c0 + j < lim) m = fmaxf(m, Cvt<T>::load(raw[i].v[j]) * c);
+      for (int j = 0; j < VEC; ++j) {
+        v[i * VEC + j] = Cvt<T>::load(p.v[j]);
+        m = fmaxf(m, v[i * VEC + j] * c);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const bool keep = c0 + j < lim;
+        v[i * VEC + j] = keep ? Cvt<T>::load(xr[c0 + j]) : 0.f;
+        if (keep) m = fmaxf(m, v[i * VEC + j] * c);
+      }
+    }
   }
-  float s = 0.f;
+  // exponentials relative to this thread's max: exp2(x * c - m) in one fma (x * c is never rounded)
   const float ref = m == -INFINITY ? 0.f : m;
+  float s = 0.f;
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int c0 = base + (i * L + lane) * VEC;
+    if (c0 + VEC <= lim) {
 #pragma unroll
-    for (int j = 0; j < VEC; ++j)
-      if (c0 + j < lim) s += exp2f(fmaf(Cvt<T>::load(raw[i].v[j]), c, -ref));
+      for (int j = 0; j < VEC; ++j) {
+        const float e = fast_exp2(fmaf(v[i * VEC + j], c, -ref));
+        v[i * VEC + j] = e;
+        s += e;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float e = c0 + j < lim ? fast_exp2(fmaf(v[i * VEC + j], c, -ref)) : 0.f;
+        v[i * VEC + j] = e;
+        s += e;
+      }
+    }
   }
-  row_stats<L>(m, s, red);
-  if constexpr (CLUSTER) cluster_stats(m, s, &slot);
-  if (m == -INFINITY) m = 0.f;                   // no unmasked key: all outputs 0
-  const float inv = 1.f / (s == 0.f ? 1.f : s);  // NaN stays NaN
+  // one merged (max, sum) reduction over the row (and the cluster), then rescale to the row max
+  float M = m, S = s;
+  row_stats<L>(M, S, red);
+  if constexpr (CLUSTER) cluster_stats(M, S, &slot);
+  const float Mref = M == -INFINITY ? 0.f : M;
+  const float f = fast_exp2(ref - Mref) / (S == 0.f ? 1.f : S);  // NaN stays NaN
   if (!row_ok) return;
   T* yr = y + row * cols;
 #pragma unroll
@@ -241,15 +276,19 @@ __global__ void __launch_bounds__(L* ROWS, 1)
     const int c0 = base + (i * L + lane) * VEC;
     if (c0 >= cols) continue;  // cols is a multiple of VEC on this path
     Pack<T, VEC> o;
+    if (c0 + VEC <= lim) {
 #pragma unroll
-    for (int j = 0; j < VEC; ++j)
-      o.v[j] = Cvt<T>::store(c0 + j < lim ? exp2f(fmaf(Cvt<T>::load(raw[i].v[j]), c, -m)) * inv : 0.f);
+      for (int j = 0; j < VEC; ++j) o.v[j] = Cvt<T>::store(v[i * VEC + j] * f);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) o.v[j] = Cvt<T>::store(c0 + j < lim ? v[i * VEC + j] * f : 0.f);
+    }
     *reinterpret_cast<Pack<T, VEC>*>(yr + c0) = o;
   }
 }
 
 template <typename T, int VEC, int ITEMS, int L, int ROWS, bool CLUSTER>
-__global__ void __launch_bounds__(L* ROWS, 1)
+__global__ void __launch_bounds__(L* ROWS)
     bwd_register_kernel(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx,
                         int64_t rows, int cols, int64_t dy_stride, int64_t tq, int64_t diag,
                         float scale, bool causal) {
@@ -265,15 +304,29 @@ __global__ void __launch_bounds__(L* ROWS, 1)
   const T* yr = y + (row_ok ? row : 0) * cols;
   const T* gr = dy + (row_ok ? row : 0) * dy_stride;
 
-  Pack<T, VEC> ya[NV], ga[NV];
+  float yv[ITEMS], gv[ITEMS];
   float dot = 0.f;
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int c0 = base + (i * L + lane) * VEC;
-    ya[i] = load_prefix<T, VEC>(yr, c0, lim);
-    ga[i] = load_prefix<T, VEC>(gr, c0, lim);
+    if (c0 + VEC <= lim) {
+      const Pack<T, VEC> a = *reinterpret_cast<const Pack<T, VEC>*>(yr + c0);
+      const Pack<T, VEC> b = *reinterpret_cast<const Pack<T, VEC>*>(gr + c0);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) dot += Cvt<T>::load(ya[i].v[j]) * Cvt<T>::load(ga[i].v[j]);
+      for (int j = 0; j < VEC; ++j) {
+        yv[i * VEC + j] = Cvt<T>::load(a.v[j]);
+        gv[i * VEC + j] = Cvt<T>::load(b.v[j]);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const bool keep = c0 + j < lim;
+        yv[i * VEC + j] = keep ? Cvt<T>::load(yr[c0 + j]) : 0.f;
+        gv[i * VEC + j] = keep ? Cvt<T>::load(gr[c0 + j]) : 0.f;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) dot += yv[i * VEC + j] * gv[i * VEC + j];
   }
   dot = row_sum<L>(dot, red);
   if constexpr (CLUSTER) dot = cluster_sum(dot, &slot);
@@ -286,8 +339,8 @@ __global__ void __launch_bounds__(L* ROWS, 1)
     Pack<T, VEC> o;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      const float yy = Cvt<T>::load(ya[i].v[j]);
-      o.v[j] = Cvt<T>::store(c0 + j < lim ? scale * yy * (Cvt<T>::load(ga[i].v[j]) - dot) : 0.f);
+      const int k = i * VEC + j;
+      o.v[j] = Cvt<T>::store(c0 + j < lim ? scale * yv[k] * (gv[k] - dot) : 0.f);
     }
     *reinterpret_cast<Pack<T, VEC>*>(xr + c0) = o;
   }
@@ -320,8 +373,8 @@ __global__ void __launch_bounds__(kStreamThreads)
     float add = 0.f;
 #pragma unroll
     for (int j = 0; j < VEC; ++j)
-      if (c0 + j < lim) add += exp2f(fmaf(Cvt<T>::load(p.v[j]), c, -ref));
-    s = s * exp2f(m - ref) + add;
+      if (c0 + j < lim) add += fast_exp2(fmaf(Cvt<T>::load(p.v[j]), c, -ref));
+    s = s * fast_exp2(m - ref) + add;
     m = mn;
   }
   block_stats<kStreamThreads>(m, s, red);
@@ -338,7 +391,7 @@ __global__ void __launch_bounds__(kStreamThreads)
     Pack<T, VEC> o;
 #pragma unroll
     for (int j = 0; j < VEC; ++j)
-      o.v[j] = Cvt<T>::store(c0 + j < lim ? exp2f(fmaf(Cvt<T>::load(p.v[j]), c, -m)) * inv : 0.f);
+      o.v[j] = Cvt<T>::store(c0 + j < lim ? fast_exp2(fmaf(Cvt<T>::load(p.v[j]), c, -m)) * inv : 0.f);
     store_row<T, VEC>(yr, c0, cols, o);
   }
 }
@@ -389,7 +442,8 @@ constexpr int vec_of() {
   return 16 / (int)sizeof(T);
 }
 constexpr int kItems = 32;        // elements per thread on the register and cluster paths
-constexpr int kMaxCluster = 8;    // portable cluster size
+constexpr int kMaxCluster = 8;    // portable cluster size (small slices)
+constexpr int kMaxClusterLarge = 16;  // non-portable (Hopper allows 16) for the large slices
 // Longest rows one block keeps in registers (forward / backward), by element size.
 template <typename T>
 constexpr int reg_max_fwd() {
@@ -403,8 +457,8 @@ constexpr int reg_max_bwd() {
 // longest rows; beyond kMaxCluster large slices the stream path takes over.
 constexpr int kSmallSliceThreads = 256;
 template <typename T>
-constexpr int large_slice_threads(bool backward) {
-  return sizeof(T) == 2 && !backward ? 1024 : 512;  // backward holds y and dy: 512 threads, no spills
+constexpr int large_slice_threads(bool) {
+  return 512;
 }
 
 template <typename T, int BLOCK_N>
@@ -469,15 +523,23 @@ inline cudaLaunchConfig_t cluster_config(const Args& a, int threads, int n_ctas,
   return cfg;
 }
 
+template <typename Kernel>
+cudaError_t allow_cluster(Kernel kernel, int n_ctas) {
+  if (n_ctas <= 8) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+}
+
 template <typename T, int L>
 cudaError_t launch_fwd_cluster(const Args& a, int n_ctas) {
   cudaLaunchAttribute attr[1];
   const cudaLaunchConfig_t cfg = cluster_config(a, L, n_ctas, attr);
   constexpr int VEC = vec_of<T>();
-  cudaLaunchKernelEx(&cfg, fwd_register_kernel<T, VEC, kItems, L, 1, true>, static_cast<const T*>(a.a),
-                     static_cast<T*>(a.out), a.rows, (int)a.cols, a.stride, a.tq, a.diag, a.scale * kLog2e,
-                     a.causal);
-  return cudaGetLastError();
+  auto kernel = fwd_register_kernel<T, VEC, kItems, L, 1, true>;
+  cudaError_t err = allow_cluster(kernel, n_ctas);
+  if (err == cudaSuccess)
+    err = cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(a.a), static_cast<T*>(a.out), a.rows, (int)a.cols,
+                             a.stride, a.tq, a.diag, a.scale * kLog2e, a.causal);
+  return err;
 }
 
 template <typename T, int L>
@@ -485,10 +547,12 @@ cudaError_t launch_bwd_cluster(const Args& a, int n_ctas) {
   cudaLaunchAttribute attr[1];
   const cudaLaunchConfig_t cfg = cluster_config(a, L, n_ctas, attr);
   constexpr int VEC = vec_of<T>();
-  cudaLaunchKernelEx(&cfg, bwd_register_kernel<T, VEC, kItems, L, 1, true>, static_cast<const T*>(a.a),
-                     static_cast<const T*>(a.b), static_cast<T*>(a.out), a.rows, (int)a.cols, a.stride, a.tq,
-                     a.diag, a.scale, a.causal);
-  return cudaGetLastError();
+  auto kernel = bwd_register_kernel<T, VEC, kItems, L, 1, true>;
+  cudaError_t err = allow_cluster(kernel, n_ctas);
+  if (err == cudaSuccess)
+    err = cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(a.a), static_cast<const T*>(a.b),
+                             static_cast<T*>(a.out), a.rows, (int)a.cols, a.stride, a.tq, a.diag, a.scale, a.causal);
+  return err;
 }
 
 template <typename T, int VEC>
@@ -522,7 +586,7 @@ Path choose_path(int64_t cols, bool aligned, bool backward) {
   if (!aligned) return Path::Stream;
   if (cols <= (backward ? reg_max_bwd<T>() : reg_max_fwd<T>())) return Path::Register;
   if (cols <= (int64_t)kMaxCluster * kSmallSliceThreads * kItems) return Path::ClusterSmall;
-  if (cols <= (int64_t)kMaxCluster * large_slice_threads<T>(backward) * kItems) return Path::ClusterLarge;
+  if (cols <= (int64_t)kMaxClusterLarge * large_slice_threads<T>(backward) * kItems) return Path::ClusterLarge;
   return Path::Stream;
 }
 
@@ -559,8 +623,13 @@ cudaError_t fwd_dispatch(const Args& a) {
       return cudaErrorInvalidConfiguration;
     case Path::ClusterSmall:
       return launch_fwd_cluster<T, kSmallSliceThreads>(a, ctas_for(a.cols, kSmallSliceThreads));
-    case Path::ClusterLarge:
-      return launch_fwd_cluster<T, large_slice_threads<T>(false)>(a, ctas_for(a.cols, large_slice_threads<T>(false)));
+    case Path::ClusterLarge: {
+      const cudaError_t err =
+          launch_fwd_cluster<T, large_slice_threads<T>(false)>(a, ctas_for(a.cols, large_slice_threads<T>(false)));
+      if (err == cudaSuccess) return err;
+      (void)cudaGetLastError();  // clear it: the stream path takes over
+      break;
+    }
     case Path::Stream:
       break;
   }
@@ -593,8 +662,13 @@ cudaError_t bwd_dispatch(const Args& a) {
       return cudaErrorInvalidConfiguration;
     case Path::ClusterSmall:
       return launch_bwd_cluster<T, kSmallSliceThreads>(a, ctas_for(a.cols, kSmallSliceThreads));
-    case Path::ClusterLarge:
-      return launch_bwd_cluster<T, large_slice_threads<T>(true)>(a, ctas_for(a.cols, large_slice_threads<T>(true)));
+    case Path::ClusterLarge: {
+      const cudaError_t err =
+          launch_bwd_cluster<T, large_slice_threads<T>(true)>(a, ctas_for(a.cols, large_slice_threads<T>(true)));
+      if (err == cudaSuccess) return err;
+      (void)cudaGetLastError();
+      break;
+    }
     case Path::Stream:
       break;
   }

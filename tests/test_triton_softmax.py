@@ -53,6 +53,8 @@ def test_plan_packs_short_rows_and_streams_long_ones(ts):
     assert not odd.long and odd.block_n == 1024
     long = ts.plan(262144, 2)
     assert long.long and long.block_n == ts.LONG_BLOCK_N
+    tiny = ts.plan(7, 4)
+    assert not tiny.long and tiny.rows * tiny.block_n >= 1024
     assert ts.plan(ts.MAX_TILE_N, 2).long is False and ts.plan(ts.MAX_TILE_N + 1, 2).long is True
 
 

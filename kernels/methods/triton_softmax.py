@@ -47,9 +47,9 @@ except Exception as exc:  # pragma: no cover - exercised only where triton is mi
 
 LOG2E = 1.4426950408889634
 #: Longest row kept whole in registers; longer rows take the streaming (long) path.
-MAX_TILE_N = 16384
+MAX_TILE_N = 32768
 #: Chunk length of the long path.
-LONG_BLOCK_N = 4096
+LONG_BLOCK_N = 8192
 
 
 def interpreter_enabled() -> bool:
@@ -88,6 +88,14 @@ if triton is not None:
         return tl.zeros_like(rows) + n_cols
 
     @triton.jit
+    def _vector_limit(lim, n_cols, CAUSAL: tl.constexpr):
+        """Causal prefixes rounded up to a multiple of 8 columns, so that masked loads stay whole
+        16-byte vectors (a ragged mask forces element-wise loads); the exact mask is applied after."""
+        if CAUSAL:
+            return tl.minimum(((lim + 7) // 8) * 8, n_cols)
+        return lim
+
+    @triton.jit
     def _one_row_limit(row, n_cols, tq, diag, CAUSAL: tl.constexpr):
         if CAUSAL:
             lim = tl.minimum(tl.maximum((row % tq) + diag + 1, 0), n_cols)
@@ -106,7 +114,8 @@ if triton is not None:
         lim = _row_limit(rows, n_cols, tq, diag, CAUSAL)
         keep = row_ok[:, None] & (cols[None, :] < lim[:, None])
         rows64 = rows.to(tl.int64)
-        x = tl.load(X + rows64[:, None] * stride_xr + cols[None, :] * stride_xc, mask=keep, other=0.0)
+        ld = row_ok[:, None] & (cols[None, :] < _vector_limit(lim, n_cols, CAUSAL)[:, None])
+        x = tl.load(X + rows64[:, None] * stride_xr + cols[None, :] * stride_xc, mask=ld, other=0.0)
         x = x.to(tl.float32)
         m = tl.max(tl.where(keep, x * scale_log2e, float("-inf")), axis=1)  # mask after scaling
         m = tl.where(m == float("-inf"), 0.0, m)  # rows with no unmasked key
@@ -163,11 +172,13 @@ if triton is not None:
         lim = _row_limit(rows, n_cols, tq, diag, CAUSAL)
         keep = row_ok[:, None] & (cols[None, :] < lim[:, None])
         rows64 = rows.to(tl.int64)
-        y = tl.load(Y + rows64[:, None] * n_cols + cols[None, :], mask=keep, other=0.0).to(tl.float32)
-        dy = tl.load(DY + rows64[:, None] * stride_dyr + cols[None, :] * stride_dyc, mask=keep, other=0.0)
-        dy = dy.to(tl.float32)
+        ld = row_ok[:, None] & (cols[None, :] < _vector_limit(lim, n_cols, CAUSAL)[:, None])
+        y = tl.load(Y + rows64[:, None] * n_cols + cols[None, :], mask=ld, other=0.0).to(tl.float32)
+        dy = tl.load(DY + rows64[:, None] * stride_dyr + cols[None, :] * stride_dyc, mask=ld, other=0.0)
+        y = tl.where(keep, y, 0.0)
+        dy = tl.where(keep, dy.to(tl.float32), 0.0)
         dot = tl.sum(y * dy, axis=1)
-        dx = tl.where(keep, scale * y * (dy - dot[:, None]), 0.0)
+        dx = tl.where(keep, scale * y * (dy - dot[:, None]), 0.0)  # y, dy past lim are not masked-out zeros
         out_ok = row_ok[:, None] & (cols[None, :] < n_cols)
         tl.store(DX + rows64[:, None] * n_cols + cols[None, :], dx.to(DX.dtype.element_ty), mask=out_ok)
 
@@ -217,17 +228,26 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+# (rows per program, warps) by BLOCK_N, from `python -m harness.bench triton-sweep` on an H200 (bf16,
+# rows x N = 2^27); see docs/perf.md. Keys missing here (N < 128) use 4096-element tiles.
+_FWD_TILE = {128: (64, 8), 256: (16, 4), 512: (16, 16), 1024: (8, 16), 2048: (4, 16), 4096: (1, 8),
+             8192: (1, 16), 16384: (1, 16), 32768: (1, 32)}
+_BWD_TILE = {128: (32, 8), 256: (16, 8), 512: (8, 4), 1024: (4, 16), 2048: (2, 16), 4096: (1, 16),
+             8192: (1, 16), 16384: (1, 16), 32768: (1, 32)}
+
+
 def plan(n_cols: int, elem_bytes: int, backward: bool = False) -> Plan:
-    """Launch settings by row length (heuristics from H200 sweeps; see docs/perf.md)."""
+    """Launch settings by row length (a table measured on an H200; heuristics outside it)."""
     block_n = _next_pow2(n_cols)
     if block_n > MAX_TILE_N:
         block = min(LONG_BLOCK_N, block_n)
-        return Plan(True, block, 1, 8 if block >= 2048 else 4)
-    # aim for ~4096 elements per program (several short rows per program) and ~16 per thread
-    rows = max(1, 4096 // block_n)
-    elems = rows * block_n
-    num_warps = max(4, min(32, elems // (32 * 16)))
-    return Plan(False, block_n, rows, num_warps)
+        return Plan(True, block, 1, 16 if block >= 4096 else max(4, block // 256))
+    table = _BWD_TILE if backward else _FWD_TILE
+    if block_n in table:
+        rows, warps = table[block_n]
+        return Plan(False, block_n, rows, warps)
+    rows = max(1, 4096 // block_n)  # short rows: several per program, ~16 elements per thread
+    return Plan(False, block_n, rows, max(1, min(8, rows * block_n // (32 * 16))))
 
 
 def _rows_view(x: torch.Tensor) -> torch.Tensor:
