@@ -85,9 +85,26 @@ class TrainConfig:
     seed: int = 1337
     compile_model: bool = False  # torch.compile the whole model (independent of the softmax method)
     compile_mode: str = "default"  # torch.compile mode for the whole model
+    check_kernel: bool = True  # gate: check the softmax against float64 on the run's shapes first
+
+
+@dataclass
+class StudyConfig:
+    methods: list = field(default_factory=lambda: ["naive", "torch", "compile", "triton", "cuda", "sdpa"])
+    compiled: list = field(default_factory=lambda: ["naive", "triton", "cuda"])  # also with compile_model
+    floor: bool = True  # time the no-softmax floor (scores only scaled; timing only, no speedup)
+    parity_steps: int = 20  # K: loss curves compared with the torch run over the first K steps
+    parity_tol: float = 0.02  # max |loss - torch loss| / torch loss over those steps
+    skip_unavailable: bool = True  # methods that cannot run here are listed as skipped, with the reason
+
+
+@dataclass
+class StudyAppConfig(TrainConfig):
+    study: StudyConfig = field(default_factory=StudyConfig)
 
 
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+ConfigStore.instance().store(name="study_schema", node=StudyAppConfig)
 
 ATTENTION_KINDS = ("materialized", "sdpa")
 DATA_KINDS = ("stdlib", "text", "synthetic")

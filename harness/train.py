@@ -22,6 +22,10 @@ from harness.config import validate  # also registers the structured-config sche
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 
+class GateError(RuntimeError):
+    """The method's softmax failed its correctness check: no training, no numbers."""
+
+
 def resolve_precision(requested: str, on_gpu: bool) -> str:
     if requested != "auto":
         return requested
@@ -111,6 +115,33 @@ def run_training(cfg: DictConfig, run_dir: Path, group: Optional[str] = None) ->
         if method.prepare is not None:  # e.g. build the CUDA extension: timed apart, reported
             prepared = method.prepare()
             console.print(f"[bold]harness[/]: prepared softmax method {method.name!r}: {prepared}")
+
+    gate_info: dict = {"checked": False, "reason": "switched off (check_kernel=false)"}
+    if cfg.accel.softmax and cfg.check_kernel:
+        if kernels.get_method(cfg.accel.softmax).exact:
+            from harness.gate import check_softmax
+
+            dtype = {"bf16": torch.bfloat16, "16": torch.float16}.get(precision.split("-")[0], torch.float32)
+            seq = int(cfg.data.seq_len or cfg.model.context)
+            gate = check_softmax(
+                cfg.accel.softmax, (1, int(cfg.model.n_head), seq, seq), dtype, "cuda" if on_gpu else "cpu",
+                scale=(int(cfg.model.n_embd) // int(cfg.model.n_head)) ** -0.5, causal=True,
+            )
+            gate_info = {"checked": True, **gate.as_dict()}
+            if not gate.passed:
+                raise GateError(
+                    f"softmax method {cfg.accel.softmax!r} failed its correctness check against float64 on "
+                    f"shape {gate.shape} {gate.dtype}: {gate.reason}. Refusing to train (check_kernel=false "
+                    "skips the check, and is recorded in the results)."
+                )
+            console.print(
+                f"[bold]harness[/]: correctness gate passed for {cfg.accel.softmax!r} on {gate.shape} {gate.dtype} "
+                f"(forward error {gate.fwd_error:.1e}, backward {gate.bwd_error:.1e})"
+            )
+        else:
+            gate_info = {"checked": False, "reason": "timing-only method (not a softmax)"}
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats()
 
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     seq_len = int(cfg.data.seq_len or cfg.model.context)
@@ -226,6 +257,7 @@ def run_training(cfg: DictConfig, run_dir: Path, group: Optional[str] = None) ->
         "tokens_per_step": tokens_per_step,
         "flops_per_token": model.flops_per_token(seq_len),
         "method_prepare": prepared,
+        "gate": gate_info,
         **summary.as_dict(),
         "final_train_loss": curve[-1][1] if curve else None,
         "final_val_loss": float(val_loss) if val_loss is not None else None,

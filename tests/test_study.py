@@ -1,0 +1,67 @@
+"""The speedup study on the CPU with the tiny model: report, CSV and charts; a wrong method is caught."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+import kernels
+from harness.study import CONF_DIR, parity, run_study
+
+
+def study_cfg(*overrides):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name="study", overrides=[
+            "model=tiny", "data=stdlib", "trainer=cpu", "trainer.max_steps=12", "trainer.warmup_steps=2",
+            "trainer.window=2", "trainer.val_every=0", "logger=csv", "study.compiled=[]", "study.parity_steps=10",
+            *overrides,
+        ])
+
+
+@pytest.fixture
+def wrong_method():
+    # forgets the scale: a plausible bug, caught by the gate
+    m = kernels.SoftmaxMethod("_test_wrong", lambda x, s, c: kernels.softmax(x, scale=1.0, causal=c), "wrong")
+    kernels.register(m)
+    yield m.name
+    kernels.unregister(m.name)
+
+
+def test_study_writes_report_csv_and_charts_and_catches_a_wrong_method(tmp_path, wrong_method, monkeypatch):
+    from harness import study as study_mod
+
+    real = study_mod.accel_config
+    from omegaconf import OmegaConf
+
+    monkeypatch.setattr(study_mod, "accel_config", lambda name: (
+        OmegaConf.create({"name": name, "attention": "materialized", "softmax": name})
+        if name == wrong_method else real(name)))
+    cfg = study_cfg(f"study.methods=[naive,torch,{wrong_method},cuda]", "study.floor=true")
+    rows = run_study(cfg, tmp_path)
+    by = {r.method: r for r in rows}
+    assert by["torch"].status == "REFERENCE" and by["naive"].status == "PASS" and by["naive"].parity == "pass"
+    assert by[wrong_method].status == "FAIL" and "forward error" in by[wrong_method].reason
+    assert by[wrong_method].speedup_vs_naive is None and by[wrong_method].tokens_per_s is None
+    assert by["floor"].status == "TIMING-ONLY" and by["floor"].speedup_vs_torch is None
+    if not torch.cuda.is_available():
+        assert by["cuda"].status == "SKIPPED" and "GPU" in by["cuda"].reason
+    assert by["naive"].speedup_vs_torch and by["torch"].speedup_vs_naive
+    report = (tmp_path / "report.md").read_text()
+    assert "FAIL" in report and "TIMING-ONLY" in report and "vs naive" in report
+    with open(tmp_path / "results.csv") as f:
+        assert [r["method"] for r in csv.DictReader(f)] == [r.method for r in rows]
+    assert (tmp_path / "throughput.png").stat().st_size > 0 and (tmp_path / "loss.png").stat().st_size > 0
+    # a second study into the same directory does not overwrite the first
+    run_study(study_cfg("study.methods=[torch]", "study.floor=false"), tmp_path)
+    assert "FAIL" in (tmp_path / "report.md").read_text()
+    assert len(list(tmp_path.glob("rerun-*/report.md"))) == 1
+
+
+def test_parity_rules():
+    assert parity([1.0, 1.0], [1.0, 1.01], 10, 0.02)[0]
+    ok, worst, why = parity([1.0, 1.2], [1.0, 1.0], 10, 0.02)
+    assert not ok and "20.0%" in why
+    assert not parity([float("nan")], [1.0], 10, 0.5)[0]
