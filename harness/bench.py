@@ -333,18 +333,19 @@ def bare_loop_tokens_per_s(cfg, steps: int, warmup: int) -> float:
     total = steps + warmup
     stream = BatchStream(None if corpus is None else corpus.train, vocab, cfg.model.batch_size, seq,
                          cfg.seed, "train", 0, total)
-    warm, floor = cfg.trainer.lr_warmup_steps, cfg.trainer.min_lr_ratio
+    warm, floor, base_lr = cfg.trainer.lr_warmup_steps, cfg.trainer.min_lr_ratio, cfg.trainer.lr
 
-    def schedule(step: int) -> float:  # the harness's schedule (LanguageModelTask.configure_optimizers)
+    def lr_at(step: int) -> float:  # the harness's schedule (LanguageModelTask.lr_at)
         if warm and step < warm:
-            return (step + 1) / warm
+            return base_lr * (step + 1) / warm
         progress = min(1.0, (step - warm) / max(1, total - warm))
-        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+        return base_lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     amp = torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda")
     t0 = None
     for i, (x, y) in enumerate(stream):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(i)
         if i == warmup:
             if device == "cuda":
                 torch.cuda.synchronize()
@@ -356,7 +357,6 @@ def bare_loop_tokens_per_s(cfg, steps: int, warmup: int) -> float:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.grad_clip)
         opt.step()
-        sched.step()
         opt.zero_grad(set_to_none=True)
     if device == "cuda":
         torch.cuda.synchronize()

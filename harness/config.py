@@ -63,7 +63,8 @@ class TrainerConfig:
     num_nodes: int = 1
     strategy: str = "auto"
     precision: str = "auto"  # auto: bf16-mixed on a GPU, 32-true on the CPU
-    ckpt_every: int = 0  # save a checkpoint every this many steps (0: never)
+    ckpt_every: int = 0  # save a checkpoint every this many steps (0: only on a graceful stop)
+    on_nonfinite: str = "stop"  # stop | warn: what a NaN/inf training loss does
 
 
 @dataclass
@@ -86,6 +87,7 @@ class TrainConfig:
     compile_model: bool = False  # torch.compile the whole model (independent of the softmax method)
     compile_mode: str = "default"  # torch.compile mode for the whole model
     check_kernel: bool = True  # gate: check the softmax against float64 on the run's shapes first
+    resume: Optional[str] = None  # a run directory to continue (its checkpoints/last.ckpt and config)
 
 
 @dataclass
@@ -193,6 +195,8 @@ def validate(cfg: DictConfig | TrainConfig) -> None:
         raise _bad("logger.name", c.logger.name, f"one of {', '.join(LOGGER_KINDS)}")
     if c.logger.mode not in LOGGER_MODES:
         raise _bad("logger.mode", c.logger.mode, f"one of {', '.join(LOGGER_MODES)}")
+    if c.trainer.on_nonfinite not in ("stop", "warn"):
+        raise _bad("trainer.on_nonfinite", c.trainer.on_nonfinite, "stop or warn")
     if str(c.trainer.precision) not in PRECISIONS:
         raise _bad("trainer.precision", c.trainer.precision, f"one of {', '.join(PRECISIONS)}")
 

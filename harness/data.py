@@ -149,11 +149,10 @@ class BatchStream(IterableDataset):
         return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        # no __len__ on purpose: a resumed Lightning epoch would count the restored steps against it,
+        # end early and start the stream over; unsized, the epoch simply runs to max_steps
         for step in range(self.start, self.stop):
             yield self.batch(step)
-
-    def __len__(self) -> int:
-        return max(0, self.stop - self.start)
 
 
 def make_corpus(data_cfg, seq_len: int) -> Optional[Corpus]:

@@ -13,7 +13,7 @@ from harness.data import BatchStream, Corpus, loader
 
 
 class LanguageModelTask(L.LightningModule):
-    """Next-token prediction with AdamW, linear warm-up then cosine decay.
+    """Next-token prediction with AdamW, linear warm-up then cosine decay (``lr_at``).
 
     With ``compile_model`` the whole model runs through ``torch.compile`` (after the softmax method was
     applied, so a Triton/CUDA op sits inside the compiled graph). The per-step loss is kept on the
@@ -45,6 +45,7 @@ class LanguageModelTask(L.LightningModule):
         object.__setattr__(self, "_forward_model", fwd)
         self._losses: list[torch.Tensor] = []
         self._loss_steps: list[int] = []
+        self._earlier_curve: list[tuple[int, float]] = []  # from the checkpoint a resumed run started at
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None):
         return self._forward_model(idx, targets)
@@ -71,11 +72,19 @@ class LanguageModelTask(L.LightningModule):
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
 
     def loss_curve(self) -> list[tuple[int, float]]:
-        """(step, train loss) for every step of this process; one device sync."""
+        """(step, train loss) for every step of the run, earlier segments of a resumed run included;
+        one device sync."""
         if not self._losses:
-            return []
+            return list(self._earlier_curve)
         values = torch.stack(self._losses).float().cpu().tolist()
-        return list(zip(self._loss_steps, values))
+        return self._earlier_curve + list(zip(self._loss_steps, values))
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        step = self.global_step
+        checkpoint["harness_loss_curve"] = [(s, v) for s, v in self.loss_curve() if s < step]
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._earlier_curve = [(int(s), float(v)) for s, v in checkpoint.get("harness_loss_curve", [])]
 
     def configure_optimizers(self):
         decay, no_decay = [], []
@@ -89,16 +98,21 @@ class LanguageModelTask(L.LightningModule):
         fused = self.fused_optimizer and bool(decay) and decay[0].is_cuda
         opt = torch.optim.AdamW(groups, lr=self.lr, betas=self.betas, fused=fused)
 
+        return opt
+
+    def lr_at(self, step: int) -> float:
+        """Linear warm-up, then cosine decay to min_lr_ratio * lr. A pure function of the step, so a
+        checkpoint taken anywhere resumes with the right learning rate (no scheduler state to lag)."""
         warm, total, floor = self.lr_warmup_steps, self.max_steps, self.min_lr_ratio
+        if warm and step < warm:
+            return self.lr * (step + 1) / warm
+        progress = min(1.0, (step - warm) / max(1, total - warm))
+        return self.lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
-        def schedule(step: int) -> float:
-            if warm and step < warm:
-                return (step + 1) / warm
-            progress = min(1.0, (step - warm) / max(1, total - warm))
-            return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+    def on_train_batch_start(self, batch, batch_idx) -> None:
+        lr = self.lr_at(self.global_step)
+        for group in self.optimizers().param_groups:
+            group["lr"] = lr
 
 
 class TokenDataModule(L.LightningDataModule):

@@ -77,6 +77,7 @@ class ThroughputSummary:
     measured_steps: int = 0
     windows: int = 0
     window_tokens_per_s: list[float] = field(default_factory=list)
+    segment_warmups_s: list[float] = field(default_factory=list)  # one per process segment (resumes)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -109,6 +110,7 @@ class ThroughputMonitor(Callback):
         self.step_ms: list[float] = []
         self.window_tps: list[float] = []
         self.window_steps: list[int] = []
+        self.earlier_warmups_s: list[float] = []  # warm-ups of earlier segments of a resumed run
         self.warmup_s: Optional[float] = None
         self._steps_seen = 0
 
@@ -207,9 +209,22 @@ class ThroughputMonitor(Callback):
             self._finish_window()
         self._win_t0 = None
 
+    # -- checkpointed state: a resumed run reports over the whole run -----------------------------
+    def state_dict(self) -> dict:
+        return {"step_ms": self.step_ms, "window_tps": self.window_tps, "window_steps": self.window_steps,
+                "warmups_s": self.earlier_warmups_s + ([self.warmup_s] if self.warmup_s is not None else [])}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step_ms = list(state.get("step_ms", [])) + self.step_ms
+        self.window_tps = list(state.get("window_tps", [])) + self.window_tps
+        self.window_steps = list(state.get("window_steps", [])) + self.window_steps
+        self.earlier_warmups_s = list(state.get("warmups_s", []))
+
     # -- results ---------------------------------------------------------------------------------
     def summary(self) -> ThroughputSummary:
-        s = ThroughputSummary(warmup_s=self.warmup_s, windows=len(self.window_tps))
+        warmups = self.earlier_warmups_s + ([self.warmup_s] if self.warmup_s is not None else [])
+        s = ThroughputSummary(warmup_s=sum(warmups) if warmups else None, windows=len(self.window_tps))
+        s.segment_warmups_s = warmups
         s.window_tokens_per_s = list(self.window_tps)
         s.measured_steps = len(self.step_ms)
         # the median is over windows of at least half the nominal length (the first window after the

@@ -53,7 +53,9 @@ def wandb_mode(requested: str) -> str:
     return "offline"
 
 
-def make_logger(cfg: DictConfig, run_dir: Path, run_name: str, group: Optional[str], config: dict):
+def make_logger(
+    cfg: DictConfig, run_dir: Path, run_name: str, group: Optional[str], config: dict, wandb_id: Optional[str] = None
+):
     name = cfg.logger.name
     if name == "none":
         return None
@@ -73,11 +75,50 @@ def make_logger(cfg: DictConfig, run_dir: Path, run_name: str, group: Optional[s
         tags=list(cfg.logger.tags) or None,
         config=config,
         job_type="train",
+        **({"id": wandb_id, "resume": "allow"} if wandb_id else {}),
     )
 
 
-def run_training(cfg: DictConfig, run_dir: Path, group: Optional[str] = None) -> dict[str, Any]:
-    """Train once with a composed config; returns (and writes to run_dir/results.json) the results."""
+class OutputDirError(OSError):
+    """The run directory cannot be created or written."""
+
+
+def load_resume(run_dir: Path) -> tuple[DictConfig, dict]:
+    """The config and results of an interrupted run directory, to continue it where it stopped."""
+    from omegaconf import OmegaConf
+
+    from harness.config import TrainConfig
+    from harness.results import read_json
+
+    run_dir = Path(run_dir)
+    results_path, ckpt = run_dir / "results.json", run_dir / "checkpoints" / "last.ckpt"
+    if not results_path.is_file():
+        raise FileNotFoundError(f"resume={run_dir}: no results.json there, so it is not a harness run directory")
+    if not ckpt.is_file():
+        have = sorted(p.name for p in (run_dir / "checkpoints").glob("*")) if (run_dir / "checkpoints").is_dir() else []
+        raise FileNotFoundError(
+            f"resume={run_dir}: no checkpoints/last.ckpt to resume from (found: {', '.join(have) or 'nothing'}); "
+            "runs save one on a graceful stop and every trainer.ckpt_every steps"
+        )
+    previous = read_json(results_path)
+    saved = {k: v for k, v in previous["config"].items() if k not in ("env", "precision_resolved")}
+    cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), saved)
+    cfg.resume = str(run_dir)
+    return cfg, previous
+
+
+def run_training(
+    cfg: DictConfig,
+    run_dir: Path,
+    group: Optional[str] = None,
+    extra_callbacks: tuple = (),
+    previous: Optional[dict] = None,
+) -> dict[str, Any]:
+    """Train once with a composed config; returns (and writes to run_dir/results.json) the results.
+
+    ``previous``: the results of the interrupted run that ``run_dir`` holds, to resume it from its
+    ``checkpoints/last.ckpt`` (same W&B run id, same data position, one results.json for the whole run).
+    """
     import lightning as L
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
@@ -88,6 +129,7 @@ def run_training(cfg: DictConfig, run_dir: Path, group: Optional[str] = None) ->
     from harness.data import data_vocab_size, make_corpus
     from harness.env import environment
     from harness.methods import apply_accel
+    from harness.reliability import GracefulStop, NonFiniteLossError, NonFiniteLossGuard
     from harness.results import write_json
     from harness.task import LanguageModelTask, TokenDataModule
     from harness.throughput import ThroughputMonitor, peak_bf16_flops
@@ -100,9 +142,13 @@ def run_training(cfg: DictConfig, run_dir: Path, group: Optional[str] = None) ->
             logging.getLogger(name).handlers.clear()
     console = Console(stderr=True)
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if not os.access(run_dir, os.W_OK):
-        raise PermissionError(f"output directory {run_dir} is not writable")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise OutputDirError(f"cannot write the output directory {run_dir}: {exc.strerror or exc}") from exc
 
     want_gpu = cfg.trainer.accelerator in ("auto", "gpu", "cuda")
     on_gpu = want_gpu and torch.cuda.is_available()
@@ -195,7 +241,8 @@ def run_training(cfg: DictConfig, run_dir: Path, group: Optional[str] = None) ->
     config["env"] = env
     config["precision_resolved"] = precision
     run_name = f"{label.replace(' + compiled model', '+compile')}-{cfg.model.name}"
-    logger = make_logger(cfg, run_dir, run_name, group, config)
+    wandb_id = ((previous or {}).get("wandb") or {}).get("id")
+    logger = make_logger(cfg, run_dir, run_name, group, config, wandb_id=wandb_id)
 
     world = int(cfg.trainer.num_nodes) * (int(cfg.trainer.devices) if str(cfg.trainer.devices).isdigit() else 1)
     tokens_per_step = int(cfg.model.batch_size) * seq_len * world
@@ -208,12 +255,14 @@ def run_training(cfg: DictConfig, run_dir: Path, group: Optional[str] = None) ->
         peak_flops=peak_bf16_flops(env["device_name"]) if on_gpu else None,
         world_size=world,
     )
-    callbacks: list = [monitor, TQDMProgressBar(refresh_rate=cfg.trainer.window)]
+    graceful = GracefulStop(run_dir / "checkpoints")
+    guard = NonFiniteLossGuard(cfg.trainer.window, cfg.accel.name, cfg.trainer.on_nonfinite)
+    callbacks: list = [monitor, guard, graceful, TQDMProgressBar(refresh_rate=cfg.trainer.window), *extra_callbacks]
     if cfg.trainer.ckpt_every:
         callbacks.append(
             ModelCheckpoint(
-                dirpath=str(run_dir / "checkpoints"), every_n_train_steps=cfg.trainer.ckpt_every,
-                save_last=True, save_top_k=-1,
+                dirpath=str(run_dir / "checkpoints"), filename="step{step}", every_n_train_steps=cfg.trainer.ckpt_every,
+                save_last=True, save_top_k=1, auto_insert_metric_name=False,
             )
         )
     val_every = cfg.trainer.val_every or cfg.trainer.max_steps
@@ -231,19 +280,37 @@ def run_training(cfg: DictConfig, run_dir: Path, group: Optional[str] = None) ->
         log_every_n_steps=cfg.trainer.window,
         logger=logger if logger is not None else False,
         callbacks=callbacks,
-        enable_checkpointing=bool(cfg.trainer.ckpt_every),
+        enable_checkpointing=bool(cfg.trainer.ckpt_every),  # GracefulStop saves on its own
         enable_model_summary=False,
         default_root_dir=str(run_dir),
     )
-    trainer.fit(task, datamodule=dm)
-    if cfg.trainer.max_steps % val_every:
-        trainer.validate(task, datamodule=dm, verbose=False)
+    ckpt_path = str(run_dir / "checkpoints" / "last.ckpt") if previous else None
+    failure: Optional[BaseException] = None
+    try:
+        trainer.fit(task, datamodule=dm, ckpt_path=ckpt_path)
+        if cfg.trainer.max_steps % val_every and not graceful.requested:
+            trainer.validate(task, datamodule=dm, verbose=False)
+    except NonFiniteLossError as exc:
+        failure = exc
+    status = "completed"
+    if failure is not None:
+        status = "failed"
+    elif graceful.requested:
+        status = "interrupted"
+    elif guard.event is not None:
+        status = "nonfinite"
 
     summary = monitor.summary()
     curve = task.loss_curve()
     val_loss = trainer.callback_metrics.get("val/loss")
     results: dict[str, Any] = {
-        "status": "completed",
+        "status": status,
+        "error": str(failure) if failure else None,
+        "nonfinite_loss": guard.event,
+        "stopped_by": graceful.requested,
+        "steps_done": trainer.global_step,
+        "resumed": bool(previous),
+        "segments": ((previous or {}).get("segments") or 1) + (1 if previous else 0),
         "method": cfg.accel.name,
         "attention": cfg.accel.attention,
         "softmax": cfg.accel.softmax,
@@ -275,7 +342,12 @@ def run_training(cfg: DictConfig, run_dir: Path, group: Optional[str] = None) ->
     if logger is not None and cfg.logger.name == "wandb":
         import wandb
 
-        wandb.finish()
+        wandb.finish(exit_code=0 if status in ("completed", "interrupted") else 1)
+    if failure is not None:
+        raise failure
+    if graceful.requested:
+        console.print(f"[bold]harness[/]: stopped at step {trainer.global_step} ({graceful.requested}); "
+                      f"continue with: python -m harness.train resume={run_dir}")
     tps = f"{summary.tokens_per_s:,.0f}" if summary.tokens_per_s else "n/a"
     console.print(
         f"[bold]harness[/]: done: accel={label} on {device}: {tps} tokens/s (median of {summary.windows} "
@@ -300,10 +372,32 @@ def hydra_main(cfg: DictConfig) -> None:
     from hydra.types import RunMode
 
     hc = HydraConfig.get()
+    previous = None
+    run_dir = Path(hc.runtime.output_dir)
+    if cfg.resume:
+        cfg, previous = load_resume(Path(cfg.resume))
+        run_dir = Path(cfg.resume)
+        print(f"harness: resuming {run_dir} at step {previous.get('steps_done')} with its saved config "
+              "(other overrides are ignored)", file=sys.stderr)
     group = cfg.logger.group
     if group is None and hc.mode == RunMode.MULTIRUN:
         group = Path(hc.sweep.dir).name
-    run_training(cfg, Path(hc.runtime.output_dir), group=group)
+    try:
+        run_training(cfg, run_dir, group=group, previous=previous)
+    except Exception as exc:
+        # a sweep goes on past a failed job (Hydra reports it at the end); its results.json says why
+        from harness.results import write_json
+
+        if not (run_dir / "results.json").exists():
+            try:
+                write_json(run_dir / "results.json", {
+                    "status": "failed" if type(exc).__name__ in ("GateError", "NonFiniteLossError") else "crashed",
+                    "error": f"{type(exc).__name__}: {exc}", "method": cfg.accel.name,
+                    "compile_model": bool(cfg.compile_model), "model": {"name": cfg.model.name}, "run_dir": str(run_dir),
+                })
+            except OSError:
+                pass
+        raise
 
 
 def main() -> None:
