@@ -313,16 +313,15 @@ def run_kernel_bench(
 # ------------------------------------------------------------------------------------------------
 def bare_loop_tokens_per_s(cfg, steps: int, warmup: int) -> float:
     """Train the same model the same way as the harness does, with nothing around it."""
-    from harness.data import BatchStream, data_vocab_size, make_corpus
+    from harness.data import BatchStream, make_corpus
     from harness.methods import apply_accel
-    from models import GPT, GPTConfig
+    from harness.train import build_model
 
     torch.manual_seed(cfg.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     seq = int(cfg.data.seq_len or cfg.model.context)
-    vocab = int(cfg.model.vocab_size or data_vocab_size(cfg.data))
-    model = GPT(GPTConfig(vocab_size=vocab, block_size=cfg.model.context, n_layer=cfg.model.n_layer,
-                          n_head=cfg.model.n_head, n_embd=cfg.model.n_embd)).to(device)
+    model = build_model(cfg).to(device)
+    vocab = model.config.vocab_size
     apply_accel(model, cfg.accel.attention, cfg.accel.softmax)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]

@@ -97,7 +97,7 @@ class StudyConfig:
     floor: bool = True  # time the no-softmax floor (scores only scaled; timing only, no speedup)
     parity_steps: int = 20  # K: loss curves compared with the torch run over the first K steps
     parity_tol: float = 0.02  # max |loss - torch loss| / torch loss over those steps
-    skip_unavailable: bool = True  # methods that cannot run here are listed as skipped, with the reason
+    profile: bool = False  # also split a step into softmax fwd / bwd / the rest (eager runs), Amdahl
 
 
 @dataclass

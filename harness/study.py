@@ -54,6 +54,7 @@ class StudyRow:
     final_loss: Optional[float] = None
     loss_diff_vs_torch: Optional[float] = None
     parity: str = ""  # pass | FAIL | n/a
+    breakdown: Optional[dict] = None  # study.profile: softmax fwd/bwd/other per step
     loss_curve: list = field(default_factory=list, repr=False)
 
     @property
@@ -152,6 +153,11 @@ def run_study(cfg: DictConfig, out_dir: Path) -> list[StudyRow]:
         row.final_loss, row.loss_curve = res.get("final_train_loss"), res.get("loss_curve", [])
         if method == "floor":
             row.status, row.reason = "TIMING-ONLY", "not a softmax: scores only scaled (the floor)"
+        if cfg.study.profile and not compiled and softmax:
+            try:
+                row.breakdown = profile_method(cfg, softmax).as_dict()
+            except Exception as exc:
+                row.breakdown = {"error": f"{type(exc).__name__}: {exc}"}
         rows.append(row)
         _free_memory()
         write_outputs(rows, cfg, out, partial=True)  # completed results survive a later crash
@@ -162,6 +168,31 @@ def run_study(cfg: DictConfig, out_dir: Path) -> list[StudyRow]:
     console.print(f"[bold]study[/]: report -> {out / 'report.md'}")
     print((out / "report.md").read_text())
     return rows
+
+
+def profile_method(cfg: DictConfig, softmax: str):
+    """Where one training step's time goes with this softmax (see harness.breakdown)."""
+    import torch
+
+    import kernels
+    from harness.breakdown import measure
+    from harness.data import BatchStream, make_corpus
+    from harness.methods import apply_accel
+    from harness.train import build_model
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    seq = int(cfg.data.seq_len or cfg.model.context)
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg).to(device)
+    apply_accel(model, "materialized", softmax)
+    corpus = make_corpus(cfg.data, seq)
+    stream = BatchStream(None if corpus is None else corpus.train, model.config.vocab_size,
+                         int(cfg.model.batch_size), seq, cfg.seed, "train", 0, 3)
+    try:
+        return measure(model, list(stream), kernels.bind(softmax))
+    finally:
+        del model
+        _free_memory()
 
 
 def _free_memory() -> None:
@@ -246,6 +277,15 @@ def write_outputs(rows: list[StudyRow], cfg: DictConfig, out: Path, partial: boo
     ]
     for r in rows:
         lines.append("| " + " | ".join(_cell(getattr(r, k), k) for k, _ in COLUMNS) + " |")
+    prof = [r for r in rows if r.breakdown and "error" not in r.breakdown]
+    if prof:
+        lines += ["", "## Where the time goes (one eager training step)", "",
+                  "| method | step ms | softmax fwd ms | softmax bwd ms | everything else ms | softmax share "
+                  "| max speedup if the softmax were free |", "|---|---|---|---|---|---|---|"]
+        for r in prof:
+            b = r.breakdown
+            lines.append(f"| {r.label} | {b['step_ms']:.2f} | {b['softmax_fwd_ms']:.2f} | {b['softmax_bwd_ms']:.2f} "
+                         f"| {b['other_ms']:.2f} | {b['softmax_share']:.1%} | {b['amdahl_max_speedup']:.2f}x |")
     atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
     write_json(out / "study.json", {"env": env, "config": OmegaConf.to_container(cfg, resolve=True),
                                     "rows": [r.__dict__ for r in rows]})

@@ -46,12 +46,15 @@ class LanguageModelTask(L.LightningModule):
         self._losses: list[torch.Tensor] = []
         self._loss_steps: list[int] = []
         self._earlier_curve: list[tuple[int, float]] = []  # from the checkpoint a resumed run started at
+        self._first_batch_sum: Optional[torch.Tensor] = None
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None):
         return self._forward_model(idx, targets)
 
     def training_step(self, batch, batch_idx):
         x, y = batch
+        if self._first_batch_sum is None:
+            self._first_batch_sum = x.sum()  # which data this rank saw (kept on device, read at the end)
         _, loss = self(x, y)
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
         self._losses.append(loss.detach())
@@ -78,6 +81,15 @@ class LanguageModelTask(L.LightningModule):
             return list(self._earlier_curve)
         values = torch.stack(self._losses).float().cpu().tolist()
         return self._earlier_curve + list(zip(self._loss_steps, values))
+
+    def first_batch_checksums(self) -> list[int]:
+        """Every rank's checksum of its first training batch (distinct ranks see distinct data)."""
+        if self._first_batch_sum is None:
+            return []
+        t = self._first_batch_sum.detach().reshape(1)
+        if self.trainer is not None and self.trainer.world_size > 1:
+            t = self.all_gather(t)
+        return [int(v) for v in t.flatten().cpu()]
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         step = self.global_step

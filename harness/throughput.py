@@ -6,8 +6,10 @@ for the GPU. Per-step times come from CUDA events recorded at each step start (n
 the window closes. The first ``warmup_steps`` steps (compilation, autotuning, allocator warm-up) are
 timed apart and reported as ``warmup_s``; they are never part of a throughput figure.
 
-Logged under ``train/``: ``tokens_per_s``, ``samples_per_s``, ``step_ms``, ``mfu`` (against the dense
-bf16 peak of the GPU, see :data:`PEAK_BF16_FLOPS`), ``peak_mem_gib``, and ``warmup_s`` once.
+Logged under ``train/`` (from rank 0): ``tokens_per_s`` (global: the sum of every rank's own figure,
+gathered once per window), ``tokens_per_s_per_device``, ``samples_per_s``, ``step_ms``, ``mfu`` (per
+device, against the dense bf16 peak of the GPU, see :data:`PEAK_BF16_FLOPS`), ``peak_mem_gib``, and
+``warmup_s`` once.
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ def percentile(values: list[float], q: float) -> float:
 
 @dataclass
 class ThroughputSummary:
-    tokens_per_s: Optional[float] = None  # median over windows
+    tokens_per_s: Optional[float] = None  # median over windows, global (summed over ranks)
+    tokens_per_s_per_device: Optional[float] = None
     samples_per_s: Optional[float] = None
     step_ms_p50: Optional[float] = None
     step_ms_p90: Optional[float] = None
@@ -78,6 +81,7 @@ class ThroughputSummary:
     windows: int = 0
     window_tokens_per_s: list[float] = field(default_factory=list)
     segment_warmups_s: list[float] = field(default_factory=list)  # one per process segment (resumes)
+    window_rank_tokens_per_s: list = field(default_factory=list)  # each window: every rank's own figure
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -92,15 +96,15 @@ class ThroughputMonitor(Callback):
         warmup_steps: int,
         window: int,
         peak_flops: Optional[float],
-        world_size: int = 1,
     ):
-        self.tokens_per_step = tokens_per_step  # global (all ranks)
-        self.samples_per_step = samples_per_step
+        self.tokens_per_step = tokens_per_step  # per rank
+        self.samples_per_step = samples_per_step  # per rank
         self.flops_per_token = flops_per_token
         self.warmup_steps = warmup_steps
         self.window = window
         self.peak_flops = peak_flops  # per device
-        self.world_size = world_size
+        self.world_size = 1
+        self._gather = None  # all_gather of the per-rank figures (distributed runs)
         self._cuda = False
         self._start_time: Optional[float] = None
         self._win_t0: Optional[float] = None
@@ -110,6 +114,7 @@ class ThroughputMonitor(Callback):
         self.step_ms: list[float] = []
         self.window_tps: list[float] = []
         self.window_steps: list[int] = []
+        self.window_rank_tps: list[list[float]] = []
         self.earlier_warmups_s: list[float] = []  # warm-ups of earlier segments of a resumed run
         self.warmup_s: Optional[float] = None
         self._steps_seen = 0
@@ -142,7 +147,13 @@ class ThroughputMonitor(Callback):
         else:
             marks = self._host_step_t + [time.perf_counter()]
             self.step_ms += [1000.0 * (b - a) for a, b in zip(marks[:-1], marks[1:])]
-        self.window_tps.append(self._win_steps * self.tokens_per_step / elapsed)
+        local = self._win_steps * self.tokens_per_step / elapsed
+        per_rank = [local]
+        if self.world_size > 1 and self._gather is not None:
+            # every rank closes the same windows (same global steps): one collective per window
+            per_rank = [float(v) for v in self._gather(torch.tensor([local], dtype=torch.float64)).flatten()]
+        self.window_rank_tps.append(per_rank)
+        self.window_tps.append(sum(per_rank))  # global = the sum of the ranks' own figures
         self.window_steps.append(self._win_steps)
         self._win_t0 = None
         return elapsed
@@ -153,13 +164,15 @@ class ThroughputMonitor(Callback):
         if elapsed is None:
             return
         tps = self.window_tps[-1]
+        per_device = tps / len(self.window_rank_tps[-1])
         metrics = {
-            "train/tokens_per_s": tps,
-            "train/samples_per_s": steps * self.samples_per_step / elapsed,
+            "train/tokens_per_s": tps,  # global: summed over ranks
+            "train/tokens_per_s_per_device": per_device,
+            "train/samples_per_s": tps * self.samples_per_step / self.tokens_per_step,
             "train/step_ms": 1000.0 * elapsed / steps,
         }
         if self.peak_flops:
-            metrics["train/mfu"] = tps / self.world_size * self.flops_per_token / self.peak_flops
+            metrics["train/mfu"] = per_device * self.flops_per_token / self.peak_flops  # per device
         if self._cuda:
             metrics["train/peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
         for k, v in metrics.items():
@@ -168,6 +181,9 @@ class ThroughputMonitor(Callback):
     # -- Lightning hooks -------------------------------------------------------------------------
     def on_train_start(self, trainer, pl_module) -> None:
         self._cuda = pl_module.device.type == "cuda"
+        self.world_size = trainer.world_size
+        if self.world_size > 1:
+            self._gather = lambda t: pl_module.all_gather(t.to(pl_module.device)).cpu()
         self._sync()
         self._start_time = time.perf_counter()
 
@@ -212,12 +228,14 @@ class ThroughputMonitor(Callback):
     # -- checkpointed state: a resumed run reports over the whole run -----------------------------
     def state_dict(self) -> dict:
         return {"step_ms": self.step_ms, "window_tps": self.window_tps, "window_steps": self.window_steps,
+                "window_rank_tps": self.window_rank_tps,
                 "warmups_s": self.earlier_warmups_s + ([self.warmup_s] if self.warmup_s is not None else [])}
 
     def load_state_dict(self, state: dict) -> None:
         self.step_ms = list(state.get("step_ms", [])) + self.step_ms
         self.window_tps = list(state.get("window_tps", [])) + self.window_tps
         self.window_steps = list(state.get("window_steps", [])) + self.window_steps
+        self.window_rank_tps = list(state.get("window_rank_tps", [])) + self.window_rank_tps
         self.earlier_warmups_s = list(state.get("warmups_s", []))
 
     # -- results ---------------------------------------------------------------------------------
@@ -233,9 +251,11 @@ class ThroughputMonitor(Callback):
         if full or self.window_tps:
             tps = statistics.median(full or self.window_tps)
             s.tokens_per_s = tps
+            s.tokens_per_s_per_device = tps / max(1, self.world_size)
             s.samples_per_s = tps * self.samples_per_step / self.tokens_per_step
             if self.peak_flops:
-                s.mfu = tps / self.world_size * self.flops_per_token / self.peak_flops
+                s.mfu = tps / max(1, self.world_size) * self.flops_per_token / self.peak_flops
+        s.window_rank_tokens_per_s = [list(r) for r in self.window_rank_tps]
         if self.step_ms:
             s.step_ms_p50 = percentile(self.step_ms, 50)
             s.step_ms_p90 = percentile(self.step_ms, 90)

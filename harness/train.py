@@ -107,6 +107,23 @@ def load_resume(run_dir: Path) -> tuple[DictConfig, dict]:
     return cfg, previous
 
 
+def build_model(cfg: DictConfig):
+    """The GPT a config describes (vocabulary from the data unless model.vocab_size is set)."""
+    from harness.data import data_vocab_size
+    from models import GPT, GPTConfig
+
+    gcfg = GPTConfig(
+        vocab_size=int(cfg.model.vocab_size or data_vocab_size(cfg.data)),
+        block_size=int(cfg.model.context),
+        n_layer=int(cfg.model.n_layer),
+        n_head=int(cfg.model.n_head),
+        n_embd=int(cfg.model.n_embd),
+        dropout=float(cfg.model.dropout),
+        bias=bool(cfg.model.bias),
+    )
+    return GPT(gcfg)
+
+
 def run_training(
     cfg: DictConfig,
     run_dir: Path,
@@ -126,21 +143,21 @@ def run_training(
 
     import kernels
     from harness.config import to_container
-    from harness.data import data_vocab_size, make_corpus
+    from harness.data import make_corpus
     from harness.env import environment
     from harness.methods import apply_accel
     from harness.reliability import GracefulStop, NonFiniteLossError, NonFiniteLossGuard
     from harness.results import write_json
     from harness.task import LanguageModelTask, TokenDataModule
     from harness.throughput import ThroughputMonitor, peak_bf16_flops
-    from models import GPT, GPTConfig
-
     validate(cfg)
     # Lightning prints through its own handlers; under Hydra the root logger prints (and files) it too
     if logging.getLogger().hasHandlers():
         for name in ("lightning", "lightning.pytorch"):
             logging.getLogger(name).handlers.clear()
-    console = Console(stderr=True)
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    console = Console(stderr=True, quiet=rank_zero_only.rank != 0)  # one voice in a distributed run
     run_dir = Path(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -192,18 +209,9 @@ def run_training(
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     seq_len = int(cfg.data.seq_len or cfg.model.context)
     corpus = make_corpus(cfg.data, seq_len)
-    vocab = int(cfg.model.vocab_size or data_vocab_size(cfg.data))
-    gcfg = GPTConfig(
-        vocab_size=vocab,
-        block_size=int(cfg.model.context),
-        n_layer=int(cfg.model.n_layer),
-        n_head=int(cfg.model.n_head),
-        n_embd=int(cfg.model.n_embd),
-        dropout=float(cfg.model.dropout),
-        bias=bool(cfg.model.bias),
-    )
-    model = GPT(gcfg)
-    apply_accel(model, cfg.accel.attention, cfg.accel.softmax, dropout=gcfg.dropout)
+    model = build_model(cfg)
+    vocab = model.config.vocab_size
+    apply_accel(model, cfg.accel.attention, cfg.accel.softmax, dropout=model.config.dropout)
 
     env = environment()
     device = env["device_name"] if on_gpu else "CPU"
@@ -244,16 +252,13 @@ def run_training(
     wandb_id = ((previous or {}).get("wandb") or {}).get("id")
     logger = make_logger(cfg, run_dir, run_name, group, config, wandb_id=wandb_id)
 
-    world = int(cfg.trainer.num_nodes) * (int(cfg.trainer.devices) if str(cfg.trainer.devices).isdigit() else 1)
-    tokens_per_step = int(cfg.model.batch_size) * seq_len * world
     monitor = ThroughputMonitor(
-        tokens_per_step=tokens_per_step,
-        samples_per_step=int(cfg.model.batch_size) * world,
+        tokens_per_step=int(cfg.model.batch_size) * seq_len,  # per rank
+        samples_per_step=int(cfg.model.batch_size),
         flops_per_token=model.flops_per_token(seq_len),
         warmup_steps=cfg.trainer.warmup_steps,
         window=cfg.trainer.window,
         peak_flops=peak_bf16_flops(env["device_name"]) if on_gpu else None,
-        world_size=world,
     )
     graceful = GracefulStop(run_dir / "checkpoints")
     guard = NonFiniteLossGuard(cfg.trainer.window, cfg.accel.name, cfg.trainer.on_nonfinite)
@@ -320,8 +325,9 @@ def run_training(
         "seed": cfg.seed,
         "device": device,
         "precision": precision,
-        "world_size": world,
-        "tokens_per_step": tokens_per_step,
+        "world_size": trainer.world_size,
+        "tokens_per_step": int(cfg.model.batch_size) * seq_len * trainer.world_size,
+        "rank_first_batch_checksums": task.first_batch_checksums(),
         "flops_per_token": model.flops_per_token(seq_len),
         "method_prepare": prepared,
         "gate": gate_info,

@@ -177,3 +177,18 @@ def test_registering_a_method_is_one_call_and_undoable():
     finally:
         kernels.unregister("_test_double")
     assert "_test_double" not in kernels.available_methods()
+
+
+@pytest.mark.parametrize("method", FAST)
+def test_pos_inf_makes_its_row_nan_as_torch_does(method):
+    x = torch.randn(3, 9)
+    x[2, 3] = float("inf")
+    y = kernels.softmax(x.to(DEVICE), method=method)
+    assert torch.isnan(y[2]).all() and torch.isnan(torch.softmax(x, -1)[2]).all()
+    assert torch.isfinite(y[:2]).all()
+
+
+@pytest.mark.parametrize("method", FAST)
+def test_rejects_float64_with_the_supported_list(method):
+    with pytest.raises(TypeError, match="float32, float16, bfloat16"):
+        kernels.softmax(torch.randn(2, 3, dtype=torch.float64, device=DEVICE), method=method)

@@ -65,3 +65,38 @@ def test_parity_rules():
     ok, worst, why = parity([1.0, 1.2], [1.0, 1.0], 10, 0.02)
     assert not ok and "20.0%" in why
     assert not parity([float("nan")], [1.0], 10, 0.5)[0]
+
+
+def test_report_from_a_multirun_sweep_with_a_crashed_job(tmp_path):
+    import json
+
+    from harness.report import build_report
+    from tests.test_train import run_cli
+
+    sweep = tmp_path / "sweep"
+    r = run_cli("-m", "model=tiny", "trainer=cpu", "trainer.max_steps=12", "trainer.val_every=0", "logger=csv",
+                "accel=naive,cuda,torch", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    results = {json.loads(p.read_text())["method"]: json.loads(p.read_text()) for p in sweep.glob("*/results.json")}
+    assert set(results) == {"naive", "cuda", "torch"}  # the crash did not stop the jobs after it
+    if not torch.cuda.is_available():
+        assert r.returncode != 0  # Hydra reports the failed job at the end
+        assert results["cuda"]["status"] == "crashed" and "cannot run here" in results["cuda"]["error"]
+    rows = build_report(sweep, tmp_path / "report")
+    by = {r.method: r for r in rows}
+    assert by["torch"].status == "REFERENCE" and by["naive"].status == "PASS" and by["naive"].speedup_vs_torch
+    if not torch.cuda.is_available():
+        assert by["cuda"].status == "CRASH" and by["cuda"].speedup_vs_naive is None
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "CRASH" in report or torch.cuda.is_available()
+    assert (tmp_path / "report" / "results.csv").exists() and (tmp_path / "report" / "throughput.png").exists()
+
+
+def test_study_profile_splits_the_step(tmp_path):
+    rows = run_study(study_cfg("study.methods=[torch,naive,sdpa]", "study.floor=false", "study.profile=true"), tmp_path)
+    by = {r.method: r for r in rows}
+    for m in ("torch", "naive"):
+        b = by[m].breakdown
+        assert b and 0 < b["softmax_share"] < 1 and b["amdahl_max_speedup"] > 1
+        assert abs(b["softmax_fwd_ms"] + b["softmax_bwd_ms"] + b["other_ms"] - b["step_ms"]) < 1e-6 * b["step_ms"] + 1e-9
+    assert by["sdpa"].breakdown is None  # no separate softmax to time
+    assert "Where the time goes" in (tmp_path / "report.md").read_text()

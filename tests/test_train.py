@@ -114,3 +114,36 @@ def test_cli_end_to_end_and_multirun(tmp_path):
     results = sorted((tmp_path / "sweep").glob("*/results.json"))
     assert [json.loads(p.read_text())["method"] for p in results] == ["naive", "torch"]
     assert "accel=torch" in r.stderr or "accel=torch" in r.stdout
+
+
+def test_slurm_launcher_config_composes():
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["hydra/launcher=slurm"], return_hydra_config=True)
+    assert "SlurmLauncher" in cfg.hydra.launcher._target_ and cfg.hydra.launcher.gpus_per_node == 1
+
+
+def test_wandb_sweep_file_drives_this_entry_point():
+    import yaml
+
+    sweep = yaml.safe_load((ROOT / "scripts" / "wandb_sweep.yaml").read_text())
+    assert sweep["command"][2:4] == ["-m", "harness.train"] and "${args_no_hyphens}" in sweep["command"]
+    cfg = compose_cfg(*[f"{k}={v['values'][0] if 'values' in v else v['value']}"
+                        for k, v in sweep["parameters"].items()])
+    validate(cfg)  # every swept key is a real config key with an accepted value
+
+
+def test_ddp_two_processes_on_gloo(tmp_path):
+    r = run_cli("model=tiny", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_steps=12",
+                "trainer.window=3", "trainer.warmup_steps=2", "trainer.val_every=0", "trainer.val_batches=1",
+                "logger=csv", f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert res["world_size"] == 2 and res["status"] == "completed"
+    sums = res["rank_first_batch_checksums"]
+    assert len(sums) == 2 and sums[0] != sums[1]  # the ranks trained on different batches
+    # the global throughput of each window is the sum of the ranks' own figures
+    for total, per_rank in zip(res["window_tokens_per_s"], res["window_rank_tokens_per_s"]):
+        assert len(per_rank) == 2 and abs(total - sum(per_rank)) < 1e-6 * total
+    assert abs(res["tokens_per_s_per_device"] * 2 - res["tokens_per_s"]) < 1e-6 * res["tokens_per_s"]
+    assert r.stderr.count("harness: done") == 1  # rank 0 alone reports
