@@ -63,9 +63,11 @@ def make_logger(
         from lightning.pytorch.loggers import CSVLogger
 
         return CSVLogger(save_dir=str(run_dir), name="csv", version="")
-    from lightning.pytorch.loggers import WandbLogger
+    from harness.loggers import ResumableWandbLogger, last_logged_step
 
-    return WandbLogger(
+    return ResumableWandbLogger(
+        progress_dir=run_dir,
+        skip_through_step=last_logged_step(run_dir) if wandb_id else None,
         project=cfg.logger.project,
         name=run_name,
         group=group,
@@ -251,6 +253,13 @@ def run_training(
     run_name = f"{label.replace(' + compiled model', '+compile')}-{cfg.model.name}"
     wandb_id = ((previous or {}).get("wandb") or {}).get("id")
     logger = make_logger(cfg, run_dir, run_name, group, config, wandb_id=wandb_id)
+    if rank_zero_only.rank == 0 and previous is None:
+        # a run killed outright leaves this behind: enough to resume it from its last checkpoint
+        write_json(run_dir / "results.json", {
+            "status": "running", "method": cfg.accel.name, "compile_model": bool(cfg.compile_model),
+            "model": config["model"], "data": config["data"], "run_dir": str(run_dir), "config": config,
+            "wandb": {"id": logger.experiment.id} if cfg.logger.name == "wandb" else None,
+        })
 
     monitor = ThroughputMonitor(
         tokens_per_step=int(cfg.model.batch_size) * seq_len,  # per rank
@@ -383,8 +392,8 @@ def hydra_main(cfg: DictConfig) -> None:
     if cfg.resume:
         cfg, previous = load_resume(Path(cfg.resume))
         run_dir = Path(cfg.resume)
-        print(f"harness: resuming {run_dir} at step {previous.get('steps_done')} with its saved config "
-              "(other overrides are ignored)", file=sys.stderr)
+        print(f"harness: resuming {run_dir} from its last checkpoint ({previous.get('status')} run) with its "
+              "saved config (other overrides are ignored)", file=sys.stderr)
     group = cfg.logger.group
     if group is None and hc.mode == RunMode.MULTIRUN:
         group = Path(hc.sweep.dir).name
@@ -394,7 +403,10 @@ def hydra_main(cfg: DictConfig) -> None:
         # a sweep goes on past a failed job (Hydra reports it at the end); its results.json says why
         from harness.results import write_json
 
-        if not (run_dir / "results.json").exists():
+        from harness.results import read_json
+
+        existing = run_dir / "results.json"
+        if not existing.exists() or read_json(existing).get("status") == "running":
             try:
                 write_json(run_dir / "results.json", {
                     "status": "failed" if type(exc).__name__ in ("GateError", "NonFiniteLossError") else "crashed",

@@ -94,3 +94,54 @@ def test_unwritable_output_directory_is_a_clear_error(tmp_path):
     blocker.write_text("")
     with pytest.raises(OutputDirError, match="cannot write the output directory"):
         run_training(compose_cfg(*BASE, "logger=none"), blocker / "run")
+
+
+KILL_SCRIPT = """
+import os, sys
+sys.path.insert(0, {root!r})
+os.environ.setdefault("WANDB_MODE", "offline")
+from lightning.pytorch import Callback
+from tests.test_train import compose_cfg
+from harness.train import run_training
+
+class KillAt(Callback):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == 17:
+            os._exit(9)  # no cleanup at all, like SIGKILL
+
+run_training(compose_cfg(*{base!r}, "logger=wandb"), {run!r}, extra_callbacks=(KillAt(),))
+"""
+
+
+def test_a_killed_run_resumes_from_its_last_checkpoint_without_logging_a_step_twice(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from harness.loggers import ResumableWandbLogger, last_logged_step
+
+    root = str(Path(__file__).resolve().parents[1])
+    run = tmp_path / "killed"
+    script = KILL_SCRIPT.format(root=root, base=BASE, run=str(run))
+    # its own W&B service, as a separate job would have (not this test process's, which it would inherit)
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                       env={**env, "PYTHONPATH": root})
+    assert r.returncode == 9, r.stderr[-2000:]
+    assert json.loads((run / "results.json").read_text())["status"] == "running"
+    assert (run / "checkpoints" / "last.ckpt").exists()
+    logged_before = last_logged_step(run)
+    assert logged_before is not None and logged_before > 10  # logged past the step-10 checkpoint
+
+    sent = []
+    real = ResumableWandbLogger.__mro__[1].log_metrics
+    monkeypatch.setattr(ResumableWandbLogger.__mro__[1], "log_metrics",
+                        lambda self, metrics, step=None: (sent.append(step), real(self, metrics, step)))
+    cfg, previous = load_resume(run)
+    res = run_training(cfg, run, previous=previous)
+    full = run_training(compose_cfg(*BASE, "logger=none"), tmp_path / "full")
+    assert res["status"] == "completed" and len(res["loss_curve"]) == 30
+    assert max(abs(a - b) for a, b in zip(res["loss_curve"], full["loss_curve"])) < 1e-4
+    sent_steps = [s for s in sent if s is not None]
+    assert sent_steps and min(sent_steps) > logged_before  # nothing the killed run already sent
+    assert res["wandb"]["id"] == previous["wandb"]["id"]
