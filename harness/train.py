@@ -348,7 +348,7 @@ def run_training(
         "run_dir": str(run_dir),
         "config": config,
     }
-    if logger is not None and cfg.logger.name == "wandb":
+    if logger is not None and cfg.logger.name == "wandb" and rank_zero_only.rank == 0:
         run = logger.experiment
         results["wandb"] = {"id": run.id, "dir": str(Path(run.dir).parent), "mode": wandb_mode(cfg.logger.mode)}
         run.summary.update({k: v for k, v in results.items() if isinstance(v, (int, float, str)) and v is not None})
@@ -397,6 +397,11 @@ def hydra_main(cfg: DictConfig) -> None:
     group = cfg.logger.group
     if group is None and hc.mode == RunMode.MULTIRUN:
         group = Path(hc.sweep.dir).name
+    if hc.mode == RunMode.MULTIRUN and _distributed(cfg):
+        # Lightning's DDP starts the other ranks by re-running this command line, which in a sweep
+        # would re-run the whole sweep: run each job as its own single run in its own job directory
+        _run_job_in_subprocess(list(hc.overrides.task), run_dir, group)
+        return
     try:
         run_training(cfg, run_dir, group=group, previous=previous)
     except Exception as exc:
@@ -416,6 +421,18 @@ def hydra_main(cfg: DictConfig) -> None:
             except OSError:
                 pass
         raise
+
+
+def _distributed(cfg: DictConfig) -> bool:
+    devices = str(cfg.trainer.devices)
+    return int(cfg.trainer.num_nodes) > 1 or (devices.isdigit() and int(devices) > 1) or devices in ("-1", "auto")
+
+
+def _run_job_in_subprocess(overrides: list[str], run_dir: Path, group: str) -> None:
+    import subprocess
+
+    cmd = [sys.executable, "-m", "harness.train", *overrides, f"logger.group={group}", f"hydra.run.dir={run_dir}"]
+    subprocess.run(cmd, check=True, cwd=os.getcwd())
 
 
 def main() -> None:

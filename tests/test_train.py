@@ -147,3 +147,22 @@ def test_ddp_two_processes_on_gloo(tmp_path):
         assert len(per_rank) == 2 and abs(total - sum(per_rank)) < 1e-6 * total
     assert abs(res["tokens_per_s_per_device"] * 2 - res["tokens_per_s"]) < 1e-6 * res["tokens_per_s"]
     assert r.stderr.count("harness: done") == 1  # rank 0 alone reports
+
+
+def test_multirun_with_ddp_keeps_jobs_apart_with_one_wandb_run_each(tmp_path):
+    sweep = tmp_path / "sweep"
+    r = run_cli("-m", "model=tiny", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+                "trainer.max_steps=6", "trainer.window=3", "trainer.warmup_steps=1", "trainer.val_every=0",
+                "trainer.val_batches=1", "logger=wandb", "accel=naive,torch", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    jobs = sorted(p.parent for p in sweep.glob("*/results.json"))
+    assert [p.name for p in jobs] == ["0_naive_tiny", "1_torch_tiny"]
+    ids = set()
+    for job in jobs:
+        res = json.loads((job / "results.json").read_text())
+        assert res["status"] == "completed" and res["world_size"] == 2
+        assert res["config"]["logger"]["group"] == sweep.name
+        runs = list((job / "wandb").glob("offline-run-*"))
+        assert len(runs) == 1 and res["wandb"]["id"] in runs[0].name
+        ids.add(res["wandb"]["id"])
+    assert len(ids) == 2
