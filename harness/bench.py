@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import csv
 import gc
-import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -113,9 +112,8 @@ class KernelRow:
 
 def _check_forward(y: torch.Tensor, x: torch.Tensor, scale: float, causal: bool, dtype: torch.dtype) -> bool:
     ref = kernels.reference_softmax(x.float(), scale=scale, causal=causal)  # fp32 on the device
-    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
     err = ((y.float() - ref).norm() / ref.norm()).item()
-    return bool(err <= tol)
+    return bool(err <= kernels.FWD_TOL[dtype])
 
 
 def measure_method(
@@ -315,6 +313,7 @@ def bare_loop_tokens_per_s(cfg, steps: int, warmup: int) -> float:
     """Train the same model the same way as the harness does, with nothing around it."""
     from harness.data import BatchStream, make_corpus
     from harness.methods import apply_accel
+    from harness.task import make_optimizer, warmup_cosine_lr
     from harness.train import build_model
 
     torch.manual_seed(cfg.seed)
@@ -323,28 +322,17 @@ def bare_loop_tokens_per_s(cfg, steps: int, warmup: int) -> float:
     model = build_model(cfg).to(device)
     vocab = model.config.vocab_size
     apply_accel(model, cfg.accel.attention, cfg.accel.softmax)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.trainer.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.trainer.lr,
-                            betas=(cfg.trainer.beta1, cfg.trainer.beta2), fused=device == "cuda")
+    opt = make_optimizer(model, cfg.trainer.lr, cfg.trainer.weight_decay, (cfg.trainer.beta1, cfg.trainer.beta2))
     corpus = make_corpus(cfg.data, seq)
     total = steps + warmup
     stream = BatchStream(None if corpus is None else corpus.train, vocab, cfg.model.batch_size, seq,
                          cfg.seed, "train", 0, total)
-    warm, floor, base_lr = cfg.trainer.lr_warmup_steps, cfg.trainer.min_lr_ratio, cfg.trainer.lr
-
-    def lr_at(step: int) -> float:  # the harness's schedule (LanguageModelTask.lr_at)
-        if warm and step < warm:
-            return base_lr * (step + 1) / warm
-        progress = min(1.0, (step - warm) / max(1, total - warm))
-        return base_lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
-
     amp = torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda")
     t0 = None
     for i, (x, y) in enumerate(stream):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(i)
+        for group in opt.param_groups:  # as LanguageModelTask.on_train_batch_start does
+            group["lr"] = warmup_cosine_lr(i, cfg.trainer.lr, cfg.trainer.lr_warmup_steps, total,
+                                           cfg.trainer.min_lr_ratio)
         if i == warmup:
             if device == "cuda":
                 torch.cuda.synchronize()
@@ -488,13 +476,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     t.add_argument("--causal", default="8,12,1024,1024", help="causal case B,H,T,T ('' to skip)")
     t.add_argument("--out", default="outputs/bench", type=Path)
     a = p.parse_args(argv)
+    ints = lambda s: [int(v) for v in s.split(",") if v.strip()]  # noqa: E731
     if a.cmd == "triton-sweep":
-        ints = lambda s: [int(v) for v in s.split(",") if v.strip()]  # noqa: E731
         a.out.mkdir(parents=True, exist_ok=True)
         run_triton_sweep(ints(a.sizes), a.elements, a.dtype, a.out, tuple(ints(a.causal)) if a.causal else None)
         return
     if a.cmd == "kernels":
-        ints = lambda s: [int(v) for v in s.split(",") if v.strip()]  # noqa: E731
         methods = [m.strip() for m in a.methods.split(",") if m.strip()]
         runnable = kernels.runnable_methods()
         skipped = [m for m in methods if m not in runnable]

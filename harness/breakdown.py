@@ -38,35 +38,26 @@ class _Marks:
         return a.elapsed_time(b) if self.cuda else 1000.0 * (b - a)
 
 
-class _Enter(torch.autograd.Function):
+class _Mark(torch.autograd.Function):
+    """Identity that records ``fwd_name`` when the forward passes it and ``bwd_name`` when the gradient
+    does."""
+
     @staticmethod
-    def forward(ctx, x, marks):
-        ctx.marks = marks
-        marks.mark("fwd_start")
+    def forward(ctx, x, marks, fwd_name, bwd_name):
+        ctx.marks, ctx.bwd_name = marks, bwd_name
+        marks.mark(fwd_name)
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, g):
-        ctx.marks.mark("bwd_end")
-        return g, None
-
-
-class _Exit(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, y, marks):
-        ctx.marks = marks
-        marks.mark("fwd_end")
-        return y.view_as(y)
-
-    @staticmethod
-    def backward(ctx, g):
-        ctx.marks.mark("bwd_start")
-        return g, None
+        ctx.marks.mark(ctx.bwd_name)
+        return g, None, None, None
 
 
 def marked(fn: Callable, marks: _Marks) -> Callable:
     def softmax_with_marks(scores, scale, causal):
-        return _Exit.apply(fn(_Enter.apply(scores, marks), scale, causal), marks)
+        scores = _Mark.apply(scores, marks, "fwd_start", "bwd_end")  # its backward runs last
+        return _Mark.apply(fn(scores, scale, causal), marks, "fwd_end", "bwd_start")  # ... and this one first
 
     return softmax_with_marks
 

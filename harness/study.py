@@ -139,7 +139,10 @@ def run_study(cfg: DictConfig, out_dir: Path) -> list[StudyRow]:
         try:
             res = run_one(cfg, method, compiled, run_dir, group)
         except Exception as exc:  # a crash or a failed gate: recorded, the study goes on
-            gate_failed = type(exc).__name__ == "GateError"
+            from harness.reliability import NonFiniteLossError
+            from harness.train import GateError
+
+            gate_failed = isinstance(exc, (GateError, NonFiniteLossError))
             row.status = "FAIL" if gate_failed else "CRASH"
             row.reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             if not gate_failed:

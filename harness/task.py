@@ -12,6 +12,25 @@ import torch.nn as nn
 from harness.data import BatchStream, Corpus, loader
 
 
+def make_optimizer(
+    model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float], fused: bool = True
+) -> torch.optim.AdamW:
+    """AdamW with weight decay on the matrices only; fused on a GPU (unless fp16 needs a scaler)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused and bool(decay) and decay[0].is_cuda)
+
+
+def warmup_cosine_lr(step: int, lr: float, warmup: int, total: int, min_ratio: float) -> float:
+    """Linear warm-up, then cosine decay to min_ratio * lr. A pure function of the step, so a
+    checkpoint taken anywhere resumes with the right learning rate (no scheduler state to lag)."""
+    if warmup and step < warmup:
+        return lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return lr * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
 class LanguageModelTask(L.LightningModule):
     """Next-token prediction with AdamW, linear warm-up then cosine decay (``lr_at``).
 
@@ -99,27 +118,10 @@ class LanguageModelTask(L.LightningModule):
         self._earlier_curve = [(int(s), float(v)) for s, v in checkpoint.get("harness_loss_curve", [])]
 
     def configure_optimizers(self):
-        decay, no_decay = [], []
-        for p in self.model.parameters():
-            if p.requires_grad:
-                (decay if p.dim() >= 2 else no_decay).append(p)
-        groups = [
-            {"params": decay, "weight_decay": self.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
-        fused = self.fused_optimizer and bool(decay) and decay[0].is_cuda
-        opt = torch.optim.AdamW(groups, lr=self.lr, betas=self.betas, fused=fused)
-
-        return opt
+        return make_optimizer(self.model, self.lr, self.weight_decay, self.betas, self.fused_optimizer)
 
     def lr_at(self, step: int) -> float:
-        """Linear warm-up, then cosine decay to min_lr_ratio * lr. A pure function of the step, so a
-        checkpoint taken anywhere resumes with the right learning rate (no scheduler state to lag)."""
-        warm, total, floor = self.lr_warmup_steps, self.max_steps, self.min_lr_ratio
-        if warm and step < warm:
-            return self.lr * (step + 1) / warm
-        progress = min(1.0, (step - warm) / max(1, total - warm))
-        return self.lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
+        return warmup_cosine_lr(step, self.lr, self.lr_warmup_steps, self.max_steps, self.min_lr_ratio)
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
         lr = self.lr_at(self.global_step)

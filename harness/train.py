@@ -181,15 +181,15 @@ def run_training(
             prepared = method.prepare()
             console.print(f"[bold]harness[/]: prepared softmax method {method.name!r}: {prepared}")
 
+    seq_len = int(cfg.data.seq_len or cfg.model.context)
     gate_info: dict = {"checked": False, "reason": "switched off (check_kernel=false)"}
     if cfg.accel.softmax and cfg.check_kernel:
         if kernels.get_method(cfg.accel.softmax).exact:
             from harness.gate import check_softmax
 
             dtype = {"bf16": torch.bfloat16, "16": torch.float16}.get(precision.split("-")[0], torch.float32)
-            seq = int(cfg.data.seq_len or cfg.model.context)
             gate = check_softmax(
-                cfg.accel.softmax, (1, int(cfg.model.n_head), seq, seq), dtype, "cuda" if on_gpu else "cpu",
+                cfg.accel.softmax, (1, int(cfg.model.n_head), seq_len, seq_len), dtype, "cuda" if on_gpu else "cpu",
                 scale=(int(cfg.model.n_embd) // int(cfg.model.n_head)) ** -0.5, causal=True,
             )
             gate_info = {"checked": True, **gate.as_dict()}
@@ -209,7 +209,6 @@ def run_training(
         torch.cuda.reset_peak_memory_stats()
 
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    seq_len = int(cfg.data.seq_len or cfg.model.context)
     corpus = make_corpus(cfg.data, seq_len)
     model = build_model(cfg)
     vocab = model.config.vocab_size
@@ -406,21 +405,30 @@ def hydra_main(cfg: DictConfig) -> None:
         run_training(cfg, run_dir, group=group, previous=previous)
     except Exception as exc:
         # a sweep goes on past a failed job (Hydra reports it at the end); its results.json says why
-        from harness.results import write_json
-
-        from harness.results import read_json
-
-        existing = run_dir / "results.json"
-        if not existing.exists() or read_json(existing).get("status") == "running":
-            try:
-                write_json(run_dir / "results.json", {
-                    "status": "failed" if type(exc).__name__ in ("GateError", "NonFiniteLossError") else "crashed",
-                    "error": f"{type(exc).__name__}: {exc}", "method": cfg.accel.name,
-                    "compile_model": bool(cfg.compile_model), "model": {"name": cfg.model.name}, "run_dir": str(run_dir),
-                })
-            except OSError:
-                pass
+        record_failure(run_dir, cfg, exc)
         raise
+
+
+def record_failure(run_dir: Path, cfg: DictConfig, exc: BaseException) -> None:
+    """Mark the run's results.json failed (gate, NaN) or crashed, with the error, unless the run wrote
+    its own final results; what a 'running' record already held (config, W&B id) is kept."""
+    from harness.reliability import NonFiniteLossError
+    from harness.results import read_json, write_json
+
+    path = run_dir / "results.json"
+    record = {"method": cfg.accel.name, "compile_model": bool(cfg.compile_model),
+              "model": {"name": cfg.model.name}, "run_dir": str(run_dir)}
+    try:
+        if path.exists():
+            existing = read_json(path)
+            if existing.get("status") != "running":
+                return
+            record = existing
+        record["status"] = "failed" if isinstance(exc, (GateError, NonFiniteLossError)) else "crashed"
+        record["error"] = f"{type(exc).__name__}: {exc}"
+        write_json(path, record)
+    except OSError:
+        pass  # the directory itself is the problem (OutputDirError): nothing to write into
 
 
 def _distributed(cfg: DictConfig) -> bool:

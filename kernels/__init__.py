@@ -8,7 +8,15 @@ Public entry points::
 This package knows nothing of Lightning, Hydra or W&B.
 """
 
-from kernels.reference import reference_softmax, reference_softmax_backward, relative_error
+from kernels.reference import (
+    BWD_TOL,
+    FWD_TOL,
+    reference_softmax,
+    reference_softmax_backward,
+    relative_error,
+    rounding_floor,
+    tolerance,
+)
 from kernels.registry import (
     SUPPORTED_DTYPES,
     Availability,
@@ -25,6 +33,10 @@ from kernels.registry import (
 )
 
 __all__ = [
+    "BWD_TOL",
+    "FWD_TOL",
+    "rounding_floor",
+    "tolerance",
     "SUPPORTED_DTYPES",
     "Availability",
     "MethodUnavailableError",
