@@ -1,4 +1,5 @@
-"""Benchmarks: ``python -m harness.bench kernels`` and ``python -m harness.bench overhead``.
+"""Benchmarks: ``python -m harness.bench kernels`` and ``python -m harness.bench overhead`` (plus the launch
+sweeps ``triton-sweep`` and ``cuda-sweep`` that the kernels' launch tables come from).
 
 ``kernels``: every softmax method, forward and backward separately, against the device-to-device copy
 bandwidth measured in the same run. GB/s counts 2 x tensor bytes forward (read x, write y) and 3 x
@@ -385,20 +386,26 @@ def run_overhead(overrides: list[str], steps: int, rounds: int, out: Path) -> di
 # ------------------------------------------------------------------------------------------------
 # triton launch-settings sweep (how the heuristics in kernels/methods/triton_softmax.py were chosen)
 # ------------------------------------------------------------------------------------------------
-def triton_candidates(n: int) -> list:
+def triton_candidates(n: int, causal: bool = False) -> list:
     from kernels.methods.triton_softmax import Plan, _next_pow2
 
     block = _next_pow2(n)
     plans = []
     if block <= 32768:
-        for tile in sorted({max(block, t) for t in (4096, 8192, 16384)}):
+        # causal rows: small programs won before (uneven work per row), so only those, in more variants
+        tiles = (1024, 2048, 4096) if causal else (4096, 8192, 16384)
+        for tile in sorted({max(block, t) for t in tiles}):
             rows = tile // block
             if rows < 1 or rows > 64:
                 continue
-            for warps in (4, 8, 16, 32):
+            for warps in ((1, 2, 4, 8) if causal else (4, 8, 16, 32)):
                 per_thread = tile // (32 * warps)
                 if 8 <= per_thread <= 32:
                     plans.append(Plan(False, block, rows, warps))
+                    if causal:  # exact-prefix loads as well as whole-vector ones; zeros stored first or last
+                        plans.append(Plan(False, block, rows, warps, round_mask=False))
+                        plans.append(Plan(False, block, rows, warps, zeros_first=True))
+                        plans.append(Plan(False, block, rows, warps, round_mask=False, zeros_first=True))
     if block >= 8192:
         for chunk in (4096, 8192):
             for warps in (8, 16):
@@ -423,15 +430,15 @@ def run_triton_sweep(sizes: list[int], elements: int, dtype: str, out: Path, cau
         dy = torch.randn_like(x)
         y = ref.to(dt)
         nbytes = x.numel() * x.element_size()
-        default = ts.plan(n, x.element_size())
-        for p in triton_candidates(n):
+        default = ts.plan(n, x.element_size(), causal=causal)
+        for p in triton_candidates(n, causal):
             row = {"n": n, "causal": causal, "plan": str(p), "default": p == default}
             try:
                 out_y = ts.launch_fwd(x, 1.0, causal, p)
                 err = ((out_y.float() - ref).norm() / ref.norm()).item()
                 row["fwd_ok"] = err < 2e-2
-                row["fwd_gbs"] = 2 * nbytes / (bench_ms(lambda: ts.launch_fwd(x, 1.0, causal, p), 50) * 1e-3) / 1e9
-                row["bwd_gbs"] = 3 * nbytes / (bench_ms(lambda: ts.launch_bwd(y, dy, 1.0, causal, p), 50) * 1e-3) / 1e9
+                row["fwd_gbs"] = 2 * nbytes / (bench_graph_ms(lambda: ts.launch_fwd(x, 1.0, causal, p), 50)[0] * 1e-3) / 1e9
+                row["bwd_gbs"] = 3 * nbytes / (bench_graph_ms(lambda: ts.launch_bwd(y, dy, 1.0, causal, p), 50)[0] * 1e-3) / 1e9
             except Exception as exc:
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
             results.append(row)
@@ -447,6 +454,91 @@ def run_triton_sweep(sizes: list[int], elements: int, dtype: str, out: Path, cau
         del x, dy, y, ref
         torch.cuda.empty_cache()
     write_json(out / "triton_sweep.json", {"rows": results})
+    return results
+
+
+# ------------------------------------------------------------------------------------------------
+# cuda launch-variant sweep (how the launch table in csrc/softmax_kernels.cu was chosen)
+# ------------------------------------------------------------------------------------------------
+def cuda_variants(n: int) -> list[dict]:
+    """Candidate launches for rows of n bf16 columns: path, elements per thread, threads per CTA (cluster
+    path), and per direction: forward `merged` (one merged (max, sum) reduction instead of two) and
+    `packed` (the row kept as loaded, exponentials computed twice), backward `cap` (registers capped
+    for more blocks per SM)."""
+    block = 1 << max(0, (n - 1).bit_length())
+    shapes = []
+    if block <= 32768:
+        shapes += [{"path": "register", "items": i, "threads": 0} for i in (8, 16, 32, 64)
+                   if block // i <= 1024 and i <= block]
+    if n >= 8192:
+        shapes += [{"path": "cluster", "items": i, "threads": t} for t in (128, 256, 512) for i in (16, 32)
+                   if 2 <= -(-n // (t * i)) <= 16]
+    fwd = [{**sh, "dir": "fwd", "merged": m, "packed": p} for sh in shapes for m in (False, True) for p in (False, True)]
+    bwd = [{**sh, "dir": "bwd", "cap": c} for sh in shapes for c in (False, True)]
+    return fwd + bwd
+
+
+def load_cuda_tuning() -> float:
+    """Build (or load) the extension of launch variants (csrc/softmax_tuning*.{cu,cpp}); returns seconds."""
+    from torch.utils.cpp_extension import load
+
+    from kernels.methods.cuda_softmax import CSRC, headers_flag
+
+    t0 = time.perf_counter()
+    load(name="softmax_harness_cuda_tuning",
+         sources=[str(CSRC / "softmax_tuning_binding.cpp"), str(CSRC / "softmax_tuning.cu")],
+         extra_cflags=["-O3"], extra_include_paths=[str(CSRC)],
+         extra_cuda_cflags=["-O3", headers_flag([CSRC / "softmax_device.cuh", CSRC / "softmax_tuning.h"])],
+         is_python_module=False, verbose=False)
+    return time.perf_counter() - t0
+
+
+def run_cuda_sweep(sizes: list[int], elements: int, out: Path, rep_ms: int = 50) -> list[dict]:
+    build_s = load_cuda_tuning()
+    ops = torch.ops.softmax_harness_cuda_tuning
+    copy_gbs = copy_bandwidth("cuda")
+    print(f"cuda-sweep: variants built in {build_s:.1f} s; copy {copy_gbs:.0f} GB/s", flush=True)
+    results = []
+    for n in sizes:
+        x = torch.randn((max(1, elements // n), n), device="cuda").mul_(2).to(torch.bfloat16)
+        ref = torch.softmax(x.float(), -1)
+        y = ref.to(torch.bfloat16)
+        dy = torch.randn_like(x)
+        dref = y.float() * (dy.float() - (y.float() * dy.float()).sum(-1, keepdim=True))
+        nbytes = x.numel() * x.element_size()
+        for v in cuda_variants(n):
+            row = {"n": n, **v}
+            if v["dir"] == "fwd":
+                run = lambda: ops.fwd_variant(x, v["items"], v["merged"], v["packed"], v["threads"])  # noqa: E731
+                want, tol, moved = ref, 1e-2, 2 * nbytes
+            else:
+                run = lambda: ops.bwd_variant(y, dy, v["items"], v["cap"], v["threads"])  # noqa: E731
+                want, tol, moved = dref, 2e-2, 3 * nbytes
+            try:
+                got = run()
+                if got.numel() == 0:
+                    continue
+                row["ok"] = ((got.float() - want).norm() / want.norm()).item() < tol
+                ms, _ = bench_graph_ms(run, rep_ms)
+                row["gbs"] = moved / (ms * 1e-3) / 1e9
+            except Exception as exc:
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+            results.append(row)
+        mine = [r for r in results if r["n"] == n]
+
+        def best(direction):
+            r = max((r for r in mine if r["dir"] == direction and r.get("ok")), key=lambda r: r["gbs"], default=None)
+            if r is None:
+                return "none correct"
+            flag = "".join(f" {k}" for k in ("merged", "packed", "cap") if r.get(k))
+            return (f"{r['path']} threads={r['threads']} items={r['items']}{flag} {r['gbs']:.0f} GB/s "
+                    f"({r['gbs'] / copy_gbs:.2f} of copy)")
+
+        bad = sum(1 for r in mine if r.get("error") or r.get("ok") is False)
+        print(f"N={n:<7d} fwd best {best('fwd')} | bwd best {best('bwd')} | {bad} wrong/failed", flush=True)
+        del x, y, dy, ref, dref
+        torch.cuda.empty_cache()
+    write_json(out / "cuda_sweep.json", {"copy_gbs": copy_gbs, "build_s": build_s, "rows": results})
     return results
 
 
@@ -475,11 +567,19 @@ def main(argv: Optional[list[str]] = None) -> None:
     t.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     t.add_argument("--causal", default="8,12,1024,1024", help="causal case B,H,T,T ('' to skip)")
     t.add_argument("--out", default="outputs/bench", type=Path)
+    c = sub.add_parser("cuda-sweep", help="time the CUDA kernels' launch variants per N (GPU + nvcc only)")
+    c.add_argument("--sizes", default=DEFAULT_SIZES)
+    c.add_argument("--elements", type=int, default=2**27)
+    c.add_argument("--out", default="outputs/bench", type=Path)
     a = p.parse_args(argv)
     ints = lambda s: [int(v) for v in s.split(",") if v.strip()]  # noqa: E731
     if a.cmd == "triton-sweep":
         a.out.mkdir(parents=True, exist_ok=True)
         run_triton_sweep(ints(a.sizes), a.elements, a.dtype, a.out, tuple(ints(a.causal)) if a.causal else None)
+        return
+    if a.cmd == "cuda-sweep":
+        a.out.mkdir(parents=True, exist_ok=True)
+        run_cuda_sweep(ints(a.sizes), a.elements, a.out)
         return
     if a.cmd == "kernels":
         methods = [m.strip() for m in a.methods.split(",") if m.strip()]

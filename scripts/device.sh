@@ -3,7 +3,8 @@
 # OmegaConf, W&B, built by shared/tools/offline-wheels.sh into .whl/), then one or more stages:
 #   tests    build the CUDA extension, run the GPU tests and the fused methods' CPU-contract tests
 #   kernels  python -m harness.bench kernels (full table; extra args in KERNEL_ARGS)
-#   sweep    python -m harness.bench triton-sweep (Triton launch settings per N)
+#   sweep    python -m harness.bench triton-sweep (Triton launch settings per N; extra args in SWEEP_ARGS)
+#   cuda-sweep  python -m harness.bench cuda-sweep (CUDA launch variants per N; CUDA_SWEEP_ARGS)
 #   overhead python -m harness.bench overhead model=gpt2s
 #   study    python -m harness.study (STUDY_ARGS)
 # Logs and results go to $OUT (or outputs/device); the last lines printed are a short summary.
@@ -34,8 +35,12 @@ for stage in "$@"; do
       summary+=("kernels: see $OUT/kernels.md")
       ;;
     sweep)
-      timeout ${SWEEP_TIMEOUT:-240} python3 -m harness.bench triton-sweep --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | grep -E "^N=|Error" | tail -20
+      timeout ${SWEEP_TIMEOUT:-240} python3 -m harness.bench triton-sweep --out "$OUT" ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/sweep.log" | grep -E "^N=|Error" | tail -20
       summary+=("sweep: see $OUT/triton_sweep.json")
+      ;;
+    cuda-sweep)
+      timeout ${CUDA_SWEEP_TIMEOUT:-300} python3 -m harness.bench cuda-sweep --out "$OUT" ${CUDA_SWEEP_ARGS:-} 2>&1 | tee "$OUT/cuda_sweep.log" | grep -E "^N=|^cuda-sweep|Error" | tail -20
+      summary+=("cuda-sweep: see $OUT/cuda_sweep.json")
       ;;
     overhead)
       timeout ${OVERHEAD_TIMEOUT:-300} python3 -m harness.bench overhead --out "$OUT/overhead" ${OVERHEAD_ARGS:-model=gpt2s} 2>&1 | tee "$OUT/overhead.log" | grep -E "round|harness /|Error|error" | tail -20

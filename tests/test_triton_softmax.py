@@ -46,6 +46,21 @@ def test_long_path_non_contiguous(force_long_path, seeded):
     assert fwd <= 1e-5 and bwd <= 1e-4
 
 
+@pytest.mark.parametrize("round_mask", [True, False])
+@pytest.mark.parametrize("zeros_first", [True, False])
+@pytest.mark.parametrize("shape", [(2, 20, 20), (2, 9, 30), (2, 30, 9)])
+def test_causal_tile_variants_match_reference(ts, shape, round_mask, zeros_first, seeded):
+    """Every causal launch variant the sweep may pick (exact or whole-vector prefix loads, the masked
+    tail's zeros stored first or last) gives the reference result, fully masked rows included."""
+    x = random_scores(shape, torch.bfloat16, DEVICE, gen=seeded)
+    p = ts.Plan(False, 32, 2, 1, round_mask=round_mask, zeros_first=zeros_first)
+    y = ts.launch_fwd(x, 0.5, True, p)
+    ref = kernels.reference_softmax(x, scale=0.5, causal=True)
+    assert kernels.relative_error(y, ref) <= FWD_TOL[torch.bfloat16]
+    masked = torch.ones(shape[-2], shape[-1], dtype=torch.bool).triu(shape[-1] - shape[-2] + 1)
+    assert (y.cpu()[..., masked] == 0).all()
+
+
 def test_plan_packs_short_rows_and_streams_long_ones(ts):
     short = ts.plan(128, 2)
     assert not short.long and short.rows > 1 and short.block_n == 128

@@ -1,10 +1,12 @@
 """`cuda`: fused scale + causal mask + softmax as a CUDA C++ extension, forward and backward.
 
-The kernels (``csrc/softmax_kernels.cu``, no torch header) pick a code path by row length: rows kept
-in registers with 16-byte vector loads (several rows per warp for short rows, a block per row up to
-16384 columns), long rows split across a Hopper thread-block cluster that combines its partial
-(max, sum) through distributed shared memory (up to 262144 columns in one pass), and a streaming path
-for rows of any length or alignment; causal rows load only their unmasked prefix. ``csrc/softmax_binding.cpp`` registers the ops
+The kernels (``csrc/softmax_device.cuh``, launched from ``csrc/softmax_kernels.cu`` by a launch table
+measured with ``python -m harness.bench cuda-sweep``; no torch header) pick a code path by row length:
+rows kept in registers with 16-byte vector loads (several rows per warp for short rows, a block per
+row up to 16384 columns), long rows split across a Hopper thread-block cluster that combines its
+partials through distributed shared memory (up to 262144 columns in one pass), and a streaming path
+for rows of any length or alignment; causal rows load only their unmasked prefix.
+``csrc/softmax_binding.cpp`` registers the ops
 ``softmax_harness_cuda::softmax_fwd`` / ``softmax_bwd`` with ``TORCH_LIBRARY`` (CUDA implementation via
 ``TORCH_LIBRARY_IMPL``); this module registers their fake implementations and autograd, so
 ``torch.compile(fullgraph=True)`` traces through them and ``torch.library.opcheck`` passes.
@@ -30,6 +32,7 @@ from kernels.registry import SoftmaxMethod, register
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
 SOURCES = [CSRC / "softmax_binding.cpp", CSRC / "softmax_kernels.cu"]
+HEADERS = [CSRC / "softmax_kernels.h", CSRC / "softmax_device.cuh"]
 _LOCK = threading.Lock()
 _STATE: dict = {"loaded": False, "error": None, "build_s": None}
 
@@ -54,6 +57,15 @@ def unavailable_reason() -> Optional[str]:
     return _toolchain_problem()
 
 
+def headers_flag(headers) -> str:
+    """A define carrying a hash of the headers: torch's extension loader re-hashes only the sources and
+    flags, so a header edit changes the flags and forces a rebuild."""
+    import hashlib
+
+    digest = hashlib.sha1(b"".join(Path(h).read_bytes() for h in headers)).hexdigest()[:12]
+    return f"-DSOFTMAX_HARNESS_HEADERS={digest}"
+
+
 def prepare() -> dict:
     """Build (or load the cached build of) the extension; returns {'build_s': seconds} of this call."""
     with _LOCK:
@@ -70,7 +82,7 @@ def prepare() -> dict:
                 name="softmax_harness_cuda",
                 sources=[str(s) for s in SOURCES],
                 extra_cflags=["-O3"],
-                extra_cuda_cflags=["-O3", "-lineinfo"],
+                extra_cuda_cflags=["-O3", "-lineinfo", headers_flag(HEADERS)],
                 extra_include_paths=[str(CSRC)],
                 is_python_module=False,
                 verbose=False,

@@ -88,10 +88,11 @@ if triton is not None:
         return tl.zeros_like(rows) + n_cols
 
     @triton.jit
-    def _vector_limit(lim, n_cols, CAUSAL: tl.constexpr):
-        """Causal prefixes rounded up to a multiple of 8 columns, so that masked loads stay whole
-        16-byte vectors (a ragged mask forces element-wise loads); the exact mask is applied after."""
-        if CAUSAL:
+    def _vector_limit(lim, n_cols, CAUSAL: tl.constexpr, ROUND_MASK: tl.constexpr):
+        """With ROUND_MASK, causal prefixes rounded up to a multiple of 8 columns, so that masked loads
+        stay whole 16-byte vectors (a ragged mask forces element-wise loads); the exact mask is applied
+        after. Without it, the loads stop at the exact prefix."""
+        if CAUSAL and ROUND_MASK:
             return tl.minimum(((lim + 7) // 8) * 8, n_cols)
         return lim
 
@@ -106,7 +107,8 @@ if triton is not None:
     @triton.jit
     def _fwd_tile_kernel(
         X, Y, n_rows, n_cols, stride_xr, stride_xc, tq, diag, scale_log2e,
-        BLOCK_N: tl.constexpr, ROWS: tl.constexpr, CAUSAL: tl.constexpr,
+        BLOCK_N: tl.constexpr, ROWS: tl.constexpr, CAUSAL: tl.constexpr, ROUND_MASK: tl.constexpr,
+        ZEROS_FIRST: tl.constexpr,
     ):
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
@@ -114,7 +116,12 @@ if triton is not None:
         lim = _row_limit(rows, n_cols, tq, diag, CAUSAL)
         keep = row_ok[:, None] & (cols[None, :] < lim[:, None])
         rows64 = rows.to(tl.int64)
-        ld = row_ok[:, None] & (cols[None, :] < _vector_limit(lim, n_cols, CAUSAL)[:, None])
+        out_ok = row_ok[:, None] & (cols[None, :] < n_cols)
+        y_ptrs = Y + rows64[:, None] * n_cols + cols[None, :]
+        if CAUSAL and ZEROS_FIRST:  # the masked tail needs no statistics: write its zeros before loading
+            tl.store(y_ptrs, tl.zeros([ROWS, BLOCK_N], Y.dtype.element_ty), mask=out_ok & ~keep)
+            out_ok = keep
+        ld = row_ok[:, None] & (cols[None, :] < _vector_limit(lim, n_cols, CAUSAL, ROUND_MASK)[:, None])
         x = tl.load(X + rows64[:, None] * stride_xr + cols[None, :] * stride_xc, mask=ld, other=0.0)
         x = x.to(tl.float32)
         m = tl.max(tl.where(keep, x * scale_log2e, float("-inf")), axis=1)  # mask after scaling
@@ -125,8 +132,7 @@ if triton is not None:
         s = tl.sum(e, axis=1)
         inv = 1.0 / tl.where(s == 0.0, 1.0, s)  # s == 0 only for rows with no unmasked key; NaN stays
         y = e * inv[:, None]
-        out_ok = row_ok[:, None] & (cols[None, :] < n_cols)
-        tl.store(Y + rows64[:, None] * n_cols + cols[None, :], y.to(Y.dtype.element_ty), mask=out_ok)
+        tl.store(y_ptrs, y.to(Y.dtype.element_ty), mask=out_ok)
 
     @triton.jit
     def _fwd_long_kernel(
@@ -164,7 +170,7 @@ if triton is not None:
     @triton.jit
     def _bwd_tile_kernel(
         Y, DY, DX, n_rows, n_cols, stride_dyr, stride_dyc, tq, diag, scale,
-        BLOCK_N: tl.constexpr, ROWS: tl.constexpr, CAUSAL: tl.constexpr,
+        BLOCK_N: tl.constexpr, ROWS: tl.constexpr, CAUSAL: tl.constexpr, ROUND_MASK: tl.constexpr,
     ):
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
@@ -172,7 +178,7 @@ if triton is not None:
         lim = _row_limit(rows, n_cols, tq, diag, CAUSAL)
         keep = row_ok[:, None] & (cols[None, :] < lim[:, None])
         rows64 = rows.to(tl.int64)
-        ld = row_ok[:, None] & (cols[None, :] < _vector_limit(lim, n_cols, CAUSAL)[:, None])
+        ld = row_ok[:, None] & (cols[None, :] < _vector_limit(lim, n_cols, CAUSAL, ROUND_MASK)[:, None])
         y = tl.load(Y + rows64[:, None] * n_cols + cols[None, :], mask=ld, other=0.0).to(tl.float32)
         dy = tl.load(DY + rows64[:, None] * stride_dyr + cols[None, :] * stride_dyc, mask=ld, other=0.0)
         y = tl.where(keep, y, 0.0)
@@ -222,6 +228,8 @@ class Plan:
     block_n: int
     rows: int
     num_warps: int
+    round_mask: bool = True  # causal rows: load whole 8-column vectors up to the prefix (see _vector_limit)
+    zeros_first: bool = False  # causal forward: store the masked tail's zeros before loading the prefix
 
 
 def _next_pow2(n: int) -> int:
@@ -236,12 +244,24 @@ _BWD_TILE = {128: (32, 8), 256: (16, 8), 512: (8, 4), 1024: (4, 16), 2048: (2, 1
              8192: (1, 16), 16384: (1, 16), 32768: (1, 32)}
 
 
-def plan(n_cols: int, elem_bytes: int, backward: bool = False) -> Plan:
+# Causal rows (the attention shape B=8, H=12, T=1024, from the same sweep): (rows per program, warps,
+# round_mask). Causal rows do uneven work (row i loads i + 1 keys and writes N): small programs win
+# (forward: one row per warp, loads stopping at the exact prefix). Storing the masked tail's zeros
+# first (Plan.zeros_first) was swept too and lost.
+_CAUSAL_FWD_TILE = {1024: (1, 1, False)}
+_CAUSAL_BWD_TILE = {1024: (1, 4, True)}
+
+
+def plan(n_cols: int, elem_bytes: int, backward: bool = False, causal: bool = False) -> Plan:
     """Launch settings by row length (a table measured on an H200; heuristics outside it)."""
     block_n = _next_pow2(n_cols)
     if block_n > MAX_TILE_N:
         block = min(LONG_BLOCK_N, block_n)
         return Plan(True, block, 1, 16 if block >= 4096 else max(4, block // 256))
+    causal_table = _CAUSAL_BWD_TILE if backward else _CAUSAL_FWD_TILE
+    if causal and block_n in causal_table:
+        rows, warps, round_mask = causal_table[block_n]
+        return Plan(False, block_n, rows, warps, round_mask)
     table = _BWD_TILE if backward else _FWD_TILE
     if block_n in table:
         rows, warps = table[block_n]
@@ -284,7 +304,7 @@ def launch_fwd(x: torch.Tensor, scale: float, causal: bool, p: Optional[Plan] = 
     y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     if n_rows == 0:
         return y.view(x.shape)
-    p = p or plan(n_cols, x.element_size())
+    p = p or plan(n_cols, x.element_size(), causal=causal)
     tq, diag = _causal_geometry(x.shape, causal)
     with _device_guard(x):
         if p.long:
@@ -295,7 +315,8 @@ def launch_fwd(x: torch.Tensor, scale: float, causal: bool, p: Optional[Plan] = 
         else:
             _fwd_tile_kernel[(triton.cdiv(n_rows, p.rows),)](
                 x2, y, n_rows, n_cols, x2.stride(0), x2.stride(1), tq, diag, scale * LOG2E,
-                BLOCK_N=p.block_n, ROWS=p.rows, CAUSAL=causal, num_warps=p.num_warps,
+                BLOCK_N=p.block_n, ROWS=p.rows, CAUSAL=causal, ROUND_MASK=p.round_mask,
+                ZEROS_FIRST=p.zeros_first, num_warps=p.num_warps,
             )
     return y.view(x.shape)
 
@@ -309,7 +330,7 @@ def launch_bwd(
     dx = torch.empty((n_rows, n_cols), dtype=y.dtype, device=y.device)
     if n_rows == 0:
         return dx.view(y.shape)
-    p = p or plan(n_cols, y.element_size(), backward=True)
+    p = p or plan(n_cols, y.element_size(), backward=True, causal=causal)
     tq, diag = _causal_geometry(y.shape, causal)
     with _device_guard(y):
         if p.long:
@@ -320,7 +341,7 @@ def launch_bwd(
         else:
             _bwd_tile_kernel[(triton.cdiv(n_rows, p.rows),)](
                 y2, dy2, dx, n_rows, n_cols, dy2.stride(0), dy2.stride(1), tq, diag, scale,
-                BLOCK_N=p.block_n, ROWS=p.rows, CAUSAL=causal, num_warps=p.num_warps,
+                BLOCK_N=p.block_n, ROWS=p.rows, CAUSAL=causal, ROUND_MASK=p.round_mask, num_warps=p.num_warps,
             )
     return dx.view(y.shape)
 

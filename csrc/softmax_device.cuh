@@ -1,0 +1,745 @@
+// Device side of the fused scale + causal mask + softmax kernels (CUDA C++, no torch header):
+// the kernels and their helpers, as templates. Included by softmax_kernels.cu (the launchers and the
+// launch table) and by softmax_tuning.cu (the variants the launch table was chosen from).
+//
+// Code paths:
+//  * register: the row stays in registers (fp32, loaded with 16-byte vectors). L threads share a row,
+//    NV vectors (ITEMS = NV * VEC elements) each: L <= 32 packs several rows into one warp (short rows),
+//    L > 32 is a block per row. One pass over memory each way. Two reduction schemes: MERGED = false
+//    reduces the row max, then exponentiates once per element and reduces the sum (two reductions);
+//    MERGED = true exponentiates against each thread's own max and merges (max, sum) pairs in one
+//    reduction (online-softmax merge), rescaling each element once at the end.
+//  * cluster: the register kernel with CLUSTER = true: a long row is split over a thread-block cluster
+//    (Hopper, up to 16 CTAs); each CTA keeps its slice in registers and the CTAs combine their partials
+//    through distributed shared memory. Still one pass over memory each way.
+//  * stream: rows of any length (no cap) and unaligned rows: a block per row, two passes over global
+//    memory, the second walking backwards so the chunks read last (still in L2) come first.
+// Register and cluster paths need 16-byte alignment (cols and the row stride multiples of the vector
+// width, aligned base pointers). Causal rows load only their unmasked prefix and write zeros after it.
+// Math in fp32 with exp2 and one fma per element (exp2(x * c - m) never rounds x * c first); NaN
+// propagates within its row; a row with no unmasked key (or all -inf) gives zeros.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+namespace softmax_harness {
+namespace detail {
+
+namespace cg = cooperative_groups;
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kStreamThreads = 512;
+
+template <typename T>
+struct Cvt;
+// load_again: the same conversion, but opaque to the compiler (volatile asm), so a value converted
+// twice is not kept in fp32 registers in between: the 16-bit original stays, using half the registers.
+template <>
+struct Cvt<float> {
+  static __device__ __forceinline__ float load(float v) { return v; }
+  static __device__ __forceinline__ float load_again(float v) { return v; }
+  static __device__ __forceinline__ float store(float v) { return v; }
+};
+template <>
+struct Cvt<__half> {
+  static __device__ __forceinline__ float load(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ float load_again(__half v) {
+    float f;
+    asm volatile("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(__half_as_ushort(v)));
+    return f;
+  }
+  static __device__ __forceinline__ __half store(float v) { return __float2half_rn(v); }
+};
+template <>
+struct Cvt<__nv_bfloat16> {
+  static __device__ __forceinline__ float load(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ float load_again(__nv_bfloat16 v) {
+    unsigned u;
+    asm volatile("shl.b32 %0, %1, 16;" : "=r"(u) : "r"((unsigned)__bfloat16_as_ushort(v)));
+    return __uint_as_float(u);
+  }
+  static __device__ __forceinline__ __nv_bfloat16 store(float v) { return __float2bfloat16_rn(v); }
+};
+
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Pack {
+  T v[VEC];
+};
+
+// A 16-byte vector kept as four 32-bit words (two 16-bit elements per word), so 16-bit rows held in
+// registers take half the registers of fp32 copies (a 16-bit value alone would occupy a whole register).
+// get: element j as fp32. get_again: the same, opaque to the compiler (volatile asm), so a second use
+// re-converts from the word instead of keeping the fp32 copy alive.
+__device__ __forceinline__ unsigned word_of(const uint4& w, int i) {
+  return i == 0 ? w.x : i == 1 ? w.y : i == 2 ? w.z : w.w;
+}
+template <typename T>
+struct Words;
+template <>
+struct Words<float> {
+  static __device__ __forceinline__ float get(const uint4& w, int j) { return __uint_as_float(word_of(w, j)); }
+  static __device__ __forceinline__ float get_again(const uint4& w, int j) { return get(w, j); }
+};
+template <>
+struct Words<__nv_bfloat16> {
+  static __device__ __forceinline__ float get(const uint4& w, int j) {
+    const unsigned u = word_of(w, j >> 1);
+    return __uint_as_float((j & 1) ? (u & 0xffff0000u) : (u << 16));
+  }
+  static __device__ __forceinline__ float get_again(const uint4& w, int j) {
+    const unsigned u = word_of(w, j >> 1);
+    unsigned r;
+    if (j & 1)
+      asm volatile("and.b32 %0, %1, 0xffff0000;" : "=r"(r) : "r"(u));
+    else
+      asm volatile("shl.b32 %0, %1, 16;" : "=r"(r) : "r"(u));
+    return __uint_as_float(r);
+  }
+};
+template <>
+struct Words<__half> {
+  static __device__ __forceinline__ float get(const uint4& w, int j) {
+    const unsigned u = word_of(w, j >> 1);
+    return __half2float(__ushort_as_half((unsigned short)((j & 1) ? (u >> 16) : (u & 0xffffu))));
+  }
+  static __device__ __forceinline__ float get_again(const uint4& w, int j) {
+    const unsigned u = word_of(w, j >> 1);
+    float f;
+    asm volatile("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)((j & 1) ? (u >> 16) : (u & 0xffffu))));
+    return f;
+  }
+};
+
+// VEC elements at p + c0 as words: one 16-byte load when all are below lim, else element by element
+// (zeros past lim).
+template <typename T, int VEC>
+__device__ __forceinline__ uint4 load_words(const T* p, int c0, int lim) {
+  if (c0 + VEC <= lim) return *reinterpret_cast<const uint4*>(p + c0);
+  union {
+    Pack<T, VEC> pack;
+    uint4 w;
+  } u;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) u.pack.v[j] = c0 + j < lim ? p[c0 + j] : Cvt<T>::store(0.f);
+  return u.w;
+}
+
+// 2^x with the SFU instruction (relative error ~2^-22, what Triton's tl.exp2 uses as well).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// ---------------------------------------------------------------------------------------------
+// reductions
+// ---------------------------------------------------------------------------------------------
+// Merge two (max, sum) partials of an online softmax (sums relative to their max, exp2 domain).
+// -inf maxima (nothing unmasked yet) merge without NaN; a NaN sum stays NaN.
+__device__ __forceinline__ void merge_stats(float& m, float& s, float mo, float so) {
+  const float mn = fmaxf(m, mo);
+  const float ref = mn == -INFINITY ? 0.f : mn;
+  s = s * fast_exp2(m - ref) + so * fast_exp2(mo - ref);
+  m = mn;
+}
+
+// Reductions over the L threads of one row; every thread gets the result. L <= 32: inside a warp
+// (rows never straddle warps). L > 32: the block is one row; each warp leaves its partial in `red`,
+// one barrier, then every warp combines all partials itself. One barrier per reduction: each `red`
+// buffer serves one reduction per kernel, so nothing is overwritten while another warp reads it.
+template <int L>
+__device__ __forceinline__ void row_stats(float& m, float& s, float2* red) {
+  constexpr int W = L < 32 ? L : 32;
+#pragma unroll
+  for (int o = W / 2; o > 0; o >>= 1) {
+    const float mo = __shfl_xor_sync(0xffffffffu, m, o, W);
+    const float so = __shfl_xor_sync(0xffffffffu, s, o, W);
+    merge_stats(m, s, mo, so);
+  }
+  if constexpr (L > 32) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) red[warp] = make_float2(m, s);
+    __syncthreads();
+    const float2 v = lane < L / 32 ? red[lane] : make_float2(-INFINITY, 0.f);
+    m = v.x;
+    s = v.y;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float mo = __shfl_xor_sync(0xffffffffu, m, o);
+      const float so = __shfl_xor_sync(0xffffffffu, s, o);
+      merge_stats(m, s, mo, so);
+    }
+  }
+}
+
+template <int L>
+__device__ __forceinline__ float row_sum(float v, float* red) {
+  constexpr int W = L < 32 ? L : 32;
+#pragma unroll
+  for (int o = W / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o, W);
+  if constexpr (L > 32) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < L / 32 ? red[lane] : 0.f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  }
+  return v;
+}
+
+template <int L>
+__device__ __forceinline__ float row_max(float v, float* red) {
+  constexpr int W = L < 32 ? L : 32;
+#pragma unroll
+  for (int o = W / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o, W));
+  if constexpr (L > 32) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < L / 32 ? red[lane] : -INFINITY;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  }
+  return v;
+}
+
+// Cluster-wide combination of the per-CTA partials of one row (distributed shared memory). Each
+// partial goes to its own `slot` (one per reduction per kernel); one full cluster barrier makes them
+// visible. The last reduction of a kernel then only *arrives* at the closing barrier
+// (cluster_done_reading) and the kernel waits on it just before exiting (cluster_wait): no CTA may
+// exit while another still reads its shared memory, but the stores overlap the wait.
+__device__ __forceinline__ void cluster_done_reading() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void cluster_stats(float& m, float& s, float2* slot) {
+  cg::cluster_group cluster = cg::this_cluster();
+  if (threadIdx.x == 0) *slot = make_float2(m, s);
+  cluster.sync();
+  float cm = -INFINITY, cs = 0.f;
+  const unsigned n = cluster.num_blocks();
+  for (unsigned r = 0; r < n; ++r) {
+    const float2 o = *cluster.map_shared_rank(slot, r);
+    merge_stats(cm, cs, o.x, o.y);
+  }
+  m = cm;
+  s = cs;
+}
+
+__device__ __forceinline__ float cluster_max(float v, float* slot) {
+  cg::cluster_group cluster = cg::this_cluster();
+  if (threadIdx.x == 0) *slot = v;
+  cluster.sync();
+  float m = -INFINITY;
+  const unsigned n = cluster.num_blocks();
+  for (unsigned r = 0; r < n; ++r) m = fmaxf(m, *cluster.map_shared_rank(slot, r));
+  return m;
+}
+
+__device__ __forceinline__ float cluster_sum(float v, float* slot) {
+  cg::cluster_group cluster = cg::this_cluster();
+  if (threadIdx.x == 0) *slot = v;
+  cluster.sync();
+  float total = 0.f;
+  const unsigned n = cluster.num_blocks();
+  for (unsigned r = 0; r < n; ++r) total += *cluster.map_shared_rank(slot, r);
+  return total;
+}
+
+// ---------------------------------------------------------------------------------------------
+// indexing helpers
+// ---------------------------------------------------------------------------------------------
+// Number of unmasked keys of a row: all of them, or query i = row mod tq keeps j <= i + diag.
+// rows, tq < 2^31 (checked on the host): 32-bit modulo, no 64-bit division routine.
+__device__ __forceinline__ int row_limit(int64_t row, int cols, int64_t tq, int64_t diag, bool causal) {
+  if (!causal) return cols;
+  const int64_t l = (int64_t)((unsigned)row % (unsigned)tq) + diag + 1;
+  return (int)(l < 0 ? 0 : (l < cols ? l : cols));
+}
+
+// VEC elements from column c0: one 16-byte load when all are unmasked, else element by element.
+template <typename T, int VEC>
+__device__ __forceinline__ Pack<T, VEC> load_prefix(const T* p, int c0, int lim) {
+  Pack<T, VEC> out;
+  if (c0 + VEC <= lim) {
+    out = *reinterpret_cast<const Pack<T, VEC>*>(p + c0);
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out.v[j] = c0 + j < lim ? p[c0 + j] : Cvt<T>::store(0.f);
+  }
+  return out;
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void store_row(T* p, int c0, int cols, const Pack<T, VEC>& v) {
+  if (c0 + VEC <= cols) {
+    *reinterpret_cast<Pack<T, VEC>*>(p + c0) = v;
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j)
+      if (c0 + j < cols) p[c0 + j] = v.v[j];
+  }
+}
+
+// Which row, and which slice of it, this thread works on. Register path: ROWS rows per block, L
+// threads per row, the whole row. Cluster path: one row per cluster; CTA r of the cluster takes the
+// columns [r * SLICE, (r + 1) * SLICE).
+template <int L, int ROWS, int SLICE, bool CLUSTER>
+__device__ __forceinline__ void locate(int64_t& row, int& base) {
+  if constexpr (CLUSTER) {
+    const unsigned n = cg::this_cluster().num_blocks();
+    row = blockIdx.x / n;
+    base = (int)(blockIdx.x % n) * SLICE;
+  } else {
+    row = (int64_t)blockIdx.x * ROWS + threadIdx.x / L;
+    base = 0;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// register and cluster paths
+// ---------------------------------------------------------------------------------------------
+// Blocks per SM to ask ptxas for (__launch_bounds__): enough to cap the registers near what the row
+// data a thread holds needs (REGS 32-bit registers of it, in NV 16-byte vectors): 32 registers for up
+// to 16 data registers in at most two vectors (or up to 16 held as packed words), 64 up to 32, else no
+// cap. So big blocks do not run one per SM, where a block-wide barrier stalls the SM's memory stream.
+constexpr int min_blocks(int threads, int regs, int nv, bool packed) {
+  const int cap = regs <= 16 && (nv <= 2 || packed) ? 32 : regs <= 32 ? 64 : 255;
+  const int b = 65536 / (threads * cap);
+  return b < 1 ? 1 : (b > 32 ? 32 : b);
+}
+
+// v[k] <- exp2(v[k] * c - ref) for the kept columns (< lim), 0 for the others; returns their sum.
+// Vector i of this thread starts at column first + i * L * VEC; whole vectors are tested at once.
+template <int VEC, int NV, int L>
+__device__ __forceinline__ float exp_in_place(float* v, int first, int lim, float c, float ref) {
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int c0 = first + i * L * VEC;
+    if (c0 + VEC <= lim) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float e = fast_exp2(fmaf(v[i * VEC + j], c, -ref));
+        v[i * VEC + j] = e;
+        s += e;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float e = c0 + j < lim ? fast_exp2(fmaf(v[i * VEC + j], c, -ref)) : 0.f;
+        v[i * VEC + j] = e;
+        s += e;
+      }
+    }
+  }
+  return s;
+}
+
+// PACKED (16-bit types): the row stays in registers as loaded (packed words, half the registers) and
+// each kept element's exponential is computed twice, for the sum and for the output, instead of
+// keeping fp32 exponentials: more SFU work (2 ex2 per element), fewer registers, more blocks per SM.
+template <typename T, int VEC, int NV, int L, int ROWS, bool MERGED, bool PACKED, bool CLUSTER>
+__global__ void __launch_bounds__(L* ROWS, min_blocks(L * ROWS, PACKED ? NV * 4 : NV * VEC, NV, PACKED))
+    fwd_register_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int cols,
+                        int64_t x_stride, int64_t tq, int64_t diag, float c, bool causal) {
+  constexpr int ITEMS = NV * VEC;
+  __shared__ float2 red_stats[MERGED && L > 32 ? 32 : 1];
+  __shared__ float red_max[!MERGED && L > 32 ? 32 : 1], red_sum[!MERGED && L > 32 ? 32 : 1];
+  __shared__ float2 slot_stats;
+  __shared__ float slot_max, slot_sum;
+  const int lane = threadIdx.x % L;
+  int64_t row;
+  int base;
+  locate<L, ROWS, L * ITEMS, CLUSTER>(row, base);
+  const bool row_ok = row < rows;
+  const int lim = row_ok ? row_limit(row, cols, tq, diag, causal) : 0;
+  const T* xr = x + (row_ok ? row : 0) * x_stride;
+  const int first = base + lane * VEC;  // vector i of this thread starts at column first + i * L * VEC
+
+  // load (unmasked prefix only) and this thread's max of x * c
+  float v[PACKED ? 1 : ITEMS];
+  uint4 w[PACKED ? NV : 1];
+  float m = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int c0 = first + i * L * VEC;
+    if constexpr (PACKED) {
+      w[i] = load_words<T, VEC>(xr, c0, lim);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j)
+        if (c0 + j < lim) m = fmaxf(m, Words<T>::get(w[i], j) * c);
+    } else if (c0 + VEC <= lim) {
+      const Pack<T, VEC> p = *reinterpret_cast<const Pack<T, VEC>*>(xr + c0);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        v[i * VEC + j] = Cvt<T>::load(p.v[j]);
+        m = fmaxf(m, v[i * VEC + j] * c);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const bool keep = c0 + j < lim;
+        v[i * VEC + j] = keep ? Cvt<T>::load(xr[c0 + j]) : 0.f;
+        if (keep) m = fmaxf(m, v[i * VEC + j] * c);
+      }
+    }
+  }
+  // sum of exp2(x * c - ref) over the kept columns (one fma: x * c is never rounded first); unpacked,
+  // the exponentials replace the values in v
+  auto exp_sum = [&](float ref) {
+    if constexpr (PACKED) {
+      float s = 0.f;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int c0 = first + i * L * VEC;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j)
+          s += c0 + j < lim ? fast_exp2(fmaf(Words<T>::get_again(w[i], j), c, -ref)) : 0.f;
+      }
+      return s;
+    } else {
+      return exp_in_place<VEC, NV, L>(v, first, lim, c, ref);
+    }
+  };
+  float ref, f;  // output = exp2(x * c - ref) * f
+  if constexpr (MERGED) {
+    // exponentials relative to this thread's max, then one merged (max, sum) reduction over the row
+    // (and the cluster), and a rescale to the row max
+    ref = m == -INFINITY ? 0.f : m;
+    const float s = exp_sum(ref);
+    float M = m, S = s;
+    row_stats<L>(M, S, red_stats);
+    if constexpr (CLUSTER) {
+      cluster_stats(M, S, &slot_stats);
+      cluster_done_reading();
+    }
+    const float Mref = M == -INFINITY ? 0.f : M;
+    f = fast_exp2(ref - Mref) / (S == 0.f ? 1.f : S);  // NaN stays NaN
+  } else {
+    // the row max first, then one exponential per element against it, then the row sum
+    float M = row_max<L>(m, red_max);
+    if constexpr (CLUSTER) M = cluster_max(M, &slot_max);
+    ref = M == -INFINITY ? 0.f : M;  // no unmasked key: every exponential below is 0
+    const float s = exp_sum(ref);
+    float S = row_sum<L>(s, red_sum);
+    if constexpr (CLUSTER) {
+      S = cluster_sum(S, &slot_sum);
+      cluster_done_reading();
+    }
+    f = 1.f / (S == 0.f ? 1.f : S);  // NaN stays NaN
+  }
+  if (row_ok) {  // (always, on the cluster path: its grid is rows x CTAs)
+    T* yr = y + row * cols;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int c0 = first + i * L * VEC;
+      if (c0 >= cols) continue;  // cols is a multiple of VEC on this path
+      Pack<T, VEC> o;
+      if constexpr (PACKED) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j)
+          o.v[j] = Cvt<T>::store(c0 + j < lim ? fast_exp2(fmaf(Words<T>::get_again(w[i], j), c, -ref)) * f : 0.f);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) o.v[j] = Cvt<T>::store(v[i * VEC + j] * f);  // masked: 0 * f = 0
+      }
+      *reinterpret_cast<Pack<T, VEC>*>(yr + c0) = o;
+    }
+  }
+  if constexpr (CLUSTER) cluster_wait();
+}
+
+// y and dy stay in registers as loaded (packed words) and are converted where they are used.
+// CAP: ask ptxas for min_blocks() blocks per SM (fewer registers, possibly spills), else one.
+template <typename T, int VEC, int NV, int L, int ROWS, bool CLUSTER, bool CAP>
+__global__ void __launch_bounds__(L* ROWS, CAP ? min_blocks(L * ROWS, NV * 8, NV, true) : 1)
+    bwd_register_kernel(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx,
+                        int64_t rows, int cols, int64_t dy_stride, int64_t tq, int64_t diag,
+                        float scale, bool causal) {
+  __shared__ float red[L > 32 ? 32 : 1];
+  __shared__ float slot;
+  const int lane = threadIdx.x % L;
+  int64_t row;
+  int base;
+  locate<L, ROWS, L * NV * VEC, CLUSTER>(row, base);
+  const bool row_ok = row < rows;
+  const int lim = row_ok ? row_limit(row, cols, tq, diag, causal) : 0;
+  const T* yr = y + (row_ok ? row : 0) * cols;
+  const T* gr = dy + (row_ok ? row : 0) * dy_stride;
+  const int first = base + lane * VEC;
+
+  uint4 ya[NV], ga[NV];
+  float dot = 0.f;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int c0 = first + i * L * VEC;
+    ya[i] = load_words<T, VEC>(yr, c0, lim);  // zeros past lim: they add nothing to the dot
+    ga[i] = load_words<T, VEC>(gr, c0, lim);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) dot += Words<T>::get(ya[i], j) * Words<T>::get(ga[i], j);
+  }
+  dot = row_sum<L>(dot, red);
+  if constexpr (CLUSTER) {
+    dot = cluster_sum(dot, &slot);
+    cluster_done_reading();
+  }
+  if (row_ok) {
+    T* xr = dx + row * cols;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int c0 = first + i * L * VEC;
+      if (c0 >= cols) continue;
+      Pack<T, VEC> o;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float yy = Words<T>::get_again(ya[i], j);
+        o.v[j] = Cvt<T>::store(c0 + j < lim ? scale * yy * (Words<T>::get_again(ga[i], j) - dot) : 0.f);
+      }
+      *reinterpret_cast<Pack<T, VEC>*>(xr + c0) = o;
+    }
+  }
+  if constexpr (CLUSTER) cluster_wait();
+}
+
+// ---------------------------------------------------------------------------------------------
+// stream path: a block per row, two passes over global memory
+// ---------------------------------------------------------------------------------------------
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kStreamThreads)
+    fwd_stream_kernel(const T* __restrict__ x, T* __restrict__ y, int cols, int64_t x_stride, int64_t tq,
+                      int64_t diag, float c, bool causal) {
+  __shared__ float2 red[32];
+  constexpr int STEP = kStreamThreads * VEC;
+  const int64_t row = blockIdx.x;
+  const int lim = row_limit(row, cols, tq, diag, causal);
+  const T* xr = x + row * x_stride;
+
+  // pass 1: online max and rescaled sum over this thread's chunks
+  float m = -INFINITY, s = 0.f;
+#pragma unroll 4
+  for (int c0 = threadIdx.x * VEC; c0 < lim; c0 += STEP) {
+    const Pack<T, VEC> p = load_prefix<T, VEC>(xr, c0, lim);
+    float mm = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j)
+      if (c0 + j < lim) mm = fmaxf(mm, Cvt<T>::load(p.v[j]) * c);
+    const float mn = fmaxf(m, mm);
+    const float ref = mn == -INFINITY ? 0.f : mn;
+    float add = 0.f;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j)
+      if (c0 + j < lim) add += fast_exp2(fmaf(Cvt<T>::load(p.v[j]), c, -ref));
+    s = s * fast_exp2(m - ref) + add;
+    m = mn;
+  }
+  row_stats<kStreamThreads>(m, s, red);
+  if (m == -INFINITY) m = 0.f;
+  const float inv = 1.f / (s == 0.f ? 1.f : s);
+
+  // pass 2, over this thread's chunks backwards (the most recently read first)
+  T* yr = y + row * (int64_t)cols;
+  const int first = threadIdx.x * VEC;
+  if (first >= cols) return;
+  for (int k = (cols - 1 - first) / STEP; k >= 0; --k) {
+    const int c0 = first + k * STEP;
+    const Pack<T, VEC> p = load_prefix<T, VEC>(xr, c0, lim);
+    Pack<T, VEC> o;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j)
+      o.v[j] = Cvt<T>::store(c0 + j < lim ? fast_exp2(fmaf(Cvt<T>::load(p.v[j]), c, -m)) * inv : 0.f);
+    store_row<T, VEC>(yr, c0, cols, o);
+  }
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kStreamThreads)
+    bwd_stream_kernel(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, int cols,
+                      int64_t dy_stride, int64_t tq, int64_t diag, float scale, bool causal) {
+  __shared__ float red[32];
+  constexpr int STEP = kStreamThreads * VEC;
+  const int64_t row = blockIdx.x;
+  const int lim = row_limit(row, cols, tq, diag, causal);
+  const T* yr = y + row * (int64_t)cols;
+  const T* gr = dy + row * dy_stride;
+
+  float acc = 0.f;
+#pragma unroll 4
+  for (int c0 = threadIdx.x * VEC; c0 < lim; c0 += STEP) {
+    const Pack<T, VEC> a = load_prefix<T, VEC>(yr, c0, lim);
+    const Pack<T, VEC> b = load_prefix<T, VEC>(gr, c0, lim);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) acc += Cvt<T>::load(a.v[j]) * Cvt<T>::load(b.v[j]);
+  }
+  const float dot = row_sum<kStreamThreads>(acc, red);
+
+  T* xr = dx + row * (int64_t)cols;
+  const int first = threadIdx.x * VEC;
+  if (first >= cols) return;
+  for (int k = (cols - 1 - first) / STEP; k >= 0; --k) {
+    const int c0 = first + k * STEP;
+    const Pack<T, VEC> a = load_prefix<T, VEC>(yr, c0, lim);
+    const Pack<T, VEC> b = load_prefix<T, VEC>(gr, c0, lim);
+    Pack<T, VEC> o;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float yy = Cvt<T>::load(a.v[j]);
+      o.v[j] = Cvt<T>::store(c0 + j < lim ? scale * yy * (Cvt<T>::load(b.v[j]) - dot) : 0.f);
+    }
+    store_row<T, VEC>(xr, c0, cols, o);
+  }
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// host-side launchers, shared by the production dispatch and the tuning variants
+// ---------------------------------------------------------------------------------------------
+template <typename T>
+constexpr int vec_of() {
+  return 16 / (int)sizeof(T);
+}
+
+struct Args {
+  const void* a;  // x (forward) or y (backward)
+  const void* b;  // dy (backward)
+  void* out;
+  int64_t rows, cols, stride, tq, diag;
+  float scale;
+  bool causal;
+  cudaStream_t stream;
+};
+
+// Register-path shape for rows of up to BLOCK_N columns with about ITEMS_WANT elements per thread
+// (at least one 16-byte vector, at most the whole row): L threads per row; L <= 32 packs 256 / L rows
+// into a block, L > 32 is one row per block (the block-wide reductions assume it).
+template <typename T, int BLOCK_N, int ITEMS_WANT>
+struct RegShape {
+  static constexpr int VEC = vec_of<T>();
+  static constexpr int ITEMS0 = ITEMS_WANT < VEC ? VEC : ITEMS_WANT;
+  static constexpr int ITEMS = ITEMS0 > BLOCK_N ? BLOCK_N : ITEMS0;
+  static constexpr int NV = ITEMS / VEC;
+  static constexpr int L = BLOCK_N / ITEMS;
+  static constexpr int ROWS = L > 32 ? 1 : 256 / L;
+  static_assert(ITEMS % VEC == 0 && L * ITEMS == BLOCK_N && L * ROWS <= 1024, "bad register config");
+};
+
+template <typename T, int BLOCK_N, int ITEMS_WANT, bool MERGED, bool PACKED>
+cudaError_t launch_fwd_register(const Args& a) {
+  using C = RegShape<T, BLOCK_N, ITEMS_WANT>;
+  const int64_t blocks = (a.rows + C::ROWS - 1) / C::ROWS;
+  fwd_register_kernel<T, C::VEC, C::NV, C::L, C::ROWS, MERGED, PACKED && sizeof(T) == 2, false>
+      <<<(unsigned)blocks, C::L * C::ROWS, 0, a.stream>>>(static_cast<const T*>(a.a), static_cast<T*>(a.out),
+                                                         a.rows, (int)a.cols, a.stride, a.tq, a.diag,
+                                                         a.scale * kLog2e, a.causal);
+  return cudaGetLastError();
+}
+
+template <typename T, int BLOCK_N, int ITEMS_WANT, bool CAP>
+cudaError_t launch_bwd_register(const Args& a) {
+  using C = RegShape<T, BLOCK_N, ITEMS_WANT>;
+  const int64_t blocks = (a.rows + C::ROWS - 1) / C::ROWS;
+  bwd_register_kernel<T, C::VEC, C::NV, C::L, C::ROWS, false, CAP><<<(unsigned)blocks, C::L * C::ROWS, 0, a.stream>>>(
+      static_cast<const T*>(a.a), static_cast<const T*>(a.b), static_cast<T*>(a.out), a.rows, (int)a.cols,
+      a.stride, a.tq, a.diag, a.scale, a.causal);
+  return cudaGetLastError();
+}
+
+inline cudaLaunchConfig_t cluster_config(const Args& a, int threads, int n_ctas, cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)(a.rows * n_ctas));
+  cfg.blockDim = dim3((unsigned)threads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = a.stream;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = (unsigned)n_ctas;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+template <typename Kernel>
+cudaError_t allow_cluster(Kernel kernel, int n_ctas) {
+  if (n_ctas <= 8) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+}
+
+// Columns one CTA of a cluster covers, and the CTAs a row needs.
+inline int ctas_for(int64_t cols, int threads, int items) {
+  return (int)((cols + (int64_t)threads * items - 1) / ((int64_t)threads * items));
+}
+
+template <typename T, int L, int ITEMS, bool MERGED, bool PACKED>
+cudaError_t launch_fwd_cluster(const Args& a) {
+  constexpr int VEC = vec_of<T>();
+  static_assert(ITEMS % VEC == 0, "bad cluster config");
+  const int n_ctas = ctas_for(a.cols, L, ITEMS);
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = cluster_config(a, L, n_ctas, attr);
+  auto kernel = fwd_register_kernel<T, VEC, ITEMS / VEC, L, 1, MERGED, PACKED && sizeof(T) == 2, true>;
+  cudaError_t err = allow_cluster(kernel, n_ctas);
+  if (err == cudaSuccess)
+    err = cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(a.a), static_cast<T*>(a.out), a.rows, (int)a.cols,
+                             a.stride, a.tq, a.diag, a.scale * kLog2e, a.causal);
+  return err;
+}
+
+template <typename T, int L, int ITEMS, bool CAP>
+cudaError_t launch_bwd_cluster(const Args& a) {
+  constexpr int VEC = vec_of<T>();
+  static_assert(ITEMS % VEC == 0, "bad cluster config");
+  const int n_ctas = ctas_for(a.cols, L, ITEMS);
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = cluster_config(a, L, n_ctas, attr);
+  auto kernel = bwd_register_kernel<T, VEC, ITEMS / VEC, L, 1, true, CAP>;
+  cudaError_t err = allow_cluster(kernel, n_ctas);
+  if (err == cudaSuccess)
+    err = cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(a.a), static_cast<const T*>(a.b),
+                             static_cast<T*>(a.out), a.rows, (int)a.cols, a.stride, a.tq, a.diag, a.scale, a.causal);
+  return err;
+}
+
+template <typename T, int VEC>
+cudaError_t launch_fwd_stream(const Args& a) {
+  fwd_stream_kernel<T, VEC><<<(unsigned)a.rows, kStreamThreads, 0, a.stream>>>(
+      static_cast<const T*>(a.a), static_cast<T*>(a.out), (int)a.cols, a.stride, a.tq, a.diag,
+      a.scale * kLog2e, a.causal);
+  return cudaGetLastError();
+}
+
+template <typename T, int VEC>
+cudaError_t launch_bwd_stream(const Args& a) {
+  bwd_stream_kernel<T, VEC><<<(unsigned)a.rows, kStreamThreads, 0, a.stream>>>(
+      static_cast<const T*>(a.a), static_cast<const T*>(a.b), static_cast<T*>(a.out), (int)a.cols, a.stride,
+      a.tq, a.diag, a.scale, a.causal);
+  return cudaGetLastError();
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+template <typename T>
+bool is_aligned(const Args& a, bool backward) {
+  constexpr int VEC = vec_of<T>();
+  bool ok = a.cols % VEC == 0 && a.stride % VEC == 0 && aligned16(a.a) && aligned16(a.out);
+  if (backward) ok = ok && aligned16(a.b);
+  return ok;
+}
+
+inline int next_pow2_at_least(int64_t n, int lo) {
+  int b = lo;
+  while (b < n) b <<= 1;
+  return b;
+}
+
+}  // namespace detail
+}  // namespace softmax_harness
