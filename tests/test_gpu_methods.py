@@ -83,6 +83,19 @@ def test_backward_never_writes_into_incoming_gradient(method):
     assert torch.equal(dy, keep)
 
 
+def test_cuda_rejects_cpu_tensors_and_mixed_devices():
+    from kernels.methods.cuda_softmax import prepare
+
+    prepare()
+    with pytest.raises(ValueError, match="runs on CUDA tensors"):
+        kernels.softmax(torch.randn(4, 8), method="cuda")
+    y = torch.softmax(torch.randn(4, 8, device="cuda"), -1)
+    with pytest.raises(RuntimeError, match="dy must be a CUDA tensor, got one on cpu"):
+        torch.ops.softmax_harness_cuda.softmax_bwd(y, torch.randn(4, 8), 1.0, False)
+    with pytest.raises(RuntimeError, match="y must be a CUDA tensor, got one on cpu"):
+        torch.ops.softmax_harness_cuda.softmax_bwd(y.cpu(), y, 1.0, False)
+
+
 def test_cuda_code_paths_by_row_length():
     from kernels.methods.cuda_softmax import code_path
 
