@@ -32,3 +32,26 @@ def test_wrong_method_gets_no_ratio():
     fill_ratios(rows, copy_gbs=1000.0)
     assert rows[1].fwd_vs_best_baseline is None and rows[1].fwd_frac_copy == 0.4
     assert rows[2].fwd_vs_best_baseline == 2.0 and rows[2].bwd_vs_best_baseline == 0.5
+
+
+def test_sweep_candidates_cover_the_launch_tables():
+    """The sweeps time what the launch tables may pick: every CUDA table entry is among the variants,
+    every variant is launchable (threads per row within a block, a cluster of 2-16 CTAs), and the
+    Triton causal candidates include the table's causal choice."""
+    from harness.bench import cuda_variants, triton_candidates
+    from kernels.methods import triton_softmax as ts
+
+    for n, items in ((128, {8, 16, 32, 64}), (1000, {8, 16, 32, 64}), (16384, {16, 32, 64})):
+        vs = cuda_variants(n)
+        assert {v["items"] for v in vs if v["path"] == "register"} == items  # 8 at 16384: 2048 threads
+        assert {(v["merged"], v["packed"]) for v in vs if v["dir"] == "fwd"} == {
+            (False, False), (False, True), (True, False), (True, True)}
+    long = cuda_variants(262144)
+    assert long and all(v["path"] == "cluster" for v in long)
+    assert all(2 <= -(-262144 // (v["threads"] * v["items"])) <= 16 for v in long)
+    assert any(v["threads"] == 512 and v["items"] == 32 for v in long)  # the table's cluster slice
+
+    causal = triton_candidates(1024, causal=True)
+    assert ts.plan(1024, 2, causal=True) in causal
+    assert ts.plan(1024, 2, causal=True) != ts.plan(1024, 2)  # causal rows have their own entry
+    assert any(p.zeros_first for p in causal) and any(not p.round_mask for p in causal)
