@@ -37,32 +37,19 @@ constexpr int kStreamThreads = 512;
 
 template <typename T>
 struct Cvt;
-// load_again: the same conversion, but opaque to the compiler (volatile asm), so a value converted
-// twice is not kept in fp32 registers in between: the 16-bit original stays, using half the registers.
 template <>
 struct Cvt<float> {
   static __device__ __forceinline__ float load(float v) { return v; }
-  static __device__ __forceinline__ float load_again(float v) { return v; }
   static __device__ __forceinline__ float store(float v) { return v; }
 };
 template <>
 struct Cvt<__half> {
   static __device__ __forceinline__ float load(__half v) { return __half2float(v); }
-  static __device__ __forceinline__ float load_again(__half v) {
-    float f;
-    asm volatile("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(__half_as_ushort(v)));
-    return f;
-  }
   static __device__ __forceinline__ __half store(float v) { return __float2half_rn(v); }
 };
 template <>
 struct Cvt<__nv_bfloat16> {
   static __device__ __forceinline__ float load(__nv_bfloat16 v) { return __bfloat162float(v); }
-  static __device__ __forceinline__ float load_again(__nv_bfloat16 v) {
-    unsigned u;
-    asm volatile("shl.b32 %0, %1, 16;" : "=r"(u) : "r"((unsigned)__bfloat16_as_ushort(v)));
-    return __uint_as_float(u);
-  }
   static __device__ __forceinline__ __nv_bfloat16 store(float v) { return __float2bfloat16_rn(v); }
 };
 
@@ -115,8 +102,21 @@ struct Words<__half> {
   }
 };
 
-// VEC elements at p + c0 as words: one 16-byte load when all are below lim, else element by element
-// (zeros past lim).
+// VEC elements from column c0: one 16-byte load when all are unmasked, else element by element.
+template <typename T, int VEC>
+__device__ __forceinline__ Pack<T, VEC> load_prefix(const T* p, int c0, int lim) {
+  Pack<T, VEC> out;
+  if (c0 + VEC <= lim) {
+    out = *reinterpret_cast<const Pack<T, VEC>*>(p + c0);
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out.v[j] = c0 + j < lim ? p[c0 + j] : Cvt<T>::store(0.f);
+  }
+  return out;
+}
+
+// The same VEC elements as words (for Words<T>). Written out rather than through load_prefix: that
+// changes the generated code (checked in PTX), and these kernels' speed was measured as they are.
 template <typename T, int VEC>
 __device__ __forceinline__ uint4 load_words(const T* p, int c0, int lim) {
   if (c0 + VEC <= lim) return *reinterpret_cast<const uint4*>(p + c0);
@@ -264,19 +264,6 @@ __device__ __forceinline__ int row_limit(int64_t row, int cols, int64_t tq, int6
   if (!causal) return cols;
   const int64_t l = (int64_t)((unsigned)row % (unsigned)tq) + diag + 1;
   return (int)(l < 0 ? 0 : (l < cols ? l : cols));
-}
-
-// VEC elements from column c0: one 16-byte load when all are unmasked, else element by element.
-template <typename T, int VEC>
-__device__ __forceinline__ Pack<T, VEC> load_prefix(const T* p, int c0, int lim) {
-  Pack<T, VEC> out;
-  if (c0 + VEC <= lim) {
-    out = *reinterpret_cast<const Pack<T, VEC>*>(p + c0);
-  } else {
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) out.v[j] = c0 + j < lim ? p[c0 + j] : Cvt<T>::store(0.f);
-  }
-  return out;
 }
 
 template <typename T, int VEC>
@@ -679,34 +666,33 @@ inline int ctas_for(int64_t cols, int threads, int items) {
   return (int)((cols + (int64_t)threads * items - 1) / ((int64_t)threads * items));
 }
 
+// One row per cluster of ceil(cols / (threads * items)) CTAs.
+template <typename Kernel, typename... KernelArgs>
+cudaError_t launch_cluster(Kernel kernel, const Args& a, int threads, int items, KernelArgs... args) {
+  const int n_ctas = ctas_for(a.cols, threads, items);
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = cluster_config(a, threads, n_ctas, attr);
+  cudaError_t err = allow_cluster(kernel, n_ctas);
+  if (err == cudaSuccess) err = cudaLaunchKernelEx(&cfg, kernel, args...);
+  return err;
+}
+
 template <typename T, int L, int ITEMS, bool MERGED, bool PACKED>
 cudaError_t launch_fwd_cluster(const Args& a) {
   constexpr int VEC = vec_of<T>();
   static_assert(ITEMS % VEC == 0, "bad cluster config");
-  const int n_ctas = ctas_for(a.cols, L, ITEMS);
-  cudaLaunchAttribute attr[1];
-  const cudaLaunchConfig_t cfg = cluster_config(a, L, n_ctas, attr);
-  auto kernel = fwd_register_kernel<T, VEC, ITEMS / VEC, L, 1, MERGED, PACKED && sizeof(T) == 2, true>;
-  cudaError_t err = allow_cluster(kernel, n_ctas);
-  if (err == cudaSuccess)
-    err = cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(a.a), static_cast<T*>(a.out), a.rows, (int)a.cols,
-                             a.stride, a.tq, a.diag, a.scale * kLog2e, a.causal);
-  return err;
+  return launch_cluster(fwd_register_kernel<T, VEC, ITEMS / VEC, L, 1, MERGED, PACKED && sizeof(T) == 2, true>, a,
+                        L, ITEMS, static_cast<const T*>(a.a), static_cast<T*>(a.out), a.rows, (int)a.cols, a.stride,
+                        a.tq, a.diag, a.scale * kLog2e, a.causal);
 }
 
 template <typename T, int L, int ITEMS, bool CAP>
 cudaError_t launch_bwd_cluster(const Args& a) {
   constexpr int VEC = vec_of<T>();
   static_assert(ITEMS % VEC == 0, "bad cluster config");
-  const int n_ctas = ctas_for(a.cols, L, ITEMS);
-  cudaLaunchAttribute attr[1];
-  const cudaLaunchConfig_t cfg = cluster_config(a, L, n_ctas, attr);
-  auto kernel = bwd_register_kernel<T, VEC, ITEMS / VEC, L, 1, true, CAP>;
-  cudaError_t err = allow_cluster(kernel, n_ctas);
-  if (err == cudaSuccess)
-    err = cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(a.a), static_cast<const T*>(a.b),
-                             static_cast<T*>(a.out), a.rows, (int)a.cols, a.stride, a.tq, a.diag, a.scale, a.causal);
-  return err;
+  return launch_cluster(bwd_register_kernel<T, VEC, ITEMS / VEC, L, 1, true, CAP>, a, L, ITEMS,
+                        static_cast<const T*>(a.a), static_cast<const T*>(a.b), static_cast<T*>(a.out), a.rows,
+                        (int)a.cols, a.stride, a.tq, a.diag, a.scale, a.causal);
 }
 
 template <typename T, int VEC>

@@ -49,32 +49,53 @@ Path choose_path(int64_t cols, bool aligned) {
   return Path::Stream;
 }
 
-#define REG_FWD(BN)                                                                  \
-  case BN:                                                                           \
-    if constexpr (BN >= vec_of<T>() && BN <= reg_max<T>())                           \
-      return launch_fwd_register<T, BN, fwd_items(BN), fwd_merged(BN), fwd_packed(BN)>(a); \
-    break;
-#define REG_BWD(BN)                                                                  \
-  case BN:                                                                           \
-    if constexpr (BN >= vec_of<T>() && BN <= reg_max<T>())                           \
-      return launch_bwd_register<T, BN, bwd_items(BN), bwd_cap(BN)>(a);              \
-    break;
-#define REG_CASES(X) X(4) X(8) X(16) X(32) X(64) X(128) X(256) X(512) X(1024) X(2048) X(4096) X(8192) X(16384)
+// The launches of one direction: register path with the table's settings for BLOCK_N, cluster, stream.
+template <typename T, bool BWD>
+struct Launch {
+  template <int BN>
+  static cudaError_t reg(const Args& a) {
+    if constexpr (BWD)
+      return launch_bwd_register<T, BN, bwd_items(BN), bwd_cap(BN)>(a);
+    else
+      return launch_fwd_register<T, BN, fwd_items(BN), fwd_merged(BN), fwd_packed(BN)>(a);
+  }
+  static cudaError_t cluster(const Args& a) {
+    if constexpr (BWD)
+      return launch_bwd_cluster<T, kClusterThreads, kClusterItems, kClusterCap>(a);
+    else
+      return launch_fwd_cluster<T, kClusterThreads, kClusterItems, kClusterMerged, kClusterPacked>(a);
+  }
+  template <int VEC>
+  static cudaError_t stream(const Args& a) {
+    if constexpr (BWD)
+      return launch_bwd_stream<T, VEC>(a);
+    else
+      return launch_fwd_stream<T, VEC>(a);
+  }
+};
 
-template <typename T>
-cudaError_t fwd_dispatch(const Args& a) {
+template <typename T, bool BWD>
+cudaError_t dispatch(const Args& a) {
+  using Go = Launch<T, BWD>;
   constexpr int VEC = vec_of<T>();
-  const bool aligned = is_aligned<T>(a, false);
+  const bool aligned = is_aligned<T>(a, BWD);
   switch (choose_path<T>(a.cols, aligned)) {
     case Path::Register:
       switch (next_pow2_at_least(a.cols, VEC)) {
-        REG_CASES(REG_FWD)
+#define REG_CASE(BN)                                          \
+  case BN:                                                    \
+    if constexpr (BN >= vec_of<T>() && BN <= reg_max<T>()) \
+      return Go::template reg<BN>(a);                         \
+    break;
+        REG_CASE(4) REG_CASE(8) REG_CASE(16) REG_CASE(32) REG_CASE(64) REG_CASE(128) REG_CASE(256)
+        REG_CASE(512) REG_CASE(1024) REG_CASE(2048) REG_CASE(4096) REG_CASE(8192) REG_CASE(16384)
+#undef REG_CASE
         default:
           break;
       }
       return cudaErrorInvalidConfiguration;
     case Path::Cluster: {
-      const cudaError_t err = launch_fwd_cluster<T, kClusterThreads, kClusterItems, kClusterMerged, kClusterPacked>(a);
+      const cudaError_t err = Go::cluster(a);
       if (err == cudaSuccess) return err;
       (void)cudaGetLastError();  // clear it: the stream path takes over (e.g. no non-portable clusters)
       break;
@@ -82,36 +103,8 @@ cudaError_t fwd_dispatch(const Args& a) {
     case Path::Stream:
       break;
   }
-  return aligned ? launch_fwd_stream<T, VEC>(a) : launch_fwd_stream<T, 1>(a);
+  return aligned ? Go::template stream<VEC>(a) : Go::template stream<1>(a);
 }
-
-template <typename T>
-cudaError_t bwd_dispatch(const Args& a) {
-  constexpr int VEC = vec_of<T>();
-  const bool aligned = is_aligned<T>(a, true);
-  switch (choose_path<T>(a.cols, aligned)) {
-    case Path::Register:
-      switch (next_pow2_at_least(a.cols, VEC)) {
-        REG_CASES(REG_BWD)
-        default:
-          break;
-      }
-      return cudaErrorInvalidConfiguration;
-    case Path::Cluster: {
-      const cudaError_t err = launch_bwd_cluster<T, kClusterThreads, kClusterItems, kClusterCap>(a);
-      if (err == cudaSuccess) return err;
-      (void)cudaGetLastError();
-      break;
-    }
-    case Path::Stream:
-      break;
-  }
-  return aligned ? launch_bwd_stream<T, VEC>(a) : launch_bwd_stream<T, 1>(a);
-}
-
-#undef REG_CASES
-#undef REG_BWD
-#undef REG_FWD
 
 }  // namespace
 
@@ -123,11 +116,11 @@ cudaError_t softmax_fwd(DType dtype, const void* x, void* y, int64_t rows, int64
   const Args a{x, nullptr, y, rows, cols, x_row_stride, tq < 1 ? 1 : tq, diag, scale, causal, stream};
   switch (dtype) {
     case DType::F32:
-      return fwd_dispatch<float>(a);
+      return dispatch<float, false>(a);
     case DType::F16:
-      return fwd_dispatch<__half>(a);
+      return dispatch<__half, false>(a);
     case DType::BF16:
-      return fwd_dispatch<__nv_bfloat16>(a);
+      return dispatch<__nv_bfloat16, false>(a);
   }
   return cudaErrorInvalidValue;
 }
@@ -140,11 +133,11 @@ cudaError_t softmax_bwd(DType dtype, const void* y, const void* dy, void* dx, in
   const Args a{y, dy, dx, rows, cols, dy_row_stride, tq < 1 ? 1 : tq, diag, scale, causal, stream};
   switch (dtype) {
     case DType::F32:
-      return bwd_dispatch<float>(a);
+      return dispatch<float, true>(a);
     case DType::F16:
-      return bwd_dispatch<__half>(a);
+      return dispatch<__half, true>(a);
     case DType::BF16:
-      return bwd_dispatch<__nv_bfloat16>(a);
+      return dispatch<__nv_bfloat16, true>(a);
   }
   return cudaErrorInvalidValue;
 }

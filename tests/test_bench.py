@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 
+import pytest
+
 import kernels
 from harness.bench import KernelRow, fill_ratios, run_kernel_bench
 
@@ -55,3 +57,26 @@ def test_sweep_candidates_cover_the_launch_tables():
     assert ts.plan(1024, 2, causal=True) in causal
     assert ts.plan(1024, 2, causal=True) != ts.plan(1024, 2)  # causal rows have their own entry
     assert any(p.zeros_first for p in causal) and any(not p.round_mask for p in causal)
+
+
+@pytest.mark.skipif("triton" not in kernels.runnable_methods(), reason="triton cannot run here")
+def test_triton_sweep_checks_every_candidate(monkeypatch, tmp_path):
+    """The sweep's plumbing at tiny sizes (on a CPU, Triton's interpreter; the timings mean nothing):
+    every candidate is checked forward and backward against the float64 references, and a wrong
+    candidate is marked wrong rather than timed as a winner."""
+    import harness.bench as bench
+    from kernels.methods import triton_softmax as ts
+
+    good = {128: [ts.Plan(False, 128, 4, 1)], 16: [ts.Plan(False, 16, 2, 1, round_mask=False)]}
+
+    def candidates(n, causal=False):
+        bad = ts.Plan(False, good[n][0].block_n // 2, 2, 1)  # half the row: a wrong softmax
+        return good[n] + [bad]
+
+    monkeypatch.setattr(bench, "triton_candidates", candidates)
+    rows = bench.run_triton_sweep([128], 128 * 8, "bf16", tmp_path, (1, 2, 16, 16))
+    assert [(r["n"], r["causal"]) for r in rows] == [(128, False), (128, False), (16, True), (16, True)]
+    for good_row, bad_row in (rows[0:2], rows[2:4]):
+        assert good_row["fwd_ok"] and good_row["bwd_ok"] and good_row["fwd_gbs"] > 0
+        assert "error" in bad_row or not (bad_row["fwd_ok"] and bad_row["bwd_ok"])
+    assert (tmp_path / "triton_sweep.json").exists()
