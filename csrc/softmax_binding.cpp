@@ -50,6 +50,13 @@ at::Tensor as_rows(const at::Tensor& t) {
   return t.contiguous().view({-1, cols});
 }
 
+// Scratch for the launch (the split path's counters and partials), from PyTorch's caching allocator
+// on the current stream; empty when the launch needs none.
+at::Tensor workspace_for(const at::Tensor& like, DType dt, bool backward, int64_t rows, int64_t cols) {
+  const int64_t bytes = softmax_harness::softmax_workspace_bytes(dt, backward, rows, cols);
+  return at::empty({bytes}, like.options().dtype(at::kByte));
+}
+
 void causal_geometry(const at::Tensor& t, bool causal, int64_t* tq, int64_t* diag) {
   *tq = causal ? t.size(-2) : 1;
   *diag = causal ? t.size(-1) - t.size(-2) : 0;
@@ -63,9 +70,11 @@ at::Tensor softmax_fwd(const at::Tensor& x, double scale, bool causal) {
   at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   int64_t tq, diag;
   causal_geometry(x, causal, &tq, &diag);
+  at::Tensor ws = workspace_for(x, dt, false, x2.size(0), x2.size(1));
   const cudaError_t err = softmax_harness::softmax_fwd(
       dt, x2.data_ptr(), y.data_ptr(), x2.size(0), x2.size(1), x2.size(0) > 1 ? x2.stride(0) : x2.size(1),
-      tq, diag, static_cast<float>(scale), causal, c10::cuda::getCurrentCUDAStream());
+      tq, diag, static_cast<float>(scale), causal, ws.numel() ? ws.data_ptr() : nullptr,
+      c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "cuda softmax forward launch failed: ", cudaGetErrorString(err));
   return y;
 }
@@ -84,16 +93,17 @@ at::Tensor softmax_bwd(const at::Tensor& y, const at::Tensor& dy, double scale, 
   at::Tensor dx = at::empty(y.sizes(), y.options().memory_format(at::MemoryFormat::Contiguous));
   int64_t tq, diag;
   causal_geometry(y, causal, &tq, &diag);
+  at::Tensor ws = workspace_for(y, dt, true, y2.size(0), y2.size(1));
   const cudaError_t err = softmax_harness::softmax_bwd(
       dt, y2.data_ptr(), dy2.data_ptr(), dx.data_ptr(), y2.size(0), y2.size(1),
       dy2.size(0) > 1 ? dy2.stride(0) : dy2.size(1), tq, diag, static_cast<float>(scale), causal,
-      c10::cuda::getCurrentCUDAStream());
+      ws.numel() ? ws.data_ptr() : nullptr, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "cuda softmax backward launch failed: ", cudaGetErrorString(err));
   return dx;
 }
 
-std::string softmax_path(int64_t dtype, bool backward, int64_t cols, bool aligned) {
-  return softmax_harness::softmax_path(static_cast<DType>(dtype), backward, cols, aligned);
+std::string softmax_path(int64_t dtype, bool backward, int64_t rows, int64_t cols, bool aligned) {
+  return softmax_harness::softmax_path(static_cast<DType>(dtype), backward, rows, cols, aligned);
 }
 
 }  // namespace
@@ -103,7 +113,7 @@ TORCH_LIBRARY(softmax_harness_cuda, m) {
   m.set_python_module("kernels.methods.cuda_softmax");
   m.def("softmax_fwd(Tensor x, float scale, bool causal) -> Tensor");
   m.def("softmax_bwd(Tensor y, Tensor dy, float scale, bool causal) -> Tensor");
-  m.def("softmax_path(int dtype, bool backward, int cols, bool aligned) -> str", &softmax_path);
+  m.def("softmax_path(int dtype, bool backward, int rows, int cols, bool aligned) -> str", &softmax_path);
 }
 
 TORCH_LIBRARY_IMPL(softmax_harness_cuda, CUDA, m) {

@@ -9,9 +9,21 @@
 //    reduces the row max, then exponentiates once per element and reduces the sum (two reductions);
 //    MERGED = true exponentiates against each thread's own max and merges (max, sum) pairs in one
 //    reduction (online-softmax merge), rescaling each element once at the end.
-//  * cluster: the register kernel with CLUSTER = true: a long row is split over a thread-block cluster
+//  * cluster: the register kernel with SPAN = kCluster: a long row is split over a thread-block cluster
 //    (Hopper, up to 16 CTAs); each CTA keeps its slice in registers and the CTAs combine their partials
 //    through distributed shared memory. Still one pass over memory each way.
+//  * split: the register kernel with SPAN = kSplit: a long row is split over ordinary blocks, one slice
+//    each, that combine their partials through global memory: each block publishes its slice's partial,
+//    counts itself in the row's arrival counter (release) and waits until every slice of the row has
+//    arrived (acquire). Blocks take their slice from a ticket counter, so the slices of a row start in
+//    ticket order and a waiting block only ever waits for blocks already running: no deadlock while a
+//    row's slices fit on the GPU at once (the host caps them at kMaxSplits). No cluster-scheduling
+//    constraints, several blocks per SM; one pass over memory each way.
+//  * persist: a block per SM loops over rows (one row at a time, L threads); each thread prefetches
+//    its own 16-byte vectors of the next B rows into shared memory with cp.async (B buffers), so the
+//    loads of later rows are in flight while this row is reduced and written: one long row per SM no
+//    longer leaves the memory system idle between rows. A thread reads back only what it copied: no
+//    barrier for the staging.
 //  * stream: rows of any length (no cap) and unaligned rows: a block per row, two passes over global
 //    memory, the second walking backwards so the chunks read last (still in L2) come first.
 // Register and cluster paths need 16-byte alignment (cols and the row stride multiples of the vector
@@ -33,6 +45,18 @@ namespace detail {
 namespace cg = cooperative_groups;
 
 constexpr float kLog2e = 1.4426950408889634f;
+
+// How a row maps onto blocks: inside one block (several rows per block when short), over a cluster,
+// or split over ordinary blocks that meet in global memory.
+enum Span : int { kBlock = 0, kCluster = 1, kSplit = 2 };
+
+// Workspace of the split path (zeroed counters before each launch): cnt[0] is the ticket counter,
+// cnt[1 + row] the row's arrival counter; stats holds the row's `splits` partials.
+struct SplitWs {
+  unsigned* cnt;
+  float2* stats;
+  int splits;
+};
 constexpr int kStreamThreads = 512;
 
 template <typename T>
@@ -255,6 +279,63 @@ __device__ __forceinline__ float cluster_sum(float v, float* slot) {
   return total;
 }
 
+// Split path: thread 0 publishes the block's partial, arrives (release) and waits for the row's other
+// slices (acquire); after a barrier warp 0 merges the row's partials (read from L2) and broadcasts.
+// Every block of the row merges them in the same order: bit-identical statistics.
+__device__ __forceinline__ void split_arrive_and_wait(const SplitWs& ws, int64_t row) {
+  unsigned* c = ws.cnt + 1 + row;
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(c) : "memory");
+  unsigned v;
+  do {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(c) : "memory");
+  } while (v < (unsigned)ws.splits);
+}
+
+__device__ __forceinline__ void split_stats(float& m, float& s, const SplitWs& ws, int64_t row, int part,
+                                            float2* bcast) {
+  float2* mine = ws.stats + row * ws.splits;
+  if (threadIdx.x == 0) {
+    mine[part] = make_float2(m, s);
+    split_arrive_and_wait(ws, row);
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float cm = -INFINITY, cs = 0.f;
+    for (int k = threadIdx.x; k < ws.splits; k += 32) {
+      const float2 o = __ldcg(mine + k);
+      merge_stats(cm, cs, o.x, o.y);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float mo = __shfl_xor_sync(0xffffffffu, cm, o);
+      const float so = __shfl_xor_sync(0xffffffffu, cs, o);
+      merge_stats(cm, cs, mo, so);
+    }
+    if (threadIdx.x == 0) *bcast = make_float2(cm, cs);
+  }
+  __syncthreads();
+  m = bcast->x;
+  s = bcast->y;
+}
+
+__device__ __forceinline__ float split_sum(float v, const SplitWs& ws, int64_t row, int part, float* bcast) {
+  float* mine = reinterpret_cast<float*>(ws.stats) + row * ws.splits;
+  if (threadIdx.x == 0) {
+    mine[part] = v;
+    split_arrive_and_wait(ws, row);
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float t = 0.f;
+    for (int k = threadIdx.x; k < ws.splits; k += 32) t += __ldcg(mine + k);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+    if (threadIdx.x == 0) *bcast = t;
+  }
+  __syncthreads();
+  return *bcast;
+}
+
 // ---------------------------------------------------------------------------------------------
 // indexing helpers
 // ---------------------------------------------------------------------------------------------
@@ -279,13 +360,22 @@ __device__ __forceinline__ void store_row(T* p, int c0, int cols, const Pack<T, 
 
 // Which row, and which slice of it, this thread works on. Register path: ROWS rows per block, L
 // threads per row, the whole row. Cluster path: one row per cluster; CTA r of the cluster takes the
-// columns [r * SLICE, (r + 1) * SLICE).
-template <int L, int ROWS, int SLICE, bool CLUSTER>
-__device__ __forceinline__ void locate(int64_t& row, int& base) {
-  if constexpr (CLUSTER) {
+// columns [r * SLICE, (r + 1) * SLICE). Split path: the same slices, by ticket (see the top).
+template <int L, int ROWS, int SLICE, int SPAN>
+__device__ __forceinline__ void locate(int64_t& row, int& base, int& part, const SplitWs& ws) {
+  part = 0;
+  if constexpr (SPAN == kCluster) {
     const unsigned n = cg::this_cluster().num_blocks();
     row = blockIdx.x / n;
-    base = (int)(blockIdx.x % n) * SLICE;
+    part = (int)(blockIdx.x % n);
+    base = part * SLICE;
+  } else if constexpr (SPAN == kSplit) {
+    __shared__ unsigned ticket;
+    if (threadIdx.x == 0) ticket = atomicAdd(ws.cnt, 1u);
+    __syncthreads();
+    row = ticket / (unsigned)ws.splits;
+    part = (int)(ticket % (unsigned)ws.splits);
+    base = part * SLICE;
   } else {
     row = (int64_t)blockIdx.x * ROWS + threadIdx.x / L;
     base = 0;
@@ -335,19 +425,21 @@ __device__ __forceinline__ float exp_in_place(float* v, int first, int lim, floa
 // PACKED (16-bit types): the row stays in registers as loaded (packed words, half the registers) and
 // each kept element's exponential is computed twice, for the sum and for the output, instead of
 // keeping fp32 exponentials: more SFU work (2 ex2 per element), fewer registers, more blocks per SM.
-template <typename T, int VEC, int NV, int L, int ROWS, bool MERGED, bool PACKED, bool CLUSTER>
+template <typename T, int VEC, int NV, int L, int ROWS, bool MERGED, bool PACKED, int SPAN>
 __global__ void __launch_bounds__(L* ROWS, min_blocks(L * ROWS, PACKED ? NV * 4 : NV * VEC, NV, PACKED))
     fwd_register_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int cols,
-                        int64_t x_stride, int64_t tq, int64_t diag, float c, bool causal) {
+                        int64_t x_stride, int64_t tq, int64_t diag, float c, bool causal, SplitWs ws) {
   constexpr int ITEMS = NV * VEC;
+  constexpr bool CLUSTER = SPAN == kCluster, SPLIT = SPAN == kSplit;
+  static_assert(!SPLIT || MERGED, "the split path merges (max, sum) in one exchange");
   __shared__ float2 red_stats[MERGED && L > 32 ? 32 : 1];
   __shared__ float red_max[!MERGED && L > 32 ? 32 : 1], red_sum[!MERGED && L > 32 ? 32 : 1];
   __shared__ float2 slot_stats;
   __shared__ float slot_max, slot_sum;
   const int lane = threadIdx.x % L;
   int64_t row;
-  int base;
-  locate<L, ROWS, L * ITEMS, CLUSTER>(row, base);
+  int base, part;
+  locate<L, ROWS, L * ITEMS, SPAN>(row, base, part, ws);
   const bool row_ok = row < rows;
   const int lim = row_ok ? row_limit(row, cols, tq, diag, causal) : 0;
   const T* xr = x + (row_ok ? row : 0) * x_stride;
@@ -410,6 +502,7 @@ __global__ void __launch_bounds__(L* ROWS, min_blocks(L * ROWS, PACKED ? NV * 4 
       cluster_stats(M, S, &slot_stats);
       cluster_done_reading();
     }
+    if constexpr (SPLIT) split_stats(M, S, ws, row, part, &slot_stats);
     const float Mref = M == -INFINITY ? 0.f : M;
     f = fast_exp2(ref - Mref) / (S == 0.f ? 1.f : S);  // NaN stays NaN
   } else {
@@ -425,7 +518,7 @@ __global__ void __launch_bounds__(L* ROWS, min_blocks(L * ROWS, PACKED ? NV * 4 
     }
     f = 1.f / (S == 0.f ? 1.f : S);  // NaN stays NaN
   }
-  if (row_ok) {  // (always, on the cluster path: its grid is rows x CTAs)
+  if (row_ok) {  // (always, on the cluster and split paths: their grid is rows x slices)
     T* yr = y + row * cols;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
@@ -448,17 +541,18 @@ __global__ void __launch_bounds__(L* ROWS, min_blocks(L * ROWS, PACKED ? NV * 4 
 
 // y and dy stay in registers as loaded (packed words) and are converted where they are used.
 // CAP: ask ptxas for min_blocks() blocks per SM (fewer registers, possibly spills), else one.
-template <typename T, int VEC, int NV, int L, int ROWS, bool CLUSTER, bool CAP>
+template <typename T, int VEC, int NV, int L, int ROWS, int SPAN, bool CAP>
 __global__ void __launch_bounds__(L* ROWS, CAP ? min_blocks(L * ROWS, NV * 8, NV, true) : 1)
     bwd_register_kernel(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx,
                         int64_t rows, int cols, int64_t dy_stride, int64_t tq, int64_t diag,
-                        float scale, bool causal) {
+                        float scale, bool causal, SplitWs ws) {
+  constexpr bool CLUSTER = SPAN == kCluster, SPLIT = SPAN == kSplit;
   __shared__ float red[L > 32 ? 32 : 1];
   __shared__ float slot;
   const int lane = threadIdx.x % L;
   int64_t row;
-  int base;
-  locate<L, ROWS, L * NV * VEC, CLUSTER>(row, base);
+  int base, part;
+  locate<L, ROWS, L * NV * VEC, SPAN>(row, base, part, ws);
   const bool row_ok = row < rows;
   const int lim = row_ok ? row_limit(row, cols, tq, diag, causal) : 0;
   const T* yr = y + (row_ok ? row : 0) * cols;
@@ -480,6 +574,7 @@ __global__ void __launch_bounds__(L* ROWS, CAP ? min_blocks(L * ROWS, NV * 8, NV
     dot = cluster_sum(dot, &slot);
     cluster_done_reading();
   }
+  if constexpr (SPLIT) dot = split_sum(dot, ws, row, part, &slot);
   if (row_ok) {
     T* xr = dx + row * cols;
 #pragma unroll
@@ -496,6 +591,159 @@ __global__ void __launch_bounds__(L* ROWS, CAP ? min_blocks(L * ROWS, NV * 8, NV
     }
   }
   if constexpr (CLUSTER) cluster_wait();
+}
+
+// ---------------------------------------------------------------------------------------------
+// persistent path (see the top): rows blockIdx.x, + gridDim.x, ...; B shared-memory buffers of one
+// row's vectors each ([B][NV][L] x 16 bytes, dynamic shared memory)
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ void cp_async16(uint4* dst, const void* src, bool read) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(read ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
+}
+
+// This thread's vectors of row r (those holding unmasked columns; the rest zero-filled, not read)
+// into buffer `buf`, as one commit group (empty past the last row, so every iteration commits one).
+template <typename T, int VEC, int NV, int L>
+__device__ __forceinline__ void prefetch_row(uint4* buf, const T* base, int64_t r, int64_t rows, int cols,
+                                             int64_t stride, int64_t tq, int64_t diag, bool causal) {
+  if (r < rows) {
+    const int lim = row_limit(r, cols, tq, diag, causal);
+    const T* xr = base + r * stride;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int c0 = (threadIdx.x + i * L) * VEC;
+      if (c0 < cols) cp_async16(buf + i * L + threadIdx.x, xr + c0, c0 < lim);
+    }
+  }
+  cp_async_commit();
+}
+
+template <typename T, int VEC, int NV, int L, int B>
+__global__ void __launch_bounds__(L, 1)
+    fwd_persist_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int cols, int64_t x_stride,
+                       int64_t tq, int64_t diag, float c, bool causal) {
+  extern __shared__ uint4 stage[];
+  __shared__ float red_max[2][L / 32], red_sum[2][L / 32];  // alternate rows: no barrier for reuse
+  static_assert(L % 32 == 0 && L >= 64, "one row per block of whole warps");
+  const int64_t step = gridDim.x;
+  int64_t r = blockIdx.x;
+#pragma unroll
+  for (int b = 0; b < B; ++b)
+    prefetch_row<T, VEC, NV, L>(stage + b * NV * L, x, r + b * step, rows, cols, x_stride, tq, diag, causal);
+  for (int k = 0; r < rows; r += step, ++k) {
+    uint4* buf = stage + (k % B) * NV * L;
+    cp_async_wait<B - 1>();  // this row's group (B groups were in flight)
+    uint4 w[NV];
+#pragma unroll
+    for (int i = 0; i < NV; ++i) w[i] = buf[i * L + threadIdx.x];
+    prefetch_row<T, VEC, NV, L>(buf, x, r + B * step, rows, cols, x_stride, tq, diag, causal);
+    const int lim = row_limit(r, cols, tq, diag, causal);
+    float v[NV * VEC];
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int c0 = (threadIdx.x + i * L) * VEC;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        v[i * VEC + j] = Words<T>::get(w[i], j);
+        if (c0 + j < lim) m = fmaxf(m, v[i * VEC + j] * c);
+      }
+    }
+    m = row_max<L>(m, red_max[k & 1]);
+    const float ref = m == -INFINITY ? 0.f : m;
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int c0 = (threadIdx.x + i * L) * VEC;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float e = c0 + j < lim ? fast_exp2(fmaf(v[i * VEC + j], c, -ref)) : 0.f;
+        v[i * VEC + j] = e;
+        s += e;
+      }
+    }
+    s = row_sum<L>(s, red_sum[k & 1]);
+    const float f = 1.f / (s == 0.f ? 1.f : s);  // NaN stays NaN
+    T* yr = y + r * cols;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int c0 = (threadIdx.x + i * L) * VEC;
+      if (c0 >= cols) continue;  // cols is a multiple of VEC on this path
+      Pack<T, VEC> o;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) o.v[j] = Cvt<T>::store(v[i * VEC + j] * f);
+      *reinterpret_cast<Pack<T, VEC>*>(yr + c0) = o;
+    }
+  }
+  cp_async_wait<0>();  // nothing left in flight at exit
+}
+
+template <typename T, int VEC, int NV, int L, int B>
+__global__ void __launch_bounds__(L, 1)
+    bwd_persist_kernel(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, int64_t rows,
+                       int cols, int64_t dy_stride, int64_t tq, int64_t diag, float scale, bool causal) {
+  extern __shared__ uint4 stage[];  // [B][2: y, dy][NV][L]
+  __shared__ float red[2][L / 32];
+  static_assert(L % 32 == 0 && L >= 64, "one row per block of whole warps");
+  const int64_t step = gridDim.x;
+  int64_t r = blockIdx.x;
+  auto prefetch = [&](uint4* buf, int64_t rr) {
+    if (rr < rows) {
+      const int lim = row_limit(rr, cols, tq, diag, causal);
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int c0 = (threadIdx.x + i * L) * VEC;
+        if (c0 < cols) {
+          cp_async16(buf + i * L + threadIdx.x, y + rr * cols + c0, c0 < lim);
+          cp_async16(buf + (NV + i) * L + threadIdx.x, dy + rr * dy_stride + c0, c0 < lim);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int b = 0; b < B; ++b) prefetch(stage + b * 2 * NV * L, r + b * step);
+  for (int k = 0; r < rows; r += step, ++k) {
+    uint4* buf = stage + (k % B) * 2 * NV * L;
+    cp_async_wait<B - 1>();
+    uint4 ya[NV], ga[NV];
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      ya[i] = buf[i * L + threadIdx.x];
+      ga[i] = buf[(NV + i) * L + threadIdx.x];
+    }
+    prefetch(buf, r + B * step);
+    const int lim = row_limit(r, cols, tq, diag, causal);
+    float dot = 0.f;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int c0 = (threadIdx.x + i * L) * VEC;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j)
+        if (c0 + j < lim) dot += Words<T>::get(ya[i], j) * Words<T>::get(ga[i], j);
+    }
+    dot = row_sum<L>(dot, red[k & 1]);
+    T* xr = dx + r * cols;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int c0 = (threadIdx.x + i * L) * VEC;
+      if (c0 >= cols) continue;
+      Pack<T, VEC> o;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float yy = Words<T>::get_again(ya[i], j);
+        o.v[j] = Cvt<T>::store(c0 + j < lim ? scale * yy * (Words<T>::get_again(ga[i], j) - dot) : 0.f);
+      }
+      *reinterpret_cast<Pack<T, VEC>*>(xr + c0) = o;
+    }
+  }
+  cp_async_wait<0>();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -603,6 +851,7 @@ struct Args {
   float scale;
   bool causal;
   cudaStream_t stream;
+  void* workspace;  // split path only: split_workspace_bytes() bytes
 };
 
 // Register-path shape for rows of up to BLOCK_N columns with about ITEMS_WANT elements per thread
@@ -623,10 +872,10 @@ template <typename T, int BLOCK_N, int ITEMS_WANT, bool MERGED, bool PACKED>
 cudaError_t launch_fwd_register(const Args& a) {
   using C = RegShape<T, BLOCK_N, ITEMS_WANT>;
   const int64_t blocks = (a.rows + C::ROWS - 1) / C::ROWS;
-  fwd_register_kernel<T, C::VEC, C::NV, C::L, C::ROWS, MERGED, PACKED && sizeof(T) == 2, false>
+  fwd_register_kernel<T, C::VEC, C::NV, C::L, C::ROWS, MERGED, PACKED && sizeof(T) == 2, kBlock>
       <<<(unsigned)blocks, C::L * C::ROWS, 0, a.stream>>>(static_cast<const T*>(a.a), static_cast<T*>(a.out),
                                                          a.rows, (int)a.cols, a.stride, a.tq, a.diag,
-                                                         a.scale * kLog2e, a.causal);
+                                                         a.scale * kLog2e, a.causal, SplitWs{});
   return cudaGetLastError();
 }
 
@@ -634,9 +883,9 @@ template <typename T, int BLOCK_N, int ITEMS_WANT, bool CAP>
 cudaError_t launch_bwd_register(const Args& a) {
   using C = RegShape<T, BLOCK_N, ITEMS_WANT>;
   const int64_t blocks = (a.rows + C::ROWS - 1) / C::ROWS;
-  bwd_register_kernel<T, C::VEC, C::NV, C::L, C::ROWS, false, CAP><<<(unsigned)blocks, C::L * C::ROWS, 0, a.stream>>>(
+  bwd_register_kernel<T, C::VEC, C::NV, C::L, C::ROWS, kBlock, CAP><<<(unsigned)blocks, C::L * C::ROWS, 0, a.stream>>>(
       static_cast<const T*>(a.a), static_cast<const T*>(a.b), static_cast<T*>(a.out), a.rows, (int)a.cols,
-      a.stride, a.tq, a.diag, a.scale, a.causal);
+      a.stride, a.tq, a.diag, a.scale, a.causal, SplitWs{});
   return cudaGetLastError();
 }
 
@@ -681,18 +930,113 @@ template <typename T, int L, int ITEMS, bool MERGED, bool PACKED>
 cudaError_t launch_fwd_cluster(const Args& a) {
   constexpr int VEC = vec_of<T>();
   static_assert(ITEMS % VEC == 0, "bad cluster config");
-  return launch_cluster(fwd_register_kernel<T, VEC, ITEMS / VEC, L, 1, MERGED, PACKED && sizeof(T) == 2, true>, a,
-                        L, ITEMS, static_cast<const T*>(a.a), static_cast<T*>(a.out), a.rows, (int)a.cols, a.stride,
-                        a.tq, a.diag, a.scale * kLog2e, a.causal);
+  return launch_cluster(fwd_register_kernel<T, VEC, ITEMS / VEC, L, 1, MERGED, PACKED && sizeof(T) == 2, kCluster>,
+                        a, L, ITEMS, static_cast<const T*>(a.a), static_cast<T*>(a.out), a.rows, (int)a.cols,
+                        a.stride, a.tq, a.diag, a.scale * kLog2e, a.causal, SplitWs{});
 }
 
 template <typename T, int L, int ITEMS, bool CAP>
 cudaError_t launch_bwd_cluster(const Args& a) {
   constexpr int VEC = vec_of<T>();
   static_assert(ITEMS % VEC == 0, "bad cluster config");
-  return launch_cluster(bwd_register_kernel<T, VEC, ITEMS / VEC, L, 1, true, CAP>, a, L, ITEMS,
+  return launch_cluster(bwd_register_kernel<T, VEC, ITEMS / VEC, L, 1, kCluster, CAP>, a, L, ITEMS,
                         static_cast<const T*>(a.a), static_cast<const T*>(a.b), static_cast<T*>(a.out), a.rows,
-                        (int)a.cols, a.stride, a.tq, a.diag, a.scale, a.causal);
+                        (int)a.cols, a.stride, a.tq, a.diag, a.scale, a.causal, SplitWs{});
+}
+
+// Split path: rows of up to kMaxSplits slices of L threads x ITEMS elements; the workspace holds the
+// counters (zeroed here, on the stream) and the partials.
+constexpr int kMaxSplits = 128;
+
+inline int64_t split_counter_bytes(int64_t rows) { return ((rows + 1) * 4 + 15) / 16 * 16; }
+
+inline int64_t split_workspace_bytes(int64_t rows, int64_t cols, int threads, int items) {
+  return split_counter_bytes(rows) + rows * ctas_for(cols, threads, items) * (int64_t)sizeof(float2);
+}
+
+inline bool split_fits(int64_t rows, int64_t cols, int threads, int items) {
+  const int64_t n = ctas_for(cols, threads, items);
+  return n >= 1 && n <= kMaxSplits && rows * n < 0x7fffffff;
+}
+
+template <typename Kernel, typename... KernelArgs>
+cudaError_t launch_split(Kernel kernel, const Args& a, int threads, int items, KernelArgs... args) {
+  if (!split_fits(a.rows, a.cols, threads, items) || a.workspace == nullptr) return cudaErrorInvalidValue;
+  const int splits = ctas_for(a.cols, threads, items);
+  char* ws = static_cast<char*>(a.workspace);
+  cudaError_t err = cudaMemsetAsync(ws, 0, (size_t)split_counter_bytes(a.rows), a.stream);
+  if (err != cudaSuccess) return err;
+  const SplitWs w{reinterpret_cast<unsigned*>(ws), reinterpret_cast<float2*>(ws + split_counter_bytes(a.rows)), splits};
+  kernel<<<(unsigned)(a.rows * splits), threads, 0, a.stream>>>(args..., w);
+  return cudaGetLastError();
+}
+
+template <typename T, int L, int ITEMS, bool PACKED>
+cudaError_t launch_fwd_split(const Args& a) {
+  constexpr int VEC = vec_of<T>();
+  static_assert(ITEMS % VEC == 0, "bad split config");
+  return launch_split(fwd_register_kernel<T, VEC, ITEMS / VEC, L, 1, true, PACKED && sizeof(T) == 2, kSplit>, a, L,
+                      ITEMS, static_cast<const T*>(a.a), static_cast<T*>(a.out), a.rows, (int)a.cols, a.stride,
+                      a.tq, a.diag, a.scale * kLog2e, a.causal);
+}
+
+template <typename T, int L, int ITEMS, bool CAP>
+cudaError_t launch_bwd_split(const Args& a) {
+  constexpr int VEC = vec_of<T>();
+  static_assert(ITEMS % VEC == 0, "bad split config");
+  return launch_split(bwd_register_kernel<T, VEC, ITEMS / VEC, L, 1, kSplit, CAP>, a, L, ITEMS,
+                      static_cast<const T*>(a.a), static_cast<const T*>(a.b), static_cast<T*>(a.out), a.rows,
+                      (int)a.cols, a.stride, a.tq, a.diag, a.scale, a.causal);
+}
+
+// Persistent path: rows of up to L * ITEMS columns, B row buffers of shared memory, one block per SM
+// (or fewer blocks than SMs when there are fewer rows).
+template <typename Kernel>
+cudaError_t persist_grid(Kernel kernel, int threads, size_t smem, int64_t rows, int* grid) {
+  int dev = 0, sms = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (err == cudaSuccess && smem > 48 * 1024)
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  int per_sm = 0;
+  if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: clear it, so the caller's next CUDA call does not report it
+    return err;
+  }
+  if (per_sm < 1) return cudaErrorInvalidConfiguration;
+  *grid = (int)(rows < (int64_t)sms * per_sm ? rows : (int64_t)sms * per_sm);
+  return cudaSuccess;
+}
+
+template <typename T, int L, int ITEMS, int B>
+cudaError_t launch_fwd_persist(const Args& a) {
+  constexpr int VEC = vec_of<T>(), NV = ITEMS / VEC;
+  static_assert(ITEMS % VEC == 0, "bad persist config");
+  if (a.cols > (int64_t)L * ITEMS) return cudaErrorInvalidValue;
+  auto kernel = fwd_persist_kernel<T, VEC, NV, L, B>;
+  const size_t smem = (size_t)B * NV * L * 16;
+  int grid = 0;
+  cudaError_t err = persist_grid(kernel, L, smem, a.rows, &grid);
+  if (err != cudaSuccess) return err;
+  kernel<<<grid, L, smem, a.stream>>>(static_cast<const T*>(a.a), static_cast<T*>(a.out), a.rows, (int)a.cols,
+                                      a.stride, a.tq, a.diag, a.scale * kLog2e, a.causal);
+  return cudaGetLastError();
+}
+
+template <typename T, int L, int ITEMS, int B>
+cudaError_t launch_bwd_persist(const Args& a) {
+  constexpr int VEC = vec_of<T>(), NV = ITEMS / VEC;
+  static_assert(ITEMS % VEC == 0, "bad persist config");
+  if (a.cols > (int64_t)L * ITEMS) return cudaErrorInvalidValue;
+  auto kernel = bwd_persist_kernel<T, VEC, NV, L, B>;
+  const size_t smem = (size_t)B * 2 * NV * L * 16;
+  int grid = 0;
+  cudaError_t err = persist_grid(kernel, L, smem, a.rows, &grid);
+  if (err != cudaSuccess) return err;
+  kernel<<<grid, L, smem, a.stream>>>(static_cast<const T*>(a.a), static_cast<const T*>(a.b), static_cast<T*>(a.out),
+                                      a.rows, (int)a.cols, a.stride, a.tq, a.diag, a.scale, a.causal);
+  return cudaGetLastError();
 }
 
 template <typename T, int VEC>

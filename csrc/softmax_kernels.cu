@@ -4,8 +4,12 @@
 //
 // Path by row length (N) and alignment:
 //  * register (N <= reg_max): the row in registers, ITEMS elements per thread from the table below;
-//  * cluster (N <= 16 CTAs x slice): long rows split over a Hopper thread-block cluster;
+//  * persist (N <= persist_max): a block per SM loops over rows, the next rows prefetched into shared
+//    memory (cp.async) while this one is reduced in registers;
+//  * split (N <= kMaxSplits slices): long rows split over ordinary blocks that combine their partials
+//    through global memory (needs the caller's workspace, softmax_workspace_bytes());
 //  * stream: anything longer, and every unaligned row (two passes over global memory).
+// (The cluster path of softmax_device.cuh is only in the tuning sweep: the split path replaced it.)
 // Bytes: forward reads x once (its prefix, when causal) and writes y; backward reads y and dy (prefix)
 // and writes dx into a fresh buffer (never into dy).
 #include "softmax_kernels.h"
@@ -28,24 +32,40 @@ constexpr bool fwd_packed(int) { return false; }  // 16-bit rows kept packed, ex
 constexpr int bwd_items(int block_n) { return block_n <= 8192 ? 8 : 32; }
 constexpr bool bwd_cap(int block_n) { return block_n >= 16384; }  // registers capped (see min_blocks)
 
-// Longest rows one block keeps in registers, by element size (32 KB of 16-bit or 32-bit values).
+// Longest rows one block keeps in registers, by element size (16 KB of 16-bit or 32-bit values).
 template <typename T>
 constexpr int reg_max() {
-  return sizeof(T) == 2 ? 16384 : 8192;
+  return sizeof(T) == 2 ? 8192 : 4096;
 }
-// Cluster path: CTAs of kClusterThreads threads x kClusterItems elements, up to kMaxCluster of them
-// (more than 8 is a non-portable cluster size, which Hopper allows); forward with the merged reduction
-// and packed rows, backward with capped registers.
-constexpr int kClusterThreads = 512, kClusterItems = 32, kMaxCluster = 16;
-constexpr bool kClusterMerged = true, kClusterPacked = true, kClusterCap = true;
-
-enum class Path { Register, Cluster, Stream };
-
+// Persistent path: rows of up to persist_max columns (64 KB). Forward: 32 elements per thread, two row
+// buffers of shared memory where they fit in kPersistSmem, else one; backward: 1024 threads, one
+// buffer (y and dy of the next row).
 template <typename T>
-Path choose_path(int64_t cols, bool aligned) {
+constexpr int persist_max() {
+  return sizeof(T) == 2 ? 32768 : 16384;
+}
+constexpr size_t kPersistSmem = 200 * 1024;
+template <typename T, int BN>
+constexpr int persist_buffers() {
+  return kPersistSmem / ((size_t)BN * sizeof(T)) >= 2 ? 2 : 1;
+}
+
+// Split path: slices of threads x items elements, up to kMaxSplits of them per row. Forward: 256 x 32,
+// the row kept packed, (max, sum) merged once per row; backward: 512 x 8 with capped registers.
+template <bool BWD>
+struct SplitShape {
+  static constexpr int threads = BWD ? 512 : 256, items = BWD ? 8 : 32;
+};
+constexpr bool kSplitPacked = true, kSplitCap = true;
+
+enum class Path { Register, Persist, Split, Stream };
+
+template <typename T, bool BWD>
+Path choose_path(int64_t rows, int64_t cols, bool aligned) {
   if (!aligned) return Path::Stream;
   if (cols <= reg_max<T>()) return Path::Register;
-  if (cols <= (int64_t)kMaxCluster * kClusterThreads * kClusterItems) return Path::Cluster;
+  if (cols <= persist_max<T>()) return Path::Persist;
+  if (split_fits(rows, cols, SplitShape<BWD>::threads, SplitShape<BWD>::items)) return Path::Split;
   return Path::Stream;
 }
 
@@ -59,11 +79,18 @@ struct Launch {
     else
       return launch_fwd_register<T, BN, fwd_items(BN), fwd_merged(BN), fwd_packed(BN)>(a);
   }
-  static cudaError_t cluster(const Args& a) {
+  template <int BN>
+  static cudaError_t persist(const Args& a) {
     if constexpr (BWD)
-      return launch_bwd_cluster<T, kClusterThreads, kClusterItems, kClusterCap>(a);
+      return launch_bwd_persist<T, 1024, BN / 1024, 1>(a);
     else
-      return launch_fwd_cluster<T, kClusterThreads, kClusterItems, kClusterMerged, kClusterPacked>(a);
+      return launch_fwd_persist<T, BN / 32, 32, persist_buffers<T, BN>()>(a);
+  }
+  static cudaError_t split(const Args& a) {
+    if constexpr (BWD)
+      return launch_bwd_split<T, SplitShape<true>::threads, SplitShape<true>::items, kSplitCap>(a);
+    else
+      return launch_fwd_split<T, SplitShape<false>::threads, SplitShape<false>::items, kSplitPacked>(a);
   }
   template <int VEC>
   static cudaError_t stream(const Args& a) {
@@ -79,7 +106,7 @@ cudaError_t dispatch(const Args& a) {
   using Go = Launch<T, BWD>;
   constexpr int VEC = vec_of<T>();
   const bool aligned = is_aligned<T>(a, BWD);
-  switch (choose_path<T>(a.cols, aligned)) {
+  switch (choose_path<T, BWD>(a.rows, a.cols, aligned)) {
     case Path::Register:
       switch (next_pow2_at_least(a.cols, VEC)) {
 #define REG_CASE(BN)                                          \
@@ -94,12 +121,20 @@ cudaError_t dispatch(const Args& a) {
           break;
       }
       return cudaErrorInvalidConfiguration;
-    case Path::Cluster: {
-      const cudaError_t err = Go::cluster(a);
-      if (err == cudaSuccess) return err;
-      (void)cudaGetLastError();  // clear it: the stream path takes over (e.g. no non-portable clusters)
-      break;
-    }
+    case Path::Persist:
+      switch (next_pow2_at_least(a.cols, VEC)) {
+#define PERSIST_CASE(BN)                                                          \
+  case BN:                                                                        \
+    if constexpr (BN > reg_max<T>() && BN <= persist_max<T>()) return Go::template persist<BN>(a); \
+    break;
+        PERSIST_CASE(8192) PERSIST_CASE(16384) PERSIST_CASE(32768)
+#undef PERSIST_CASE
+        default:
+          break;
+      }
+      return cudaErrorInvalidConfiguration;
+    case Path::Split:
+      return Go::split(a);
     case Path::Stream:
       break;
   }
@@ -110,10 +145,10 @@ cudaError_t dispatch(const Args& a) {
 
 cudaError_t softmax_fwd(DType dtype, const void* x, void* y, int64_t rows, int64_t cols,
                         int64_t x_row_stride, int64_t tq, int64_t diag, float scale, bool causal,
-                        cudaStream_t stream) {
+                        void* workspace, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   if (cols > 0x7fffffff || rows > 0x7fffffff) return cudaErrorInvalidValue;
-  const Args a{x, nullptr, y, rows, cols, x_row_stride, tq < 1 ? 1 : tq, diag, scale, causal, stream};
+  const Args a{x, nullptr, y, rows, cols, x_row_stride, tq < 1 ? 1 : tq, diag, scale, causal, stream, workspace};
   switch (dtype) {
     case DType::F32:
       return dispatch<float, false>(a);
@@ -127,10 +162,10 @@ cudaError_t softmax_fwd(DType dtype, const void* x, void* y, int64_t rows, int64
 
 cudaError_t softmax_bwd(DType dtype, const void* y, const void* dy, void* dx, int64_t rows,
                         int64_t cols, int64_t dy_row_stride, int64_t tq, int64_t diag, float scale,
-                        bool causal, cudaStream_t stream) {
+                        bool causal, void* workspace, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   if (cols > 0x7fffffff || rows > 0x7fffffff) return cudaErrorInvalidValue;
-  const Args a{y, dy, dx, rows, cols, dy_row_stride, tq < 1 ? 1 : tq, diag, scale, causal, stream};
+  const Args a{y, dy, dx, rows, cols, dy_row_stride, tq < 1 ? 1 : tq, diag, scale, causal, stream, workspace};
   switch (dtype) {
     case DType::F32:
       return dispatch<float, true>(a);
@@ -142,14 +177,31 @@ cudaError_t softmax_bwd(DType dtype, const void* y, const void* dy, void* dx, in
   return cudaErrorInvalidValue;
 }
 
-const char* softmax_path(DType dtype, bool backward, int64_t cols, bool aligned) {
-  (void)backward;  // forward and backward take the same path for the same row
-  const Path p = dtype == DType::F32 ? choose_path<float>(cols, aligned) : choose_path<__half>(cols, aligned);
-  switch (p) {
+namespace {
+template <bool BWD>
+Path path_of(DType dtype, int64_t rows, int64_t cols, bool aligned) {
+  return dtype == DType::F32 ? choose_path<float, BWD>(rows, cols, aligned) : choose_path<__half, BWD>(rows, cols, aligned);
+}
+
+Path path_of(DType dtype, bool backward, int64_t rows, int64_t cols, bool aligned) {
+  return backward ? path_of<true>(dtype, rows, cols, aligned) : path_of<false>(dtype, rows, cols, aligned);
+}
+}  // namespace
+
+int64_t softmax_workspace_bytes(DType dtype, bool backward, int64_t rows, int64_t cols) {
+  if (rows <= 0 || cols <= 0 || path_of(dtype, backward, rows, cols, true) != Path::Split) return 0;  // (unaligned: none)
+  return backward ? split_workspace_bytes(rows, cols, SplitShape<true>::threads, SplitShape<true>::items)
+                  : split_workspace_bytes(rows, cols, SplitShape<false>::threads, SplitShape<false>::items);
+}
+
+const char* softmax_path(DType dtype, bool backward, int64_t rows, int64_t cols, bool aligned) {
+  switch (path_of(dtype, backward, rows, cols, aligned)) {
     case Path::Register:
       return "register";
-    case Path::Cluster:
-      return "cluster";
+    case Path::Persist:
+      return "persist";
+    case Path::Split:
+      return "split";
     case Path::Stream:
       return "stream";
   }

@@ -8,14 +8,18 @@
 
 namespace softmax_harness {
 
-// Register path (cluster_threads == 0): rows of up to next_pow2(cols) <= 32768 with `items` elements
-// per thread. Cluster path (cluster_threads > 0): CTAs of cluster_threads threads x items elements,
-// as many (<= 16) as the row needs. Forward `merged` / `packed`: the reduction scheme and the packed
-// row storage of fwd_register_kernel. Backward `cap`: registers capped for more blocks per SM (see
-// min_blocks in softmax_device.cuh). cudaErrorNotSupported for a variant that was not compiled.
+// path 0, register: rows of up to next_pow2(cols) <= 32768 with `items` elements per thread (threads
+// unused). path 1, cluster: CTAs of `threads` threads x items elements, as many (<= 16) as the row
+// needs. path 2, split: the same slices over ordinary blocks meeting in global memory (<= 128 slices;
+// `workspace` of tuned_workspace_bytes(rows) bytes). Forward `merged` / `packed`: the reduction scheme
+// and the packed row storage of fwd_register_kernel (split: always merged). Backward `cap`: registers
+// capped for more blocks per SM (see min_blocks in softmax_device.cuh). cudaErrorNotSupported for a
+// variant that was not compiled. path 3, persist: blocks of `threads` threads x items elements looping
+// over rows, `buffers` rows prefetched into shared memory (1 or 2; the `merged` / `cap` flags unused).
 cudaError_t tuned_fwd(const void* x, void* y, int64_t rows, int64_t cols, int items, bool merged,
-                      bool packed, int cluster_threads, cudaStream_t stream);
+                      bool packed, int path, int threads, int buffers, void* workspace, cudaStream_t stream);
 cudaError_t tuned_bwd(const void* y, const void* dy, void* dx, int64_t rows, int64_t cols, int items,
-                      bool cap, int cluster_threads, cudaStream_t stream);
+                      bool cap, int path, int threads, int buffers, void* workspace, cudaStream_t stream);
+int64_t tuned_workspace_bytes(int64_t rows);
 
 }  // namespace softmax_harness

@@ -265,6 +265,59 @@ class KernelBench:
     write_gbs: float = 0.0
     rows: list[KernelRow] = field(default_factory=list)
     attention: list[dict] = field(default_factory=list)
+    causal_floor_ms: Optional[float] = None
+
+
+def causal_traffic_ms(shape: tuple, dtype: torch.dtype, device: str, rep_ms: int = 100) -> Optional[float]:
+    """The memory floor of a fused causal forward, measured: the fastest of a few Triton kernels that
+    move exactly its bytes (read each row's unmasked prefix, write the whole row: the prefix copied,
+    zeros after) and compute nothing. None where Triton cannot run."""
+    try:
+        from kernels.methods import triton_softmax as ts
+
+        if ts.unavailable_reason() or ts.triton is None:
+            return None
+    except Exception:  # pragma: no cover
+        return None
+    kernel = _causal_traffic_kernel()
+    x = torch.randn(shape, device=device).to(dtype)
+    y = torch.empty_like(x)
+    tq, n = shape[-2], shape[-1]
+    n_rows = x.numel() // n
+    block = 1 << max(0, (n - 1).bit_length())
+    best = None
+    for rows, warps in ((1, 1), (1, 2), (1, 4), (2, 2), (4, 4)):
+        def run():
+            kernel[(-(-n_rows // rows),)](x, y, n_rows, n, tq, n - tq, BLOCK_N=block, ROWS=rows, num_warps=warps)
+        run()
+        keep = torch.ones(tq, n, dtype=torch.bool, device=device).tril(n - tq)
+        if not torch.equal(y, torch.where(keep, x, torch.zeros((), dtype=dtype, device=device))):
+            raise AssertionError("causal traffic kernel wrote the wrong values")
+        ms = bench_graph_ms(run, rep_ms)[0] if device == "cuda" else bench_ms(run, rep_ms)
+        best = ms if best is None else min(best, ms)
+    return best
+
+
+_TRAFFIC_KERNEL: list = []
+
+
+def _causal_traffic_kernel():
+    if not _TRAFFIC_KERNEL:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def causal_traffic(X, Y, n_rows, n_cols, tq, diag, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+            rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+            cols = tl.arange(0, BLOCK_N)
+            lim = tl.minimum(tl.maximum((rows % tq) + diag + 1, 0), n_cols)
+            ok = rows < n_rows
+            ptr = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
+            x = tl.load(X + ptr, mask=ok[:, None] & (cols[None, :] < lim[:, None]), other=0.0)
+            tl.store(Y + ptr, x, mask=ok[:, None] & (cols[None, :] < n_cols))
+
+        _TRAFFIC_KERNEL.append(causal_traffic)
+    return _TRAFFIC_KERNEL[0]
 
 
 def run_kernel_bench(
@@ -292,6 +345,9 @@ def run_kernel_bench(
             att_rows.append(row)
             print(f"  {m:8s} causal {attention_shape}: fwd {_fmt(row.fwd_ms, '.4f')} ms bwd {_fmt(row.bwd_ms, '.4f')} ms",
                   flush=True)
+        res.causal_floor_ms = causal_traffic_ms(attention_shape, DTYPES[dtype], device, rep_ms)
+        print(f"  memory floor of the causal forward (same bytes, no math): {_fmt(res.causal_floor_ms, '.4f')} ms",
+              flush=True)
         comp = next((r for r in att_rows if r.method == "compile" and r.correct), None)
         for r in att_rows:
             res.attention.append({
@@ -312,10 +368,14 @@ def run_kernel_bench(
             md += (f"| {a['method']} | {_fmt(a['fwd_ms'], '.4f')} | {_fmt(a['fwd_vs_compile_time'], '.2f')} "
                    f"| {_fmt(a['bwd_ms'], '.4f')} | {_fmt(a['bwd_vs_compile_time'], '.2f')} | "
                    f"{'yes' if a['correct'] else 'NO ' + a['error']} |\n")
+        comp_ms = next((a["fwd_ms"] for a in res.attention if a["method"] == "compile" and a["correct"]), None)
+        if res.causal_floor_ms:
+            md += (f"| memory floor (forward bytes, no math) | {res.causal_floor_ms:.4f} | "
+                   f"{_fmt(res.causal_floor_ms / comp_ms if comp_ms else None, '.2f')} | | | |\n")
     atomic_write_text(out / "kernels.md", md)
     write_rows_csv(res.rows, out / "kernels.csv")
     write_json(out / "kernels.json", {"env": env, "copy_gbs": copy_gbs, "write_gbs": res.write_gbs, "rows": [asdict(r) for r in res.rows],
-                                      "attention": res.attention})
+                                      "attention": res.attention, "causal_floor_ms": res.causal_floor_ms})
     plot(res.rows, copy_gbs, out / "kernels.png", str(DTYPES[dtype]).replace("torch.", ""))
     print(md)
     return res
@@ -401,6 +461,7 @@ def run_overhead(overrides: list[str], steps: int, rounds: int, out: Path) -> di
 # triton launch-settings sweep (how the heuristics in kernels/methods/triton_softmax.py were chosen)
 # ------------------------------------------------------------------------------------------------
 def triton_candidates(n: int, causal: bool = False) -> list:
+    from kernels.methods import triton_softmax as ts
     from kernels.methods.triton_softmax import Plan, _next_pow2
 
     block = _next_pow2(n)
@@ -425,6 +486,17 @@ def triton_candidates(n: int, causal: bool = False) -> list:
             for warps in (8, 16):
                 if 4 <= chunk // (32 * warps) <= 32:
                     plans.append(Plan(True, chunk, 1, warps))
+    if not causal and 16384 <= block <= 65536:  # persistent tile path, rows pipelined through shared memory
+        for warps in (16, 32):
+            if 16 <= block // (32 * warps) <= 64:
+                for stages in (2, 3):
+                    plans.append(Plan(False, block, 1, warps, stages=stages))
+                plans.append(Plan(False, block, 1, warps, stages=2, programs_per_sm=2))
+    if block >= 8192:
+        for chunk in (4096, 8192, 16384):  # split path: a row over -(-n // chunk) programs
+            for warps in (4, 8, 16):
+                if chunk < n and -(-n // chunk) <= ts.MAX_SPLITS and 8 <= chunk // (32 * warps) <= 32:
+                    plans.append(Plan(False, chunk, 1, warps, split=True))
     return plans
 
 
@@ -446,17 +518,19 @@ def run_triton_sweep(sizes: list[int], elements: int, dtype: str, out: Path, cau
         mine = []
         for p in triton_candidates(n, causal):
             row = {"n": n, "causal": causal, "plan": str(p), "default": p == default}
-            try:
-                row["fwd_ok"] = _error_on_device(ts.launch_fwd(x, 1.0, causal, p), ref) <= kernels.FWD_TOL[dt]
-                row["bwd_ok"] = _error_on_device(ts.launch_bwd(y, dy, 1.0, causal, p), dref) <= kernels.BWD_TOL[dt]
-                row["fwd_gbs"] = 2 * nbytes / (bench_graph_ms(lambda: ts.launch_fwd(x, 1.0, causal, p), 50)[0] * 1e-3) / 1e9
-                row["bwd_gbs"] = 3 * nbytes / (bench_graph_ms(lambda: ts.launch_bwd(y, dy, 1.0, causal, p), 50)[0] * 1e-3) / 1e9
-            except Exception as exc:
-                row["error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
+            for d, run, want, tol, moved in (
+                ("fwd", lambda: ts.launch_fwd(x, 1.0, causal, p), ref, kernels.FWD_TOL[dt], 2 * nbytes),
+                ("bwd", lambda: ts.launch_bwd(y, dy, 1.0, causal, p), dref, kernels.BWD_TOL[dt], 3 * nbytes),
+            ):  # each direction on its own: a candidate may fit one (e.g. shared memory) and not the other
+                try:
+                    row[f"{d}_ok"] = _error_on_device(run(), want) <= tol
+                    row[f"{d}_gbs"] = moved / (bench_graph_ms(run, 50)[0] * 1e-3) / 1e9
+                except Exception as exc:
+                    row[f"{d}_error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
             mine.append(row)
         results += mine
-        best_f = max((r for r in mine if r.get("fwd_ok")), key=lambda r: r["fwd_gbs"], default=None)
-        best_b = max((r for r in mine if r.get("bwd_ok")), key=lambda r: r["bwd_gbs"], default=None)
+        best_f = max((r for r in mine if r.get("fwd_ok") and "fwd_gbs" in r), key=lambda r: r["fwd_gbs"], default=None)
+        best_b = max((r for r in mine if r.get("bwd_ok") and "bwd_gbs" in r), key=lambda r: r["bwd_gbs"], default=None)
         dflt = next((r for r in mine if r["default"]), {})
         print(f"N={n:<7d}{' causal' if causal else '       '} fwd best {best_f and best_f['plan']} "
               f"{best_f and round(best_f['fwd_gbs'])} GB/s (default {round(dflt.get('fwd_gbs', 0))}) | bwd best "
@@ -472,21 +546,32 @@ def run_triton_sweep(sizes: list[int], elements: int, dtype: str, out: Path, cau
 # ------------------------------------------------------------------------------------------------
 # cuda launch-variant sweep (how the launch table in csrc/softmax_kernels.cu was chosen)
 # ------------------------------------------------------------------------------------------------
-def cuda_variants(n: int) -> list[dict]:
+_CUDA_PATHS = {"register": 0, "cluster": 1, "split": 2, "persist": 3}
+
+
+def cuda_variants(n: int, rows: int = 1) -> list[dict]:
     """Candidate launches for rows of n bf16 columns: path, elements per thread, threads per CTA (cluster
-    path), and per direction: forward `merged` (one merged (max, sum) reduction instead of two) and
-    `packed` (the row kept as loaded, exponentials computed twice), backward `cap` (registers capped
-    for more blocks per SM)."""
+    and split paths), and per direction: forward `merged` (one merged (max, sum) reduction instead of
+    two; the split path always merges) and `packed` (the row kept as loaded, exponentials computed
+    twice), backward `cap` (registers capped for more blocks per SM)."""
     block = 1 << max(0, (n - 1).bit_length())
     shapes = []
     if block <= 32768:
         shapes += [{"path": "register", "items": i, "threads": 0} for i in (8, 16, 32, 64)
                    if block // i <= 1024 and i <= block]
-    if n >= 8192:
-        shapes += [{"path": "cluster", "items": i, "threads": t} for t in (128, 256, 512) for i in (16, 32)
-                   if 2 <= -(-n // (t * i)) <= 16]
-    fwd = [{**sh, "dir": "fwd", "merged": m, "packed": p} for sh in shapes for m in (False, True) for p in (False, True)]
+    if n >= 8192:  # the cluster shape the table used before the split path, for comparison
+        shapes += [{"path": "cluster", "items": 32, "threads": 512}] if 2 <= -(-n // (512 * 32)) <= 16 else []
+    if n >= 4096:
+        shapes += [{"path": "split", "items": i, "threads": t} for t in (256, 512) for i in (8, 16, 32)
+                   if 2 <= -(-n // (t * i)) <= 128 and rows * -(-n // (t * i)) < 2**31]
+    shapes = [{**sh, "buffers": 0} for sh in shapes]
+    persist = [{"path": "persist", "items": i, "threads": t, "buffers": b} for t in (512, 1024) for i in (16, 32)
+               for b in (1, 2) if t * i // 2 < n <= t * i]
+    fwd = [{**sh, "dir": "fwd", "merged": m, "packed": p} for sh in shapes for m in (False, True) for p in (False, True)
+           if m or sh["path"] != "split"]
+    fwd += [{**sh, "dir": "fwd", "merged": False, "packed": False} for sh in persist]
     bwd = [{**sh, "dir": "bwd", "cap": c} for sh in shapes for c in (False, True)]
+    bwd += [{**sh, "dir": "bwd", "cap": False} for sh in persist]
     return fwd + bwd
 
 
@@ -515,13 +600,14 @@ def run_cuda_sweep(sizes: list[int], elements: int, out: Path, rep_ms: int = 50)
         x = torch.randn((max(1, elements // n), n), device="cuda").mul_(2).to(torch.bfloat16)
         ref, y, dy, dref = _sweep_references(x, causal=False)
         nbytes = x.numel() * x.element_size()
-        for v in cuda_variants(n):
+        for v in cuda_variants(n, x.shape[0]):
             row = {"n": n, **v}
+            path = _CUDA_PATHS[v["path"]]
             if v["dir"] == "fwd":
-                run = lambda: ops.fwd_variant(x, v["items"], v["merged"], v["packed"], v["threads"])  # noqa: E731
+                run = lambda: ops.fwd_variant(x, v["items"], v["merged"], v["packed"], path, v["threads"], v["buffers"])  # noqa: E731
                 want, tol, moved = ref, kernels.FWD_TOL[torch.bfloat16], 2 * nbytes
             else:
-                run = lambda: ops.bwd_variant(y, dy, v["items"], v["cap"], v["threads"])  # noqa: E731
+                run = lambda: ops.bwd_variant(y, dy, v["items"], v["cap"], path, v["threads"], v["buffers"])  # noqa: E731
                 want, tol, moved = dref, kernels.BWD_TOL[torch.bfloat16], 3 * nbytes
             try:
                 got = run()
@@ -540,6 +626,7 @@ def run_cuda_sweep(sizes: list[int], elements: int, out: Path, rep_ms: int = 50)
             if r is None:
                 return "none correct"
             flag = "".join(f" {k}" for k in ("merged", "packed", "cap") if r.get(k))
+            flag += f" buffers={r['buffers']}" if r.get("buffers") else ""
             return (f"{r['path']} threads={r['threads']} items={r['items']}{flag} {r['gbs']:.0f} GB/s "
                     f"({r['gbs'] / copy_gbs:.2f} of copy)")
 

@@ -3,11 +3,13 @@ the CUDA extension kernels against float64, op checks, full-graph compile, and t
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 import kernels
-from tests.helpers import assert_close_to_reference, check_method, random_scores
+from tests.helpers import BWD_TOL, FWD_TOL, assert_close_to_reference, check_method, random_scores
 
 pytestmark = pytest.mark.gpu
 FUSED = ["triton", "cuda"]
@@ -100,12 +102,38 @@ def test_cuda_code_paths_by_row_length():
     from kernels.methods.cuda_softmax import code_path
 
     assert code_path(torch.bfloat16, False, 1024) == "register"
-    assert code_path(torch.bfloat16, False, 16384) == "register"
-    assert code_path(torch.bfloat16, False, 32768) == "cluster"
-    assert code_path(torch.bfloat16, False, 262144) == "cluster"
-    assert code_path(torch.bfloat16, False, 262145) == "stream"
-    assert code_path(torch.float32, True, 65536) == "cluster"
+    assert code_path(torch.bfloat16, False, 8192) == "register"
+    assert code_path(torch.bfloat16, False, 8193) == "persist"
+    assert code_path(torch.bfloat16, True, 32768) == "persist"
+    assert code_path(torch.bfloat16, False, 32769) == "split"
+    assert code_path(torch.bfloat16, False, 128 * 8192) == "split"
+    assert code_path(torch.bfloat16, False, 128 * 8192 + 1) == "stream"  # more slices than kMaxSplits
+    assert code_path(torch.float32, True, 16384) == "persist"
+    assert code_path(torch.float32, True, 65536) == "split"
     assert code_path(torch.bfloat16, False, 1024, aligned=False) == "stream"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape,causal", [((3, 8200), False), ((2, 5, 20000), False), ((1, 3, 40000), True),
+                                          ((1, 9000, 9000), True), ((64, 100000), False), ((1000, 16384), False)])
+def test_cuda_persistent_and_split_paths(shape, causal, dtype):
+    """Long rows: the persistent path (rows prefetched into shared memory; more rows than blocks, so
+    blocks loop) and the split path (a row over several blocks meeting in global memory): odd lengths,
+    causal rows (including slices that are entirely masked), many rows at once, twice in a row (the
+    split workspace's counters restart from zero)."""
+    from kernels.methods.cuda_softmax import code_path
+
+    assert code_path(dtype, False, shape[-1], rows=math.prod(shape[:-1])) in ("persist", "split")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for _ in range(2):
+        x = (torch.randn(shape, device="cuda", generator=g) * 3).to(dtype).requires_grad_(True)
+        y = kernels.softmax(x, scale=0.5, causal=causal, method="cuda")
+        ref = kernels.reference_softmax(x.detach(), scale=0.5, causal=causal)
+        assert kernels.relative_error(y, ref) <= FWD_TOL[dtype]
+        dy = torch.randn(shape, device="cuda", generator=g).to(dtype)
+        (dx,) = torch.autograd.grad(y, x, dy)
+        dref = kernels.reference_softmax_backward(y.detach(), dy, scale=0.5)
+        assert kernels.relative_error(dx, dref) <= BWD_TOL[dtype]
 
 
 def test_opchecks():

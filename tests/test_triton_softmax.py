@@ -46,6 +46,52 @@ def test_long_path_non_contiguous(force_long_path, seeded):
     assert fwd <= 1e-5 and bwd <= 1e-4
 
 
+@pytest.fixture
+def force_split_path(ts, monkeypatch):
+    """Rows longer than 8 take the split path, in chunks of 8 (up to 8 chunks; longer: the long path)."""
+    monkeypatch.setattr(ts, "SPLIT_ABOVE_N", 8)
+    monkeypatch.setattr(ts, "SPLIT_BLOCK_N", 8)
+    monkeypatch.setattr(ts, "MAX_SPLITS", 8)
+    monkeypatch.setattr(ts, "_SPLIT_FROM", {False: 0, True: 0})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "shape,causal",
+    [((3, 37), False), ((2, 64), False), ((2, 20, 20), True), ((2, 9, 30), True), ((2, 30, 9), True),
+     ((1, 9), False)],
+)
+def test_split_path_matches_reference(force_split_path, ts, shape, causal, dtype, seeded):
+    """A row over several programs (in the interpreter: partials first, then outputs, two launches)."""
+    assert ts.plan(shape[-1], 4).split
+    fwd, bwd = check_method("triton", random_scores(shape, dtype, DEVICE, gen=seeded), 0.5, causal)
+    assert fwd <= FWD_TOL[dtype] and bwd <= BWD_TOL[dtype], (fwd, bwd)
+
+
+def test_split_path_non_contiguous_and_extremes(force_split_path, seeded):
+    x = random_scores((2, 40, 24), torch.float32, DEVICE, gen=seeded).transpose(-1, -2)  # (2, 24, 40)
+    fwd, bwd = check_method("triton", x, 0.5, True)
+    assert fwd <= 1e-5 and bwd <= 1e-4
+    big = torch.full((2, 30), -float("inf"), device=DEVICE)
+    big[0, 3], big[0, 17] = 1e30, 1e30  # huge scores in two different chunks; row 1 entirely -inf
+    y = kernels.softmax(big, method="triton")
+    assert torch.equal(y[1].cpu(), torch.zeros(30))
+    assert y[0, 3].item() == 0.5 and y[0, 17].item() == 0.5 and y[0].sum().item() == 1.0
+
+
+@pytest.mark.parametrize("shape,causal", [((9, 37), False), ((2, 20, 20), True), ((2, 9, 30), True), ((2, 30, 9), True)])
+def test_persistent_path_matches_reference(ts, shape, causal, seeded):
+    """Persistent programs looping over rows (pipelined on a GPU), forward and backward."""
+    x = random_scores(shape, torch.bfloat16, DEVICE, gen=seeded)
+    p = ts.Plan(False, 64, 1, 1, stages=2)
+    y = ts.launch_fwd(x, 0.5, causal, p)
+    assert kernels.relative_error(y, kernels.reference_softmax(x, scale=0.5, causal=causal)) <= FWD_TOL[torch.bfloat16]
+    dy = random_scores(shape, torch.bfloat16, DEVICE, gen=seeded)
+    dx = ts.launch_bwd(y, dy, 0.5, causal, p)
+    dref = kernels.reference_softmax_backward(y, dy, scale=0.5)
+    assert kernels.relative_error(dx, dref) <= BWD_TOL[torch.bfloat16]
+
+
 @pytest.mark.parametrize("round_mask", [True, False])
 @pytest.mark.parametrize("zeros_first", [True, False])
 @pytest.mark.parametrize("shape", [(2, 20, 20), (2, 9, 30), (2, 30, 9)])
@@ -61,16 +107,22 @@ def test_causal_tile_variants_match_reference(ts, shape, round_mask, zeros_first
     assert (y.cpu()[..., masked] == 0).all()
 
 
-def test_plan_packs_short_rows_and_streams_long_ones(ts):
+def test_plan_packs_short_rows_splits_long_ones_and_streams_longer_ones(ts):
     short = ts.plan(128, 2)
     assert not short.long and short.rows > 1 and short.block_n == 128
     odd = ts.plan(1000, 2)
     assert not odd.long and odd.block_n == 1024
-    long = ts.plan(262144, 2)
+    long = ts.plan(2**21, 2)
     assert long.long and long.block_n == ts.LONG_BLOCK_N
     tiny = ts.plan(7, 4)
     assert not tiny.long and tiny.rows * tiny.block_n >= 1024
-    assert ts.plan(ts.MAX_TILE_N, 2).long is False and ts.plan(ts.MAX_TILE_N + 1, 2).long is True
+    assert not ts.plan(ts.SPLIT_ABOVE_N, 2).split and not ts.plan(ts.SPLIT_ABOVE_N, 2, backward=True).split
+    assert ts.plan(262144, 2).split and ts.plan(262144, 2).block_n == ts.SPLIT_BLOCK_N
+    assert ts.plan(65536, 2, backward=True).split
+    assert ts.plan(32768, 2).stages and ts.plan(32768, 2, backward=True).stages  # persistent, 16-bit rows
+    assert not ts.plan(32768, 4).stages and not ts.plan(1024, 2, causal=True).stages
+    widest = ts.MAX_SPLITS * ts.SPLIT_BLOCK_N
+    assert ts.plan(widest, 2).split and ts.plan(widest + 1, 2).long  # too many chunks: the long path
 
 
 def test_cpu_tensor_without_interpreter_is_a_clear_error(ts, monkeypatch):

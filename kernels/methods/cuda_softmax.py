@@ -3,9 +3,11 @@
 The kernels (``csrc/softmax_device.cuh``, launched from ``csrc/softmax_kernels.cu`` by a launch table
 measured with ``python -m harness.bench cuda-sweep``; no torch header) pick a code path by row length:
 rows kept in registers with 16-byte vector loads (several rows per warp for short rows, a block per
-row up to 16384 columns), long rows split across a Hopper thread-block cluster that combines its
-partials through distributed shared memory (up to 262144 columns in one pass), and a streaming path
-for rows of any length or alignment; causal rows load only their unmasked prefix.
+row up to 8192 16-bit / 4096 fp32 columns), a persistent path up to 32768 / 16384 columns (a block per
+SM loops over rows, prefetching the next rows into shared memory with cp.async while it reduces this
+one), a split path for longer rows (a row over up to 128 blocks that combine their partials through a
+workspace in global memory, allocated per call by the binding), and a streaming path for rows of any
+length or alignment; causal rows load only their unmasked prefix.
 ``csrc/softmax_binding.cpp`` registers the ops
 ``softmax_harness_cuda::softmax_fwd`` / ``softmax_bwd`` with ``TORCH_LIBRARY`` (CUDA implementation via
 ``TORCH_LIBRARY_IMPL``); this module registers their fake implementations and autograd, so
@@ -128,12 +130,12 @@ def cuda_softmax(scores: torch.Tensor, scale: float, causal: bool) -> torch.Tens
     return torch.ops.softmax_harness_cuda.softmax_fwd(scores, scale, causal)
 
 
-def code_path(dtype: torch.dtype, backward: bool, cols: int, aligned: bool = True) -> str:
-    """Which kernel path a row length takes: 'register', 'cluster' or 'stream' (needs the extension)."""
+def code_path(dtype: torch.dtype, backward: bool, cols: int, aligned: bool = True, rows: int = 1) -> str:
+    """Which kernel path rows x cols take: 'register', 'split' or 'stream' (needs the extension)."""
     if not _STATE["loaded"]:
         prepare()
     code = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}[dtype]
-    return torch.ops.softmax_harness_cuda.softmax_path(code, backward, cols, aligned)
+    return torch.ops.softmax_harness_cuda.softmax_path(code, backward, rows, cols, aligned)
 
 
 register(
