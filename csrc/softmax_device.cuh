@@ -39,6 +39,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <atomic>
+
 namespace softmax_harness {
 namespace detail {
 
@@ -422,6 +424,39 @@ __device__ __forceinline__ float exp_in_place(float* v, int first, int lim, floa
   return s;
 }
 
+// Row outputs of this thread's vectors (vector i at column first + i * L * VEC; cols a multiple of VEC).
+// Forward: y = v * f (v: the exponentials, 0 where masked). Backward: dx = scale * y * (dy - dot) from
+// the packed y and dy words, 0 past lim.
+template <typename T, int VEC, int NV, int L>
+__device__ __forceinline__ void store_scaled(T* yr, const float* v, int first, int cols, float f) {
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int c0 = first + i * L * VEC;
+    if (c0 >= cols) continue;
+    Pack<T, VEC> o;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) o.v[j] = Cvt<T>::store(v[i * VEC + j] * f);  // masked: 0 * f = 0
+    *reinterpret_cast<Pack<T, VEC>*>(yr + c0) = o;
+  }
+}
+
+template <typename T, int VEC, int NV, int L>
+__device__ __forceinline__ void store_dx(T* xr, const uint4* ya, const uint4* ga, int first, int cols, int lim,
+                                         float scale, float dot) {
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int c0 = first + i * L * VEC;
+    if (c0 >= cols) continue;
+    Pack<T, VEC> o;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float yy = Words<T>::get_again(ya[i], j);
+      o.v[j] = Cvt<T>::store(c0 + j < lim ? scale * yy * (Words<T>::get_again(ga[i], j) - dot) : 0.f);
+    }
+    *reinterpret_cast<Pack<T, VEC>*>(xr + c0) = o;
+  }
+}
+
 // PACKED (16-bit types): the row stays in registers as loaded (packed words, half the registers) and
 // each kept element's exponential is computed twice, for the sum and for the output, instead of
 // keeping fp32 exponentials: more SFU work (2 ex2 per element), fewer registers, more blocks per SM.
@@ -520,20 +555,19 @@ __global__ void __launch_bounds__(L* ROWS, min_blocks(L * ROWS, PACKED ? NV * 4 
   }
   if (row_ok) {  // (always, on the cluster and split paths: their grid is rows x slices)
     T* yr = y + row * cols;
+    if constexpr (PACKED) {
 #pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int c0 = first + i * L * VEC;
-      if (c0 >= cols) continue;  // cols is a multiple of VEC on this path
-      Pack<T, VEC> o;
-      if constexpr (PACKED) {
+      for (int i = 0; i < NV; ++i) {
+        const int c0 = first + i * L * VEC;
+        if (c0 >= cols) continue;  // cols is a multiple of VEC on this path
+        Pack<T, VEC> o;
 #pragma unroll
         for (int j = 0; j < VEC; ++j)
           o.v[j] = Cvt<T>::store(c0 + j < lim ? fast_exp2(fmaf(Words<T>::get_again(w[i], j), c, -ref)) * f : 0.f);
-      } else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) o.v[j] = Cvt<T>::store(v[i * VEC + j] * f);  // masked: 0 * f = 0
+        *reinterpret_cast<Pack<T, VEC>*>(yr + c0) = o;
       }
-      *reinterpret_cast<Pack<T, VEC>*>(yr + c0) = o;
+    } else {
+      store_scaled<T, VEC, NV, L>(yr, v, first, cols, f);
     }
   }
   if constexpr (CLUSTER) cluster_wait();
@@ -575,21 +609,7 @@ __global__ void __launch_bounds__(L* ROWS, CAP ? min_blocks(L * ROWS, NV * 8, NV
     cluster_done_reading();
   }
   if constexpr (SPLIT) dot = split_sum(dot, ws, row, part, &slot);
-  if (row_ok) {
-    T* xr = dx + row * cols;
-#pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int c0 = first + i * L * VEC;
-      if (c0 >= cols) continue;
-      Pack<T, VEC> o;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float yy = Words<T>::get_again(ya[i], j);
-        o.v[j] = Cvt<T>::store(c0 + j < lim ? scale * yy * (Words<T>::get_again(ga[i], j) - dot) : 0.f);
-      }
-      *reinterpret_cast<Pack<T, VEC>*>(xr + c0) = o;
-    }
-  }
+  if (row_ok) store_dx<T, VEC, NV, L>(dx + row * cols, ya, ga, first, cols, lim, scale, dot);
   if constexpr (CLUSTER) cluster_wait();
 }
 
@@ -670,16 +690,7 @@ __global__ void __launch_bounds__(L, 1)
     }
     s = row_sum<L>(s, red_sum[k & 1]);
     const float f = 1.f / (s == 0.f ? 1.f : s);  // NaN stays NaN
-    T* yr = y + r * cols;
-#pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int c0 = (threadIdx.x + i * L) * VEC;
-      if (c0 >= cols) continue;  // cols is a multiple of VEC on this path
-      Pack<T, VEC> o;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) o.v[j] = Cvt<T>::store(v[i * VEC + j] * f);
-      *reinterpret_cast<Pack<T, VEC>*>(yr + c0) = o;
-    }
+    store_scaled<T, VEC, NV, L>(y + r * cols, v, threadIdx.x * VEC, cols, f);
   }
   cp_async_wait<0>();  // nothing left in flight at exit
 }
@@ -729,19 +740,7 @@ __global__ void __launch_bounds__(L, 1)
         if (c0 + j < lim) dot += Words<T>::get(ya[i], j) * Words<T>::get(ga[i], j);
     }
     dot = row_sum<L>(dot, red[k & 1]);
-    T* xr = dx + r * cols;
-#pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int c0 = (threadIdx.x + i * L) * VEC;
-      if (c0 >= cols) continue;
-      Pack<T, VEC> o;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float yy = Words<T>::get_again(ya[i], j);
-        o.v[j] = Cvt<T>::store(c0 + j < lim ? scale * yy * (Words<T>::get_again(ga[i], j) - dot) : 0.f);
-      }
-      *reinterpret_cast<Pack<T, VEC>*>(xr + c0) = o;
-    }
+    store_dx<T, VEC, NV, L>(dx + r * cols, ya, ga, threadIdx.x * VEC, cols, lim, scale, dot);
   }
   cp_async_wait<0>();
 }
@@ -989,23 +988,34 @@ cudaError_t launch_bwd_split(const Args& a) {
                       (int)a.cols, a.stride, a.tq, a.diag, a.scale, a.causal);
 }
 
-// Persistent path: rows of up to L * ITEMS columns, B row buffers of shared memory, one block per SM
-// (or fewer blocks than SMs when there are fewer rows).
+// Persistent path: rows of up to L * ITEMS columns, B row buffers of shared memory, as many blocks as
+// fit on the GPU at once (or one per row when there are fewer rows). What fits is asked once per
+// kernel and device (the shared-memory opt-in, SM count and occupancy queries are host calls) and kept
+// in the launcher's `resident` table.
+constexpr int kMaxDevices = 64;
+
 template <typename Kernel>
-cudaError_t persist_grid(Kernel kernel, int threads, size_t smem, int64_t rows, int* grid) {
-  int dev = 0, sms = 0;
+cudaError_t persist_grid(Kernel kernel, int threads, size_t smem, int64_t rows, std::atomic<int>* resident,
+                         int* grid) {
+  int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (err == cudaSuccess && smem > 48 * 1024)
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  int per_sm = 0;
-  if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();  // not sticky: clear it, so the caller's next CUDA call does not report it
-    return err;
+  if (err != cudaSuccess) return err;
+  int fit = dev < kMaxDevices ? resident[dev].load(std::memory_order_relaxed) : 0;
+  if (fit == 0) {
+    int sms = 0, per_sm = 0;
+    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (err == cudaSuccess && smem > 48 * 1024)
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky: clear it, so the caller's next CUDA call does not report it
+      return err;
+    }
+    if (per_sm < 1) return cudaErrorInvalidConfiguration;
+    fit = sms * per_sm;
+    if (dev < kMaxDevices) resident[dev].store(fit, std::memory_order_relaxed);
   }
-  if (per_sm < 1) return cudaErrorInvalidConfiguration;
-  *grid = (int)(rows < (int64_t)sms * per_sm ? rows : (int64_t)sms * per_sm);
+  *grid = (int)(rows < (int64_t)fit ? rows : (int64_t)fit);
   return cudaSuccess;
 }
 
@@ -1016,8 +1026,9 @@ cudaError_t launch_fwd_persist(const Args& a) {
   if (a.cols > (int64_t)L * ITEMS) return cudaErrorInvalidValue;
   auto kernel = fwd_persist_kernel<T, VEC, NV, L, B>;
   const size_t smem = (size_t)B * NV * L * 16;
+  static std::atomic<int> resident[kMaxDevices];
   int grid = 0;
-  cudaError_t err = persist_grid(kernel, L, smem, a.rows, &grid);
+  cudaError_t err = persist_grid(kernel, L, smem, a.rows, resident, &grid);
   if (err != cudaSuccess) return err;
   kernel<<<grid, L, smem, a.stream>>>(static_cast<const T*>(a.a), static_cast<T*>(a.out), a.rows, (int)a.cols,
                                       a.stride, a.tq, a.diag, a.scale * kLog2e, a.causal);
@@ -1031,8 +1042,9 @@ cudaError_t launch_bwd_persist(const Args& a) {
   if (a.cols > (int64_t)L * ITEMS) return cudaErrorInvalidValue;
   auto kernel = bwd_persist_kernel<T, VEC, NV, L, B>;
   const size_t smem = (size_t)B * 2 * NV * L * 16;
+  static std::atomic<int> resident[kMaxDevices];
   int grid = 0;
-  cudaError_t err = persist_grid(kernel, L, smem, a.rows, &grid);
+  cudaError_t err = persist_grid(kernel, L, smem, a.rows, resident, &grid);
   if (err != cudaSuccess) return err;
   kernel<<<grid, L, smem, a.stream>>>(static_cast<const T*>(a.a), static_cast<const T*>(a.b), static_cast<T*>(a.out),
                                       a.rows, (int)a.cols, a.stride, a.tq, a.diag, a.scale, a.causal);

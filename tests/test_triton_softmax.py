@@ -21,57 +21,43 @@ def ts():
     return triton_softmax
 
 
-@pytest.fixture
-def force_long_path(ts, monkeypatch):
-    """Rows longer than 16 take the long (streaming) path, in chunks of 8."""
-    monkeypatch.setattr(ts, "MAX_TILE_N", 16)
-    monkeypatch.setattr(ts, "LONG_BLOCK_N", 8)
+@pytest.fixture(params=["long", "split"])
+def forced_path(request, ts, monkeypatch):
+    """long: rows longer than 16 take the long (streaming) path, in chunks of 8. split: rows longer
+    than 8 take the split path, in chunks of 8 (up to 8 chunks; longer: the long path)."""
+    if request.param == "long":
+        monkeypatch.setattr(ts, "MAX_TILE_N", 16)
+        monkeypatch.setattr(ts, "LONG_BLOCK_N", 8)
+    else:
+        monkeypatch.setattr(ts, "SPLIT_ABOVE_N", 8)
+        monkeypatch.setattr(ts, "SPLIT_BLOCK_N", 8)
+        monkeypatch.setattr(ts, "MAX_SPLITS", 8)
+        monkeypatch.setattr(ts, "_SPLIT_FROM", {False: 0, True: 0})
+    return request.param
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize(
     "shape,causal",
     [((3, 37), False), ((2, 64), False), ((2, 20, 20), True), ((2, 9, 30), True), ((2, 30, 9), True),
-     ((1, 17), False)],
+     ((1, 17), False), ((1, 9), False)],
 )
-def test_long_path_matches_reference(force_long_path, ts, shape, causal, dtype, seeded):
-    assert ts.plan(shape[-1], 4).long or shape[-1] <= 16
+def test_long_and_split_paths_match_reference(forced_path, ts, shape, causal, dtype, seeded):
+    """The streaming path, and a row over several programs (in the interpreter: partials first, then
+    outputs, two launches)."""
+    assert getattr(ts.plan(shape[-1], 4), forced_path) or (forced_path == "long" and shape[-1] <= 16)
     fwd, bwd = check_method("triton", random_scores(shape, dtype, DEVICE, gen=seeded), 0.5, causal)
     assert fwd <= FWD_TOL[dtype] and bwd <= BWD_TOL[dtype], (fwd, bwd)
 
 
-def test_long_path_non_contiguous(force_long_path, seeded):
+def test_long_and_split_paths_non_contiguous(forced_path, seeded):
     x = random_scores((2, 40, 24), torch.float32, DEVICE, gen=seeded).transpose(-1, -2)  # (2, 24, 40)
     fwd, bwd = check_method("triton", x, 0.5, True)
     assert fwd <= 1e-5 and bwd <= 1e-4
 
 
-@pytest.fixture
-def force_split_path(ts, monkeypatch):
-    """Rows longer than 8 take the split path, in chunks of 8 (up to 8 chunks; longer: the long path)."""
-    monkeypatch.setattr(ts, "SPLIT_ABOVE_N", 8)
-    monkeypatch.setattr(ts, "SPLIT_BLOCK_N", 8)
-    monkeypatch.setattr(ts, "MAX_SPLITS", 8)
-    monkeypatch.setattr(ts, "_SPLIT_FROM", {False: 0, True: 0})
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize(
-    "shape,causal",
-    [((3, 37), False), ((2, 64), False), ((2, 20, 20), True), ((2, 9, 30), True), ((2, 30, 9), True),
-     ((1, 9), False)],
-)
-def test_split_path_matches_reference(force_split_path, ts, shape, causal, dtype, seeded):
-    """A row over several programs (in the interpreter: partials first, then outputs, two launches)."""
-    assert ts.plan(shape[-1], 4).split
-    fwd, bwd = check_method("triton", random_scores(shape, dtype, DEVICE, gen=seeded), 0.5, causal)
-    assert fwd <= FWD_TOL[dtype] and bwd <= BWD_TOL[dtype], (fwd, bwd)
-
-
-def test_split_path_non_contiguous_and_extremes(force_split_path, seeded):
-    x = random_scores((2, 40, 24), torch.float32, DEVICE, gen=seeded).transpose(-1, -2)  # (2, 24, 40)
-    fwd, bwd = check_method("triton", x, 0.5, True)
-    assert fwd <= 1e-5 and bwd <= 1e-4
+@pytest.mark.parametrize("forced_path", ["split"], indirect=True)
+def test_split_path_extremes(forced_path, seeded):
     big = torch.full((2, 30), -float("inf"), device=DEVICE)
     big[0, 3], big[0, 17] = 1e30, 1e30  # huge scores in two different chunks; row 1 entirely -inf
     y = kernels.softmax(big, method="triton")

@@ -223,14 +223,19 @@ if triton is not None:
             tl.store(y_row + c, y.to(Y.dtype.element_ty), mask=c < n_cols)
 
     @triton.jit
-    def _split_chunk(CNT, splits, PHASE: tl.constexpr):
-        """(row, chunk) of this program. PHASE 0 (one launch, GPU): from the ticket counter CNT[0], so
-        chunks start in ticket order (see the module docstring); else from the program id."""
+    def _split_chunk(CNT, splits, n_cols, tq, diag, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                     PHASE: tl.constexpr):
+        """This program's row, chunk, the chunk's columns and which of them are unmasked. PHASE 0 (one
+        launch, GPU): the chunk from the ticket counter CNT[0], so chunks start in ticket order (see
+        the module docstring); else from the program id."""
         if PHASE == 0:
             vid = tl.atomic_add(CNT, 1)
         else:
             vid = tl.program_id(0)
-        return (vid // splits).to(tl.int64), vid % splits
+        row = (vid // splits).to(tl.int64)
+        part = vid % splits
+        cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
+        return row, part, cols, cols < _one_row_limit(row, n_cols, tq, diag, CAUSAL)
 
     @triton.jit
     def _split_arrive_and_wait(CNT_ROW, splits):
@@ -247,10 +252,7 @@ if triton is not None:
         BLOCK_N: tl.constexpr, SPLITS_P2: tl.constexpr, CAUSAL: tl.constexpr, PHASE: tl.constexpr,
     ):
         """PHASE 0: whole kernel (GPU). PHASE 1: partials only; PHASE 2: outputs only (interpreter)."""
-        row, part = _split_chunk(CNT, splits, PHASE)
-        lim = _one_row_limit(row, n_cols, tq, diag, CAUSAL)
-        cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
-        keep = cols < lim
+        row, part, cols, keep = _split_chunk(CNT, splits, n_cols, tq, diag, BLOCK_N, CAUSAL, PHASE)
         x = tl.load(X + row * stride_xr + cols * stride_xc, mask=keep, other=0.0).to(tl.float32)
         m = tl.max(tl.where(keep, x * scale_log2e, float("-inf")), axis=0)
         ref = tl.where(m == float("-inf"), 0.0, m)
@@ -277,10 +279,7 @@ if triton is not None:
         Y, DY, DX, CNT, STAT, n_cols, splits, stride_dyr, stride_dyc, tq, diag, scale,
         BLOCK_N: tl.constexpr, SPLITS_P2: tl.constexpr, CAUSAL: tl.constexpr, PHASE: tl.constexpr,
     ):
-        row, part = _split_chunk(CNT, splits, PHASE)
-        lim = _one_row_limit(row, n_cols, tq, diag, CAUSAL)
-        cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
-        keep = cols < lim
+        row, part, cols, keep = _split_chunk(CNT, splits, n_cols, tq, diag, BLOCK_N, CAUSAL, PHASE)
         y = tl.load(Y + row * n_cols + cols, mask=keep, other=0.0).to(tl.float32)
         dy = tl.load(DY + row * stride_dyr + cols * stride_dyc, mask=keep, other=0.0).to(tl.float32)
         stat = STAT + row * splits
