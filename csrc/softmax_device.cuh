@@ -3,15 +3,17 @@
 // launch table) and by softmax_tuning.cu (the variants the launch table was chosen from).
 //
 // Code paths:
-//  * register: the row stays in registers (fp32, loaded with 16-byte vectors). L threads share a row,
-//    NV vectors (ITEMS = NV * VEC elements) each: L <= 32 packs several rows into one warp (short rows),
-//    L > 32 is a block per row. One pass over memory each way. Two reduction schemes: MERGED = false
+//  * register: the row stays in registers (loaded with 16-byte vectors, all of a thread's loads issued
+//    before the first is used, fp32 math). L threads share a row, NV vectors (ITEMS = NV * VEC
+//    elements) each: L <= 32 packs several rows into one warp (short rows), L > 32 is a block per row.
+//    One pass over memory each way. Two reduction schemes: MERGED = false
 //    reduces the row max, then exponentiates once per element and reduces the sum (two reductions);
 //    MERGED = true exponentiates against each thread's own max and merges (max, sum) pairs in one
 //    reduction (online-softmax merge), rescaling each element once at the end.
 //  * cluster: the register kernel with SPAN = kCluster: a long row is split over a thread-block cluster
-//    (Hopper, up to 16 CTAs); each CTA keeps its slice in registers and the CTAs combine their partials
-//    through distributed shared memory. Still one pass over memory each way.
+//    (Hopper, up to 16 CTAs); each CTA keeps its slice in registers and the CTAs exchange their
+//    partials once through distributed shared memory (stores into each peer's slots plus an mbarrier
+//    arrival there: no cluster-wide barrier on the critical path). Still one pass over memory each way.
 //  * split: the register kernel with SPAN = kSplit: a long row is split over ordinary blocks, one slice
 //    each, that combine their partials through global memory: each block publishes its slice's partial,
 //    counts itself in the row's arrival counter (release) and waits until every slice of the row has
@@ -23,7 +25,7 @@
 //    its own 16-byte vectors of the next B rows into shared memory with cp.async (B buffers), so the
 //    loads of later rows are in flight while this row is reduced and written: one long row per SM no
 //    longer leaves the memory system idle between rows. A thread reads back only what it copied: no
-//    barrier for the staging.
+//    barrier for the staging. C > 1: the row over a cluster of C CTAs, one exchange per row (as above).
 //  * stream: rows of any length (no cap) and unaligned rows: a block per row, two passes over global
 //    memory, the second walking backwards so the chunks read last (still in L2) come first.
 // Register and cluster paths need 16-byte alignment (cols and the row stride multiples of the vector
@@ -141,18 +143,15 @@ __device__ __forceinline__ Pack<T, VEC> load_prefix(const T* p, int c0, int lim)
   return out;
 }
 
-// The same VEC elements as words (for Words<T>). Written out rather than through load_prefix: that
-// changes the generated code (checked in PTX), and these kernels' speed was measured as they are.
+// The 16-byte vector at column c0 if it holds an unmasked column (c0 < lim), else zeros. No branch:
+// a predicated load, so a thread's loads of a row are all issued before the first is used. A vector
+// that straddles lim is read whole (it lies inside the row: cols is a multiple of VEC wherever this
+// is used); the caller masks its columns >= lim.
 template <typename T, int VEC>
-__device__ __forceinline__ uint4 load_words(const T* p, int c0, int lim) {
-  if (c0 + VEC <= lim) return *reinterpret_cast<const uint4*>(p + c0);
-  union {
-    Pack<T, VEC> pack;
-    uint4 w;
-  } u;
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) u.pack.v[j] = c0 + j < lim ? p[c0 + j] : Cvt<T>::store(0.f);
-  return u.w;
+__device__ __forceinline__ uint4 load_vec(const T* p, int c0, int lim) {
+  uint4 w = make_uint4(0u, 0u, 0u, 0u);
+  if (c0 < lim) w = *reinterpret_cast<const uint4*>(p + c0);
+  return w;
 }
 
 // 2^x with the SFU instruction (relative error ~2^-22, what Triton's tl.exp2 uses as well).
@@ -235,51 +234,108 @@ __device__ __forceinline__ float row_max(float v, float* red) {
   return v;
 }
 
-// Cluster-wide combination of the per-CTA partials of one row (distributed shared memory). Each
-// partial goes to its own `slot` (one per reduction per kernel); one full cluster barrier makes them
-// visible. The last reduction of a kernel then only *arrives* at the closing barrier
-// (cluster_done_reading) and the kernel waits on it just before exiting (cluster_wait): no CTA may
-// exit while another still reads its shared memory, but the stores overlap the wait.
-__device__ __forceinline__ void cluster_done_reading() {
+// Persistent clusters exchange one partial per row without a cluster-wide barrier: each CTA keeps,
+// per row parity, an mbarrier expecting C - 1 arrivals and C slots. Thread t < C (t != own rank)
+// stores this CTA's partial into CTA t's slot [own rank] (distributed shared memory) and arrives
+// (release, cluster scope) on CTA t's mbarrier; every thread waits on its own mbarrier (acquire) and
+// merges the C partials in rank order, its own from registers: the same result in every CTA. A slot
+// of parity p is written again only for row k + 2, which no peer reaches before this CTA has sent
+// its row k + 1 partial, i.e. after all its threads passed row k + 1's block barrier (done reading).
+template <typename V, int C>
+struct ClusterXchg {
+  uint64_t bar[2];
+  V val[2][C];
+};
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ unsigned map_to_rank(unsigned addr, unsigned rank) {
+  unsigned out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(addr), "r"(rank));
+  return out;
+}
+__device__ __forceinline__ void st_cluster(unsigned addr, float2 v) {
+  asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(v.x), "f"(v.y) : "memory");
+}
+__device__ __forceinline__ void st_cluster(unsigned addr, float v) {
+  asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned parity) {
+  unsigned done;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+// Before the first exchange: the mbarriers initialized and visible to the whole cluster.
+template <typename V, int C>
+__device__ __forceinline__ void xchg_init(ClusterXchg<V, C>& x) {
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int p = 0; p < 2; ++p)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(&x.bar[p])), "r"(C - 1) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  cg::this_cluster().sync();
+}
+
+// Row k's partials of all C CTAs (this one's is `mine`, the same in all its threads) folded in rank
+// order into `acc` with merge(acc, v).
+template <typename V, int C, typename Merge>
+__device__ __forceinline__ void xchg(ClusterXchg<V, C>& x, unsigned rank, int k, V mine, Merge&& merge) {
+  const int p = k & 1;
+  if (threadIdx.x < C && threadIdx.x != rank) {
+    st_cluster(map_to_rank(smem_u32(&x.val[p][rank]), threadIdx.x), mine);
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(
+                     map_to_rank(smem_u32(&x.bar[p]), threadIdx.x))
+                 : "memory");
+  }
+  while (!mbar_try_wait(smem_u32(&x.bar[p]), (unsigned)(k >> 1) & 1u)) {
+  }
+#pragma unroll
+  for (int r = 0; r < C; ++r) merge(r == (int)rank ? mine : x.val[p][r]);
+}
+
+// Register-path clusters (one row per cluster, n <= 16 CTAs, n known at run time): one exchange per
+// kernel, through the same scheme. cluster_begin() right after the loads are issued: the mbarrier
+// initialized and a cluster barrier arrived at; cluster_xchg() waits on that barrier (every peer's
+// mbarrier initialized: the wait overlaps the loads), exchanges, and arrives at a closing barrier
+// that cluster_end() waits on just before exit (no CTA leaves while a peer's store into it may be in
+// flight; the wait overlaps the output stores).
+template <typename V>
+struct ClusterSlots {
+  uint64_t bar;
+  V val[16];
+};
+
+template <typename V>
+__device__ __forceinline__ void cluster_begin(ClusterSlots<V>& x, unsigned n) {
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(&x.bar)), "r"(n - 1) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
   asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ void cluster_wait() {
+
+template <typename V, typename Merge>
+__device__ __forceinline__ void cluster_xchg(ClusterSlots<V>& x, unsigned n, unsigned rank, V mine, Merge&& merge) {
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void cluster_stats(float& m, float& s, float2* slot) {
-  cg::cluster_group cluster = cg::this_cluster();
-  if (threadIdx.x == 0) *slot = make_float2(m, s);
-  cluster.sync();
-  float cm = -INFINITY, cs = 0.f;
-  const unsigned n = cluster.num_blocks();
-  for (unsigned r = 0; r < n; ++r) {
-    const float2 o = *cluster.map_shared_rank(slot, r);
-    merge_stats(cm, cs, o.x, o.y);
+  if (threadIdx.x < n && threadIdx.x != rank) {
+    st_cluster(map_to_rank(smem_u32(&x.val[rank]), threadIdx.x), mine);
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(
+                     map_to_rank(smem_u32(&x.bar), threadIdx.x))
+                 : "memory");
   }
-  m = cm;
-  s = cs;
+  while (!mbar_try_wait(smem_u32(&x.bar), 0u)) {
+  }
+  for (unsigned r = 0; r < n; ++r) merge(r == rank ? mine : x.val[r]);
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
 }
 
-__device__ __forceinline__ float cluster_max(float v, float* slot) {
-  cg::cluster_group cluster = cg::this_cluster();
-  if (threadIdx.x == 0) *slot = v;
-  cluster.sync();
-  float m = -INFINITY;
-  const unsigned n = cluster.num_blocks();
-  for (unsigned r = 0; r < n; ++r) m = fmaxf(m, *cluster.map_shared_rank(slot, r));
-  return m;
-}
-
-__device__ __forceinline__ float cluster_sum(float v, float* slot) {
-  cg::cluster_group cluster = cg::this_cluster();
-  if (threadIdx.x == 0) *slot = v;
-  cluster.sync();
-  float total = 0.f;
-  const unsigned n = cluster.num_blocks();
-  for (unsigned r = 0; r < n; ++r) total += *cluster.map_shared_rank(slot, r);
-  return total;
-}
+__device__ __forceinline__ void cluster_end() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
 
 // Split path: thread 0 publishes the block's partial, arrives (release) and waits for the row's other
 // slices (acquire); after a barrier warp 0 merges the row's partials (read from L2) and broadcasts.
@@ -397,8 +453,8 @@ constexpr int min_blocks(int threads, int regs, int nv, bool packed) {
   return b < 1 ? 1 : (b > 32 ? 32 : b);
 }
 
-// v[k] <- exp2(v[k] * c - ref) for the kept columns (< lim), 0 for the others; returns their sum.
-// Vector i of this thread starts at column first + i * L * VEC; whole vectors are tested at once.
+// v[k] <- exp2(v[k] * c - ref) for the kept columns (< lim), 0 for the others (v: the row's values in
+// fp32); returns their sum. Vector i of this thread starts at column first + i * L * VEC.
 template <int VEC, int NV, int L>
 __device__ __forceinline__ float exp_in_place(float* v, int first, int lim, float c, float ref) {
   float s = 0.f;
@@ -419,6 +475,26 @@ __device__ __forceinline__ float exp_in_place(float* v, int first, int lim, floa
         v[i * VEC + j] = e;
         s += e;
       }
+    }
+  }
+  return s;
+}
+
+// v[k] <- exp2(x_k * c - ref) for the kept columns (< lim), 0 for the others, x_k read from the row's
+// words as loaded; returns their sum. Vector i of this thread starts at column first + i * L * VEC;
+// whole vectors are tested at once.
+template <typename T, int VEC, int NV, int L>
+__device__ __forceinline__ float exp_words(float* v, const uint4* w, int first, int lim, float c, float ref) {
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int c0 = first + i * L * VEC;
+    const bool whole = c0 + VEC <= lim;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float e = whole || c0 + j < lim ? fast_exp2(fmaf(Words<T>::get_again(w[i], j), c, -ref)) : 0.f;
+      v[i * VEC + j] = e;
+      s += e;
     }
   }
   return s;
@@ -457,6 +533,35 @@ __device__ __forceinline__ void store_dx(T* xr, const uint4* ya, const uint4* ga
   }
 }
 
+// Packed rows (the words as loaded): the sum of exp2(x * c - ref) over the kept columns (< lim), and
+// the outputs exp2(x * c - ref) * f (0 past lim; cols a multiple of VEC).
+template <typename T, int VEC, int NV, int L>
+__device__ __forceinline__ float packed_exp_sum(const uint4* w, int first, int lim, float c, float ref) {
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int c0 = first + i * L * VEC;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) s += c0 + j < lim ? fast_exp2(fmaf(Words<T>::get_again(w[i], j), c, -ref)) : 0.f;
+  }
+  return s;
+}
+
+template <typename T, int VEC, int NV, int L>
+__device__ __forceinline__ void store_exp(T* yr, const uint4* w, int first, int cols, int lim, float c, float ref,
+                                          float f) {
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int c0 = first + i * L * VEC;
+    if (c0 >= cols) continue;
+    Pack<T, VEC> o;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j)
+      o.v[j] = Cvt<T>::store(c0 + j < lim ? fast_exp2(fmaf(Words<T>::get_again(w[i], j), c, -ref)) * f : 0.f);
+    *reinterpret_cast<Pack<T, VEC>*>(yr + c0) = o;
+  }
+}
+
 // PACKED (16-bit types): the row stays in registers as loaded (packed words, half the registers) and
 // each kept element's exponential is computed twice, for the sum and for the output, instead of
 // keeping fp32 exponentials: more SFU work (2 ex2 per element), fewer registers, more blocks per SM.
@@ -466,11 +571,11 @@ __global__ void __launch_bounds__(L* ROWS, min_blocks(L * ROWS, PACKED ? NV * 4 
                         int64_t x_stride, int64_t tq, int64_t diag, float c, bool causal, SplitWs ws) {
   constexpr int ITEMS = NV * VEC;
   constexpr bool CLUSTER = SPAN == kCluster, SPLIT = SPAN == kSplit;
-  static_assert(!SPLIT || MERGED, "the split path merges (max, sum) in one exchange");
+  static_assert(!(SPLIT || CLUSTER) || MERGED, "split and cluster paths merge (max, sum) in one exchange");
   __shared__ float2 red_stats[MERGED && L > 32 ? 32 : 1];
   __shared__ float red_max[!MERGED && L > 32 ? 32 : 1], red_sum[!MERGED && L > 32 ? 32 : 1];
   __shared__ float2 slot_stats;
-  __shared__ float slot_max, slot_sum;
+  __shared__ ClusterSlots<float2> cslots;
   const int lane = threadIdx.x % L;
   int64_t row;
   int base, part;
@@ -480,49 +585,29 @@ __global__ void __launch_bounds__(L* ROWS, min_blocks(L * ROWS, PACKED ? NV * 4 
   const T* xr = x + (row_ok ? row : 0) * x_stride;
   const int first = base + lane * VEC;  // vector i of this thread starts at column first + i * L * VEC
 
-  // load (unmasked prefix only) and this thread's max of x * c
-  float v[PACKED ? 1 : ITEMS];
-  uint4 w[PACKED ? NV : 1];
+  // load (the vectors of the unmasked prefix; all loads issued first) and this thread's max of x * c
+  uint4 w[NV];
+#pragma unroll
+  for (int i = 0; i < NV; ++i) w[i] = load_vec<T, VEC>(xr, first + i * L * VEC, lim);
+  const unsigned n_ctas = CLUSTER ? cg::this_cluster().num_blocks() : 1;
+  if constexpr (CLUSTER) cluster_begin(cslots, n_ctas);
   float m = -INFINITY;
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int c0 = first + i * L * VEC;
-    if constexpr (PACKED) {
-      w[i] = load_words<T, VEC>(xr, c0, lim);
+    const bool whole = c0 + VEC <= lim;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j)
-        if (c0 + j < lim) m = fmaxf(m, Words<T>::get(w[i], j) * c);
-    } else if (c0 + VEC <= lim) {
-      const Pack<T, VEC> p = *reinterpret_cast<const Pack<T, VEC>*>(xr + c0);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        v[i * VEC + j] = Cvt<T>::load(p.v[j]);
-        m = fmaxf(m, v[i * VEC + j] * c);
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const bool keep = c0 + j < lim;
-        v[i * VEC + j] = keep ? Cvt<T>::load(xr[c0 + j]) : 0.f;
-        if (keep) m = fmaxf(m, v[i * VEC + j] * c);
-      }
-    }
+    for (int j = 0; j < VEC; ++j)
+      if (whole || c0 + j < lim) m = fmaxf(m, Words<T>::get(w[i], j) * c);
   }
+  float v[PACKED ? 1 : ITEMS];  // unpacked: the exponentials, kept for the output
   // sum of exp2(x * c - ref) over the kept columns (one fma: x * c is never rounded first); unpacked,
   // the exponentials replace the values in v
   auto exp_sum = [&](float ref) {
     if constexpr (PACKED) {
-      float s = 0.f;
-#pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        const int c0 = first + i * L * VEC;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j)
-          s += c0 + j < lim ? fast_exp2(fmaf(Words<T>::get_again(w[i], j), c, -ref)) : 0.f;
-      }
-      return s;
+      return packed_exp_sum<T, VEC, NV, L>(w, first, lim, c, ref);
     } else {
-      return exp_in_place<VEC, NV, L>(v, first, lim, c, ref);
+      return exp_words<T, VEC, NV, L>(v, w, first, lim, c, ref);
     }
   };
   float ref, f;  // output = exp2(x * c - ref) * f
@@ -534,43 +619,30 @@ __global__ void __launch_bounds__(L* ROWS, min_blocks(L * ROWS, PACKED ? NV * 4 
     float M = m, S = s;
     row_stats<L>(M, S, red_stats);
     if constexpr (CLUSTER) {
-      cluster_stats(M, S, &slot_stats);
-      cluster_done_reading();
+      float cm = -INFINITY, cs = 0.f;
+      cluster_xchg(cslots, n_ctas, (unsigned)part, make_float2(M, S), [&](float2 o) { merge_stats(cm, cs, o.x, o.y); });
+      M = cm;
+      S = cs;
     }
     if constexpr (SPLIT) split_stats(M, S, ws, row, part, &slot_stats);
     const float Mref = M == -INFINITY ? 0.f : M;
     f = fast_exp2(ref - Mref) / (S == 0.f ? 1.f : S);  // NaN stays NaN
   } else {
     // the row max first, then one exponential per element against it, then the row sum
-    float M = row_max<L>(m, red_max);
-    if constexpr (CLUSTER) M = cluster_max(M, &slot_max);
+    const float M = row_max<L>(m, red_max);
     ref = M == -INFINITY ? 0.f : M;  // no unmasked key: every exponential below is 0
-    const float s = exp_sum(ref);
-    float S = row_sum<L>(s, red_sum);
-    if constexpr (CLUSTER) {
-      S = cluster_sum(S, &slot_sum);
-      cluster_done_reading();
-    }
+    const float S = row_sum<L>(exp_sum(ref), red_sum);
     f = 1.f / (S == 0.f ? 1.f : S);  // NaN stays NaN
   }
   if (row_ok) {  // (always, on the cluster and split paths: their grid is rows x slices)
     T* yr = y + row * cols;
     if constexpr (PACKED) {
-#pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        const int c0 = first + i * L * VEC;
-        if (c0 >= cols) continue;  // cols is a multiple of VEC on this path
-        Pack<T, VEC> o;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j)
-          o.v[j] = Cvt<T>::store(c0 + j < lim ? fast_exp2(fmaf(Words<T>::get_again(w[i], j), c, -ref)) * f : 0.f);
-        *reinterpret_cast<Pack<T, VEC>*>(yr + c0) = o;
-      }
+      store_exp<T, VEC, NV, L>(yr, w, first, cols, lim, c, ref, f);
     } else {
       store_scaled<T, VEC, NV, L>(yr, v, first, cols, f);
     }
   }
-  if constexpr (CLUSTER) cluster_wait();
+  if constexpr (CLUSTER) cluster_end();
 }
 
 // y and dy stay in registers as loaded (packed words) and are converted where they are used.
@@ -583,6 +655,7 @@ __global__ void __launch_bounds__(L* ROWS, CAP ? min_blocks(L * ROWS, NV * 8, NV
   constexpr bool CLUSTER = SPAN == kCluster, SPLIT = SPAN == kSplit;
   __shared__ float red[L > 32 ? 32 : 1];
   __shared__ float slot;
+  __shared__ ClusterSlots<float> cslots;
   const int lane = threadIdx.x % L;
   int64_t row;
   int base, part;
@@ -593,24 +666,33 @@ __global__ void __launch_bounds__(L* ROWS, CAP ? min_blocks(L * ROWS, NV * 8, NV
   const T* gr = dy + (row_ok ? row : 0) * dy_stride;
   const int first = base + lane * VEC;
 
+  // all loads issued first (the vectors of the unmasked prefix), then the dot over the kept columns
   uint4 ya[NV], ga[NV];
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    ya[i] = load_vec<T, VEC>(yr, first + i * L * VEC, lim);
+    ga[i] = load_vec<T, VEC>(gr, first + i * L * VEC, lim);
+  }
+  const unsigned n_ctas = CLUSTER ? cg::this_cluster().num_blocks() : 1;
+  if constexpr (CLUSTER) cluster_begin(cslots, n_ctas);
   float dot = 0.f;
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int c0 = first + i * L * VEC;
-    ya[i] = load_words<T, VEC>(yr, c0, lim);  // zeros past lim: they add nothing to the dot
-    ga[i] = load_words<T, VEC>(gr, c0, lim);
+    const bool whole = c0 + VEC <= lim;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) dot += Words<T>::get(ya[i], j) * Words<T>::get(ga[i], j);
+    for (int j = 0; j < VEC; ++j)
+      if (whole || c0 + j < lim) dot += Words<T>::get(ya[i], j) * Words<T>::get(ga[i], j);
   }
   dot = row_sum<L>(dot, red);
   if constexpr (CLUSTER) {
-    dot = cluster_sum(dot, &slot);
-    cluster_done_reading();
+    float total = 0.f;
+    cluster_xchg(cslots, n_ctas, (unsigned)part, dot, [&](float o) { total += o; });
+    dot = total;
   }
   if constexpr (SPLIT) dot = split_sum(dot, ws, row, part, &slot);
   if (row_ok) store_dx<T, VEC, NV, L>(dx + row * cols, ya, ga, first, cols, lim, scale, dot);
-  if constexpr (CLUSTER) cluster_wait();
+  if constexpr (CLUSTER) cluster_end();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -627,89 +709,150 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
 }
 
-// This thread's vectors of row r (those holding unmasked columns; the rest zero-filled, not read)
-// into buffer `buf`, as one commit group (empty past the last row, so every iteration commits one).
+// This thread's vectors of row r (those holding unmasked columns; the rest zero-filled, not read) in
+// the slice starting at column `base` into buffer `buf`, as one commit group (empty past the last row,
+// so every iteration commits one).
 template <typename T, int VEC, int NV, int L>
-__device__ __forceinline__ void prefetch_row(uint4* buf, const T* base, int64_t r, int64_t rows, int cols,
+__device__ __forceinline__ void prefetch_row(uint4* buf, const T* src, int64_t r, int64_t rows, int cols, int base,
                                              int64_t stride, int64_t tq, int64_t diag, bool causal) {
   if (r < rows) {
     const int lim = row_limit(r, cols, tq, diag, causal);
-    const T* xr = base + r * stride;
+    const T* xr = src + r * stride;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
-      const int c0 = (threadIdx.x + i * L) * VEC;
+      const int c0 = base + (threadIdx.x + i * L) * VEC;
       if (c0 < cols) cp_async16(buf + i * L + threadIdx.x, xr + c0, c0 < lim);
     }
   }
   cp_async_commit();
 }
 
-template <typename T, int VEC, int NV, int L, int B>
+// Where a persistent block works: C == 1, the whole row, rows blockIdx.x, + gridDim.x, ...; C > 1
+// (a thread-block cluster of C CTAs per row), CTA `part` of the cluster takes the columns
+// [part * SLICE, (part + 1) * SLICE) of rows cluster, + clusters, ...
+template <int C, int SLICE>
+__device__ __forceinline__ void persist_place(int64_t& first_row, int64_t& step, int& base) {
+  if constexpr (C == 1) {
+    first_row = blockIdx.x;
+    step = gridDim.x;
+    base = 0;
+  } else {
+    first_row = blockIdx.x / C;
+    step = gridDim.x / C;
+    base = (int)cg::this_cluster().block_rank() * SLICE;
+  }
+}
+
+// Forward, persistent. MERGED: one (max, sum) reduction per row (exponentials against each thread's
+// own max, rescaled once), required for clusters (one exchange between the CTAs per row). PACKED: the
+// row stays in registers as loaded (16-bit pairs: half the registers, so 64 elements per thread fit)
+// and each kept element's exponential is computed twice, for the sum and for the output. The cluster
+// exchange slots and the block reduction buffers alternate between rows, so the one barrier of the
+// next row orders their reuse (the cluster exchange: see ClusterXchg).
+template <typename T, int VEC, int NV, int L, int B, int C, bool MERGED, bool PACKED>
 __global__ void __launch_bounds__(L, 1)
     fwd_persist_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int cols, int64_t x_stride,
                        int64_t tq, int64_t diag, float c, bool causal) {
   extern __shared__ uint4 stage[];
-  __shared__ float red_max[2][L / 32], red_sum[2][L / 32];  // alternate rows: no barrier for reuse
-  static_assert(L % 32 == 0 && L >= 64, "one row per block of whole warps");
-  const int64_t step = gridDim.x;
-  int64_t r = blockIdx.x;
+  static_assert(L % 32 == 0 && L >= 64, "one row (slice) per block of whole warps");
+  static_assert(C == 1 || MERGED, "a cluster merges (max, sum) in one exchange per row");
+  __shared__ float red_max[MERGED ? 1 : 2][L / 32], red_sum[MERGED ? 1 : 2][L / 32];
+  __shared__ float2 red_stats[MERGED ? 2 : 1][L / 32];
+  __shared__ ClusterXchg<float2, C> xs;
+  int64_t r, step;
+  int base;
+  persist_place<C, L * NV * VEC>(r, step, base);
+  const unsigned rank = C > 1 ? cg::this_cluster().block_rank() : 0;
+  if constexpr (C > 1) xchg_init(xs);
+  const int first = base + threadIdx.x * VEC;  // vector i of this thread starts at column first + i * L * VEC
 #pragma unroll
   for (int b = 0; b < B; ++b)
-    prefetch_row<T, VEC, NV, L>(stage + b * NV * L, x, r + b * step, rows, cols, x_stride, tq, diag, causal);
+    prefetch_row<T, VEC, NV, L>(stage + b * NV * L, x, r + b * step, rows, cols, base, x_stride, tq, diag, causal);
   for (int k = 0; r < rows; r += step, ++k) {
     uint4* buf = stage + (k % B) * NV * L;
     cp_async_wait<B - 1>();  // this row's group (B groups were in flight)
     uint4 w[NV];
 #pragma unroll
     for (int i = 0; i < NV; ++i) w[i] = buf[i * L + threadIdx.x];
-    prefetch_row<T, VEC, NV, L>(buf, x, r + B * step, rows, cols, x_stride, tq, diag, causal);
+    prefetch_row<T, VEC, NV, L>(buf, x, r + B * step, rows, cols, base, x_stride, tq, diag, causal);
     const int lim = row_limit(r, cols, tq, diag, causal);
-    float v[NV * VEC];
+    // (from shared memory, so unpacked the row goes to fp32 at once: measured faster here than
+    // converting from the words twice, as the register kernel does)
+    float v[PACKED ? 1 : NV * VEC];
     float m = -INFINITY;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
-      const int c0 = (threadIdx.x + i * L) * VEC;
+      const int c0 = first + i * L * VEC;
+      const bool whole = c0 + VEC <= lim;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        v[i * VEC + j] = Words<T>::get(w[i], j);
-        if (c0 + j < lim) m = fmaxf(m, v[i * VEC + j] * c);
+        const float val = Words<T>::get(w[i], j);
+        if constexpr (!PACKED) v[i * VEC + j] = val;
+        if (c0 + j < lim) m = fmaxf(m, val * c);
       }
     }
-    m = row_max<L>(m, red_max[k & 1]);
-    const float ref = m == -INFINITY ? 0.f : m;
-    float s = 0.f;
-#pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int c0 = (threadIdx.x + i * L) * VEC;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float e = c0 + j < lim ? fast_exp2(fmaf(v[i * VEC + j], c, -ref)) : 0.f;
-        v[i * VEC + j] = e;
-        s += e;
+    auto exp_sum = [&](float ref) {
+      if constexpr (PACKED)
+        return packed_exp_sum<T, VEC, NV, L>(w, first, lim, c, ref);
+      else
+        return exp_in_place<VEC, NV, L>(v, first, lim, c, ref);
+    };
+    float ref, f;  // output = exp2(x * c - ref) * f (unpacked: v * f)
+    if constexpr (MERGED) {
+      ref = m == -INFINITY ? 0.f : m;
+      float M = m, S = exp_sum(ref);
+      row_stats<L>(M, S, red_stats[k & 1]);
+      if constexpr (C > 1) {
+        float cm = -INFINITY, cs = 0.f;
+        xchg(xs, rank, k, make_float2(M, S), [&](float2 o) { merge_stats(cm, cs, o.x, o.y); });
+        M = cm;
+        S = cs;
       }
+      const float Mref = M == -INFINITY ? 0.f : M;
+      const float inv = 1.f / (S == 0.f ? 1.f : S);  // NaN stays NaN
+      if constexpr (PACKED) {
+        ref = Mref;
+        f = inv;
+      } else {
+        f = fast_exp2(ref - Mref) * inv;
+      }
+    } else {
+      const float M = row_max<L>(m, red_max[k & 1]);
+      ref = M == -INFINITY ? 0.f : M;  // no unmasked key: every exponential is 0
+      const float S = row_sum<L>(exp_sum(ref), red_sum[k & 1]);
+      f = 1.f / (S == 0.f ? 1.f : S);
     }
-    s = row_sum<L>(s, red_sum[k & 1]);
-    const float f = 1.f / (s == 0.f ? 1.f : s);  // NaN stays NaN
-    store_scaled<T, VEC, NV, L>(y + r * cols, v, threadIdx.x * VEC, cols, f);
+    if constexpr (PACKED)
+      store_exp<T, VEC, NV, L>(y + r * cols, w, first, cols, lim, c, ref, f);
+    else
+      store_scaled<T, VEC, NV, L>(y + r * cols, v, first, cols, f);
   }
   cp_async_wait<0>();  // nothing left in flight at exit
+  if constexpr (C > 1) cg::this_cluster().sync();  // no CTA leaves while another may read its slots
 }
 
-template <typename T, int VEC, int NV, int L, int B>
+// Backward, persistent: y and dy of the next B rows prefetched; C > 1 as above (one exchange of the
+// row's dot product per row).
+template <typename T, int VEC, int NV, int L, int B, int C>
 __global__ void __launch_bounds__(L, 1)
     bwd_persist_kernel(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, int64_t rows,
                        int cols, int64_t dy_stride, int64_t tq, int64_t diag, float scale, bool causal) {
   extern __shared__ uint4 stage[];  // [B][2: y, dy][NV][L]
   __shared__ float red[2][L / 32];
-  static_assert(L % 32 == 0 && L >= 64, "one row per block of whole warps");
-  const int64_t step = gridDim.x;
-  int64_t r = blockIdx.x;
+  __shared__ ClusterXchg<float, C> xs;
+  static_assert(L % 32 == 0 && L >= 64, "one row (slice) per block of whole warps");
+  int64_t r, step;
+  int base;
+  persist_place<C, L * NV * VEC>(r, step, base);
+  const unsigned rank = C > 1 ? cg::this_cluster().block_rank() : 0;
+  if constexpr (C > 1) xchg_init(xs);
+  const int first = base + threadIdx.x * VEC;
   auto prefetch = [&](uint4* buf, int64_t rr) {
     if (rr < rows) {
       const int lim = row_limit(rr, cols, tq, diag, causal);
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
-        const int c0 = (threadIdx.x + i * L) * VEC;
+        const int c0 = first + i * L * VEC;
         if (c0 < cols) {
           cp_async16(buf + i * L + threadIdx.x, y + rr * cols + c0, c0 < lim);
           cp_async16(buf + (NV + i) * L + threadIdx.x, dy + rr * dy_stride + c0, c0 < lim);
@@ -734,15 +877,21 @@ __global__ void __launch_bounds__(L, 1)
     float dot = 0.f;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
-      const int c0 = (threadIdx.x + i * L) * VEC;
+      const int c0 = first + i * L * VEC;
 #pragma unroll
       for (int j = 0; j < VEC; ++j)
         if (c0 + j < lim) dot += Words<T>::get(ya[i], j) * Words<T>::get(ga[i], j);
     }
     dot = row_sum<L>(dot, red[k & 1]);
-    store_dx<T, VEC, NV, L>(dx + r * cols, ya, ga, threadIdx.x * VEC, cols, lim, scale, dot);
+    if constexpr (C > 1) {
+      float total = 0.f;
+      xchg(xs, rank, k, dot, [&](float o) { total += o; });
+      dot = total;
+    }
+    store_dx<T, VEC, NV, L>(dx + r * cols, ya, ga, first, cols, lim, scale, dot);
   }
   cp_async_wait<0>();
+  if constexpr (C > 1) cg::this_cluster().sync();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -925,11 +1074,11 @@ cudaError_t launch_cluster(Kernel kernel, const Args& a, int threads, int items,
   return err;
 }
 
-template <typename T, int L, int ITEMS, bool MERGED, bool PACKED>
+template <typename T, int L, int ITEMS, bool PACKED>
 cudaError_t launch_fwd_cluster(const Args& a) {
   constexpr int VEC = vec_of<T>();
   static_assert(ITEMS % VEC == 0, "bad cluster config");
-  return launch_cluster(fwd_register_kernel<T, VEC, ITEMS / VEC, L, 1, MERGED, PACKED && sizeof(T) == 2, kCluster>,
+  return launch_cluster(fwd_register_kernel<T, VEC, ITEMS / VEC, L, 1, true, PACKED && sizeof(T) == 2, kCluster>,
                         a, L, ITEMS, static_cast<const T*>(a.a), static_cast<T*>(a.out), a.rows, (int)a.cols,
                         a.stride, a.tq, a.diag, a.scale * kLog2e, a.causal, SplitWs{});
 }
@@ -988,15 +1137,32 @@ cudaError_t launch_bwd_split(const Args& a) {
                       (int)a.cols, a.stride, a.tq, a.diag, a.scale, a.causal);
 }
 
-// Persistent path: rows of up to L * ITEMS columns, B row buffers of shared memory, as many blocks as
-// fit on the GPU at once (or one per row when there are fewer rows). What fits is asked once per
-// kernel and device (the shared-memory opt-in, SM count and occupancy queries are host calls) and kept
-// in the launcher's `resident` table.
+// Persistent path: rows of up to C * L * ITEMS columns (C CTAs per row: a thread-block cluster when
+// C > 1), B row buffers of shared memory, as many blocks (clusters) as fit on the GPU at once, or one
+// per row when there are fewer rows. What fits is asked once per kernel and device (the shared-memory
+// opt-in, SM count and occupancy queries are host calls) and kept in the launcher's `resident` table,
+// counted in blocks for C == 1 and in clusters otherwise.
 constexpr int kMaxDevices = 64;
 
+inline cudaLaunchConfig_t persist_config(int64_t blocks, int threads, size_t smem, int n_ctas, cudaStream_t stream,
+                                         cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)blocks);
+  cfg.blockDim = dim3((unsigned)threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = (unsigned)n_ctas;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = n_ctas > 1 ? 1 : 0;
+  return cfg;
+}
+
 template <typename Kernel>
-cudaError_t persist_grid(Kernel kernel, int threads, size_t smem, int64_t rows, std::atomic<int>* resident,
-                         int* grid) {
+cudaError_t persist_grid(Kernel kernel, int threads, size_t smem, int n_ctas, int64_t rows, std::atomic<int>* resident,
+                         int64_t* grid) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
@@ -1004,51 +1170,61 @@ cudaError_t persist_grid(Kernel kernel, int threads, size_t smem, int64_t rows, 
   if (fit == 0) {
     int sms = 0, per_sm = 0;
     err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (err == cudaSuccess && smem > 48 * 1024)
+    if (err == cudaSuccess)  // (always: with the static shared memory, even < 48 KB dynamic may need it)
       err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
+    if (err == cudaSuccess) err = allow_cluster(kernel, n_ctas);
+    if (err == cudaSuccess) {
+      if (n_ctas == 1) {
+        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
+        fit = sms * per_sm;
+      } else {
+        cudaLaunchAttribute attr[1];
+        const cudaLaunchConfig_t cfg = persist_config((int64_t)sms / n_ctas * n_ctas, threads, smem, n_ctas, nullptr, attr);
+        err = cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg);
+      }
+    }
     if (err != cudaSuccess) {
       (void)cudaGetLastError();  // not sticky: clear it, so the caller's next CUDA call does not report it
       return err;
     }
-    if (per_sm < 1) return cudaErrorInvalidConfiguration;
-    fit = sms * per_sm;
+    if (fit < 1) return cudaErrorInvalidConfiguration;
     if (dev < kMaxDevices) resident[dev].store(fit, std::memory_order_relaxed);
   }
-  *grid = (int)(rows < (int64_t)fit ? rows : (int64_t)fit);
+  *grid = (rows < (int64_t)fit ? rows : (int64_t)fit) * n_ctas;
   return cudaSuccess;
 }
 
-template <typename T, int L, int ITEMS, int B>
+template <typename Kernel, typename... KernelArgs>
+cudaError_t launch_persist(Kernel kernel, const Args& a, int threads, size_t smem, int n_ctas,
+                           std::atomic<int>* resident, KernelArgs... args) {
+  int64_t grid = 0;
+  cudaError_t err = persist_grid(kernel, threads, smem, n_ctas, a.rows, resident, &grid);
+  if (err != cudaSuccess) return err;
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = persist_config(grid, threads, smem, n_ctas, a.stream, attr);
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+template <typename T, int L, int ITEMS, int B, int C = 1, bool MERGED = false, bool PACKED = false>
 cudaError_t launch_fwd_persist(const Args& a) {
   constexpr int VEC = vec_of<T>(), NV = ITEMS / VEC;
   static_assert(ITEMS % VEC == 0, "bad persist config");
-  if (a.cols > (int64_t)L * ITEMS) return cudaErrorInvalidValue;
-  auto kernel = fwd_persist_kernel<T, VEC, NV, L, B>;
-  const size_t smem = (size_t)B * NV * L * 16;
+  if (a.cols > (int64_t)C * L * ITEMS) return cudaErrorInvalidValue;
   static std::atomic<int> resident[kMaxDevices];
-  int grid = 0;
-  cudaError_t err = persist_grid(kernel, L, smem, a.rows, resident, &grid);
-  if (err != cudaSuccess) return err;
-  kernel<<<grid, L, smem, a.stream>>>(static_cast<const T*>(a.a), static_cast<T*>(a.out), a.rows, (int)a.cols,
-                                      a.stride, a.tq, a.diag, a.scale * kLog2e, a.causal);
-  return cudaGetLastError();
+  return launch_persist(fwd_persist_kernel<T, VEC, NV, L, B, C, MERGED, PACKED && sizeof(T) == 2>, a, L,
+                        (size_t)B * NV * L * 16, C, resident, static_cast<const T*>(a.a), static_cast<T*>(a.out),
+                        a.rows, (int)a.cols, a.stride, a.tq, a.diag, a.scale * kLog2e, a.causal);
 }
 
-template <typename T, int L, int ITEMS, int B>
+template <typename T, int L, int ITEMS, int B, int C = 1>
 cudaError_t launch_bwd_persist(const Args& a) {
   constexpr int VEC = vec_of<T>(), NV = ITEMS / VEC;
   static_assert(ITEMS % VEC == 0, "bad persist config");
-  if (a.cols > (int64_t)L * ITEMS) return cudaErrorInvalidValue;
-  auto kernel = bwd_persist_kernel<T, VEC, NV, L, B>;
-  const size_t smem = (size_t)B * 2 * NV * L * 16;
+  if (a.cols > (int64_t)C * L * ITEMS) return cudaErrorInvalidValue;
   static std::atomic<int> resident[kMaxDevices];
-  int grid = 0;
-  cudaError_t err = persist_grid(kernel, L, smem, a.rows, resident, &grid);
-  if (err != cudaSuccess) return err;
-  kernel<<<grid, L, smem, a.stream>>>(static_cast<const T*>(a.a), static_cast<const T*>(a.b), static_cast<T*>(a.out),
-                                      a.rows, (int)a.cols, a.stride, a.tq, a.diag, a.scale, a.causal);
-  return cudaGetLastError();
+  return launch_persist(bwd_persist_kernel<T, VEC, NV, L, B, C>, a, L, (size_t)B * 2 * NV * L * 16, C, resident,
+                        static_cast<const T*>(a.a), static_cast<const T*>(a.b), static_cast<T*>(a.out), a.rows,
+                        (int)a.cols, a.stride, a.tq, a.diag, a.scale, a.causal);
 }
 
 template <typename T, int VEC>

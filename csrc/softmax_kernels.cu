@@ -4,12 +4,15 @@
 //
 // Path by row length (N) and alignment:
 //  * register (N <= reg_max): the row in registers, ITEMS elements per thread from the table below;
-//  * persist (N <= persist_max): a block per SM loops over rows, the next rows prefetched into shared
-//    memory (cp.async) while this one is reduced in registers;
+//  * persist (forward N <= persist_max, backward rows of up to 32 KB): a block per SM loops over rows,
+//    the next row prefetched into shared memory (cp.async) while this one is reduced in registers;
+//  * cluster-persist (forward, N <= 2 * persist_max): the same over a thread-block cluster of two CTAs,
+//    half a row each, exchanging their (max, sum) partials once per row (distributed shared memory);
+//  * cluster (backward, N <= 8 slices of 32 KB): a row over a cluster of up to 8 CTAs, each holding
+//    its slice in registers, exchanging the dot-product partials once;
 //  * split (N <= kMaxSplits slices): long rows split over ordinary blocks that combine their partials
 //    through global memory (needs the caller's workspace, softmax_workspace_bytes());
 //  * stream: anything longer, and every unaligned row (two passes over global memory).
-// (The cluster path of softmax_device.cuh is only in the tuning sweep: the split path replaced it.)
 // Bytes: forward reads x once (its prefix, when causal) and writes y; backward reads y and dy (prefix)
 // and writes dx into a fresh buffer (never into dy).
 #include "softmax_kernels.h"
@@ -26,50 +29,56 @@ using namespace detail;
 // Keyed by BLOCK_N (the next power of two >= N); the same elements per thread serve every dtype
 // (fp32 rows then use more 16-byte vectors per thread, same registers).
 // ---------------------------------------------------------------------------------------------
-constexpr int fwd_items(int block_n) { return block_n <= 128 ? 8 : 16; }
-constexpr bool fwd_merged(int block_n) { return block_n >= 8192; }  // else two reductions: max, then sum
+constexpr int fwd_items(int block_n) { return block_n <= 8192 ? 32 : 64; }  // (fewer when the row is shorter)
+constexpr bool fwd_merged(int) { return false; }  // two reductions (max, then sum): within 1% of merged
 constexpr bool fwd_packed(int) { return false; }  // 16-bit rows kept packed, exponentials computed twice
 constexpr int bwd_items(int block_n) { return block_n <= 8192 ? 8 : 32; }
 constexpr bool bwd_cap(int block_n) { return block_n >= 16384; }  // registers capped (see min_blocks)
 
-// Longest rows one block keeps in registers, by element size (16 KB of 16-bit or 32-bit values).
-template <typename T>
+// Longest rows one block keeps in registers: forward 16384 columns of any type (64 values per thread
+// at most), backward 16 KB (8192 16-bit or 4096 fp32 columns; longer rows: the persistent path).
+template <typename T, bool BWD>
 constexpr int reg_max() {
-  return sizeof(T) == 2 ? 8192 : 4096;
+  return !BWD ? 16384 : sizeof(T) == 2 ? 8192 : 4096;
 }
-// Persistent path: rows of up to persist_max columns (64 KB). Forward: 32 elements per thread, two row
-// buffers of shared memory where they fit in kPersistSmem, else one; backward: 1024 threads, one
-// buffer (y and dy of the next row).
-template <typename T>
+// Persistent path, forward: rows of up to persist_max columns (64 KB) per CTA, 32 elements per thread,
+// one merged (max, sum) reduction, one row buffer of shared memory; twice that over a cluster of two.
+// Backward: rows of up to 32 KB, 1024 threads, one buffer (y and dy of the next row).
+template <typename T, bool BWD>
 constexpr int persist_max() {
-  return sizeof(T) == 2 ? 32768 : 16384;
+  return (BWD ? 32768 : 65536) / (int)sizeof(T);
 }
-constexpr size_t kPersistSmem = 200 * 1024;
-template <typename T, int BN>
-constexpr int persist_buffers() {
-  return kPersistSmem / ((size_t)BN * sizeof(T)) >= 2 ? 2 : 1;
+// Backward cluster path: CTAs of 512 threads holding 32 KB of the row (16384 16-bit or 8192 fp32
+// columns), capped registers, up to kBwdClusterMax CTAs (a portable cluster size).
+template <typename T>
+constexpr int bwd_slice() {
+  return 32768 / (int)sizeof(T);
 }
+constexpr int kBwdClusterMax = 8;
 
 // Split path: slices of threads x items elements, up to kMaxSplits of them per row. Forward: 256 x 32,
-// the row kept packed, (max, sum) merged once per row; backward: 512 x 8 with capped registers.
+// (max, sum) merged once per row; backward: 512 x 16 with capped registers.
 template <bool BWD>
 struct SplitShape {
-  static constexpr int threads = BWD ? 512 : 256, items = BWD ? 8 : 32;
+  static constexpr int threads = BWD ? 512 : 256, items = BWD ? 16 : 32;
 };
-constexpr bool kSplitPacked = true, kSplitCap = true;
+constexpr bool kSplitPacked = false, kSplitCap = true;
 
-enum class Path { Register, Persist, Split, Stream };
+enum class Path { Register, Persist, ClusterPersist, Cluster, Split, Stream };
 
 template <typename T, bool BWD>
 Path choose_path(int64_t rows, int64_t cols, bool aligned) {
   if (!aligned) return Path::Stream;
-  if (cols <= reg_max<T>()) return Path::Register;
-  if (cols <= persist_max<T>()) return Path::Persist;
+  if (cols <= reg_max<T, BWD>()) return Path::Register;
+  if (cols <= persist_max<T, BWD>()) return Path::Persist;
+  if (!BWD && cols <= 2 * persist_max<T, BWD>()) return Path::ClusterPersist;
+  if (BWD && cols <= (int64_t)kBwdClusterMax * bwd_slice<T>()) return Path::Cluster;
   if (split_fits(rows, cols, SplitShape<BWD>::threads, SplitShape<BWD>::items)) return Path::Split;
   return Path::Stream;
 }
 
-// The launches of one direction: register path with the table's settings for BLOCK_N, cluster, stream.
+// The launches of one direction: register path with the table's settings for BLOCK_N, persistent
+// (one CTA or a cluster of C per row), split, stream.
 template <typename T, bool BWD>
 struct Launch {
   template <int BN>
@@ -79,12 +88,16 @@ struct Launch {
     else
       return launch_fwd_register<T, BN, fwd_items(BN), fwd_merged(BN), fwd_packed(BN)>(a);
   }
-  template <int BN>
+  template <int BN, int C>
   static cudaError_t persist(const Args& a) {
     if constexpr (BWD)
-      return launch_bwd_persist<T, 1024, BN / 1024, 1>(a);
+      return launch_bwd_persist<T, 1024, BN / 1024, 1, C>(a);
     else
-      return launch_fwd_persist<T, BN / 32, 32, persist_buffers<T, BN>()>(a);
+      return launch_fwd_persist<T, BN / 32, 32, 1, C, true, false>(a);
+  }
+  static cudaError_t cluster(const Args& a) {
+    static_assert(BWD, "forward rows this long take the cluster-persist path");
+    return launch_bwd_cluster<T, 512, bwd_slice<T>() / 512, true>(a);
   }
   static cudaError_t split(const Args& a) {
     if constexpr (BWD)
@@ -109,10 +122,10 @@ cudaError_t dispatch(const Args& a) {
   switch (choose_path<T, BWD>(a.rows, a.cols, aligned)) {
     case Path::Register:
       switch (next_pow2_at_least(a.cols, VEC)) {
-#define REG_CASE(BN)                                          \
-  case BN:                                                    \
-    if constexpr (BN >= vec_of<T>() && BN <= reg_max<T>()) \
-      return Go::template reg<BN>(a);                         \
+#define REG_CASE(BN)                                                \
+  case BN:                                                          \
+    if constexpr (BN >= vec_of<T>() && BN <= reg_max<T, BWD>()) \
+      return Go::template reg<BN>(a);                               \
     break;
         REG_CASE(4) REG_CASE(8) REG_CASE(16) REG_CASE(32) REG_CASE(64) REG_CASE(128) REG_CASE(256)
         REG_CASE(512) REG_CASE(1024) REG_CASE(2048) REG_CASE(4096) REG_CASE(8192) REG_CASE(16384)
@@ -123,15 +136,21 @@ cudaError_t dispatch(const Args& a) {
       return cudaErrorInvalidConfiguration;
     case Path::Persist:
       switch (next_pow2_at_least(a.cols, VEC)) {
-#define PERSIST_CASE(BN)                                                          \
-  case BN:                                                                        \
-    if constexpr (BN > reg_max<T>() && BN <= persist_max<T>()) return Go::template persist<BN>(a); \
+#define PERSIST_CASE(BN)                                                                             \
+  case BN:                                                                                           \
+    if constexpr (BN > reg_max<T, BWD>() && BN <= persist_max<T, BWD>()) return Go::template persist<BN, 1>(a); \
     break;
         PERSIST_CASE(8192) PERSIST_CASE(16384) PERSIST_CASE(32768)
 #undef PERSIST_CASE
         default:
           break;
       }
+      return cudaErrorInvalidConfiguration;
+    case Path::ClusterPersist:
+      if constexpr (!BWD) return Go::template persist<persist_max<T, BWD>(), 2>(a);
+      return cudaErrorInvalidConfiguration;
+    case Path::Cluster:
+      if constexpr (BWD) return Go::cluster(a);
       return cudaErrorInvalidConfiguration;
     case Path::Split:
       return Go::split(a);
@@ -200,6 +219,10 @@ const char* softmax_path(DType dtype, bool backward, int64_t rows, int64_t cols,
       return "register";
     case Path::Persist:
       return "persist";
+    case Path::ClusterPersist:
+      return "cluster-persist";
+    case Path::Cluster:
+      return "cluster";
     case Path::Split:
       return "split";
     case Path::Stream:

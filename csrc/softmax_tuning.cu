@@ -1,8 +1,6 @@
 // The launch variants behind the table in softmax_kernels.cu (see softmax_tuning.h).
 #include "softmax_tuning.h"
 
-#include <type_traits>
-
 #include "softmax_device.cuh"
 
 namespace softmax_harness {
@@ -11,18 +9,8 @@ namespace {
 using namespace detail;
 using T = __nv_bfloat16;
 
-// f(std::integral_constant<int, v>) for the runtime value v, if it is one of Vs; else not supported.
-template <int... Vs, typename F>
-cudaError_t with_int(int v, F&& f) {
-  cudaError_t err = cudaErrorNotSupported;
-  (void)((v == Vs ? (err = f(std::integral_constant<int, Vs>{}), true) : false) || ...);
-  return err;
-}
-
-template <typename F>
-cudaError_t with_bool(bool v, F&& f) {
-  return v ? f(std::true_type{}) : f(std::false_type{});
-}
+using tuning::with_bool;
+using tuning::with_int;
 
 #define V(x) std::decay_t<decltype(x)>::value
 
@@ -44,23 +32,13 @@ cudaError_t with_register_shape(int64_t cols, int items, F&& f) {
   });
 }
 
-// Cluster and split variants: CTAs of 128-512 threads x 8-32 elements, 1-16 (cluster) or 1-128 (split)
+// Cluster and split variants: CTAs of 128-512 threads x 8-64 elements, 1-16 (cluster) or 1-128 (split)
 // of them per row.
 template <typename F>
 cudaError_t with_slice_shape(int64_t rows, int64_t cols, bool split, int threads, int items, F&& f) {
   if (split ? !split_fits(rows, cols, threads, items) : !cluster_fits(cols, threads, items))
     return cudaErrorNotSupported;
-  return with_int<128, 256, 512>(threads, [&](auto l) { return with_int<8, 16, 32>(items, [&](auto it) { return f(l, it); }); });
-}
-
-// Persistent variants: 512 or 1024 threads x 16 or 32 elements (rows longer than half of that), 1-2
-// row buffers.
-template <typename F>
-cudaError_t with_persist_shape(int64_t cols, int threads, int items, int buffers, F&& f) {
-  if (cols > (int64_t)threads * items || 2 * cols <= (int64_t)threads * items) return cudaErrorNotSupported;
-  return with_int<512, 1024>(threads, [&](auto l) {
-    return with_int<16, 32>(items, [&](auto it) { return with_int<1, 2>(buffers, [&](auto b) { return f(l, it, b); }); });
-  });
+  return with_int<128, 256, 512>(threads, [&](auto l) { return with_int<8, 16, 32, 64>(items, [&](auto it) { return f(l, it); }); });
 }
 
 }  // namespace
@@ -68,15 +46,12 @@ cudaError_t with_persist_shape(int64_t cols, int threads, int items, int buffers
 int64_t tuned_workspace_bytes(int64_t rows) { return split_counter_bytes(rows) + rows * kMaxSplits * 8; }
 
 cudaError_t tuned_fwd(const void* x, void* y, int64_t rows, int64_t cols, int items, bool merged,
-                      bool packed, int path, int threads, int buffers, void* workspace, cudaStream_t stream) {
+                      bool packed, int path, int threads, int buffers, int ctas, void* workspace,
+                      cudaStream_t stream) {
   const Args a{x, nullptr, y, rows, cols, cols, 1, 0, 1.f, false, stream, workspace};
   if (rows <= 0 || !is_aligned<T>(a, false) || path < 0 || path > 3) return cudaErrorNotSupported;
-  if (path == 3)
-    return merged || packed ? cudaErrorNotSupported
-                            : with_persist_shape(cols, threads, items, buffers, [&](auto l, auto it, auto b) {
-                                return launch_fwd_persist<T, V(l), V(it), V(b)>(a);
-                              });
-  if (path == 2 && !merged) return cudaErrorNotSupported;
+  if (path == 3) return tuned_fwd_persist(x, y, rows, cols, items, merged, packed, threads, buffers, ctas, stream);
+  if ((path == 1 || path == 2) && !merged) return cudaErrorNotSupported;
   return with_bool(merged, [&](auto m) {
     return with_bool(packed, [&](auto p) {
       if (path == 0)
@@ -85,22 +60,21 @@ cudaError_t tuned_fwd(const void* x, void* y, int64_t rows, int64_t cols, int it
         });
       return with_slice_shape(rows, cols, path == 2, threads, items, [&](auto l, auto it) {
         if constexpr (V(m))
-          return path == 2 ? launch_fwd_split<T, V(l), V(it), V(p)>(a) : launch_fwd_cluster<T, V(l), V(it), true, V(p)>(a);
+          return path == 2 ? launch_fwd_split<T, V(l), V(it), V(p)>(a) : launch_fwd_cluster<T, V(l), V(it), V(p)>(a);
         else
-          return launch_fwd_cluster<T, V(l), V(it), false, V(p)>(a);
+          return cudaErrorNotSupported;  // split and cluster paths: one merged exchange
       });
     });
   });
 }
 
 cudaError_t tuned_bwd(const void* y, const void* dy, void* dx, int64_t rows, int64_t cols, int items,
-                      bool cap, int path, int threads, int buffers, void* workspace, cudaStream_t stream) {
+                      bool cap, int path, int threads, int buffers, int ctas, void* workspace,
+                      cudaStream_t stream) {
   const Args a{y, dy, dx, rows, cols, cols, 1, 0, 1.f, false, stream, workspace};
   if (rows <= 0 || !is_aligned<T>(a, true) || path < 0 || path > 3) return cudaErrorNotSupported;
   if (path == 3)
-    return cap ? cudaErrorNotSupported : with_persist_shape(cols, threads, items, buffers, [&](auto l, auto it, auto b) {
-      return launch_bwd_persist<T, V(l), V(it), V(b)>(a);
-    });
+    return cap ? cudaErrorNotSupported : tuned_bwd_persist(y, dy, dx, rows, cols, items, threads, buffers, ctas, stream);
   return with_bool(cap, [&](auto c) {
     if (path == 0)
       return with_register_shape(cols, items, [&](auto bn, auto it) {

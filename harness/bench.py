@@ -556,19 +556,25 @@ def cuda_variants(n: int, rows: int = 1) -> list[dict]:
     if block <= 32768:
         shapes += [{"path": "register", "items": i, "threads": 0} for i in (8, 16, 32, 64)
                    if block // i <= 1024 and i <= block]
-    if n >= 8192:  # the cluster shape the table used before the split path, for comparison
-        shapes += [{"path": "cluster", "items": 32, "threads": 512}] if 2 <= -(-n // (512 * 32)) <= 16 else []
+    if n >= 8192:  # a row over a thread-block cluster, 2-16 CTAs holding a slice each in registers
+        shapes += [{"path": "cluster", "items": i, "threads": t} for t in (256, 512) for i in (32, 64)
+                   if 2 <= -(-n // (t * i)) <= 16]
     if n >= 4096:
-        shapes += [{"path": "split", "items": i, "threads": t} for t in (256, 512) for i in (8, 16, 32)
+        shapes += [{"path": "split", "items": i, "threads": t} for t in (256, 512) for i in (8, 16, 32, 64)
                    if 2 <= -(-n // (t * i)) <= 128 and rows * -(-n // (t * i)) < 2**31]
-    shapes = [{**sh, "buffers": 0} for sh in shapes]
-    persist = [{"path": "persist", "items": i, "threads": t, "buffers": b} for t in (512, 1024) for i in (16, 32)
-               for b in (1, 2) if t * i // 2 < n <= t * i]
+    shapes = [{**sh, "buffers": 0, "ctas": 1} for sh in shapes]
+    smem = 227 * 1024  # a CTA's shared memory on an H100/H200; each row buffer holds t * i bf16 (x2 backward)
+    persist = [{"path": "persist", "items": i, "threads": t, "buffers": b, "ctas": c}
+               for c in (1, 2, 4, 8) for t in (512, 1024) for i in (16, 32, 64) for b in (1, 2, 3)
+               if c * t * i // 2 < n <= c * t * i and b * t * i * 2 <= smem and (c == 1 or i <= 32)]
     fwd = [{**sh, "dir": "fwd", "merged": m, "packed": p} for sh in shapes for m in (False, True) for p in (False, True)
-           if m or sh["path"] != "split"]
-    fwd += [{**sh, "dir": "fwd", "merged": False, "packed": False} for sh in persist]
+           if m or sh["path"] not in ("split", "cluster")]  # (one merged exchange over CTAs)
+    # persistent forward: clusters merge (max, sum); packed rows only merged; 64 elements only packed
+    fwd += [{**sh, "dir": "fwd", "merged": m, "packed": p} for sh in persist
+            for m, p in ((False, False), (True, False), (True, True))
+            if (m or sh["ctas"] == 1) and (p or sh["items"] <= 32)]
     bwd = [{**sh, "dir": "bwd", "cap": c} for sh in shapes for c in (False, True)]
-    bwd += [{**sh, "dir": "bwd", "cap": False} for sh in persist]
+    bwd += [{**sh, "dir": "bwd", "cap": False} for sh in persist if sh["items"] <= 32 and 2 * sh["buffers"] * sh["threads"] * sh["items"] * 2 <= smem]
     return fwd + bwd
 
 
@@ -580,7 +586,8 @@ def load_cuda_tuning() -> float:
 
     t0 = time.perf_counter()
     load(name="softmax_harness_cuda_tuning",
-         sources=[str(CSRC / "softmax_tuning_binding.cpp"), str(CSRC / "softmax_tuning.cu")],
+         sources=[str(CSRC / "softmax_tuning_binding.cpp"), str(CSRC / "softmax_tuning.cu"),
+                  str(CSRC / "softmax_tuning_persist.cu")],
          extra_cflags=["-O3"], extra_include_paths=[str(CSRC)],
          extra_cuda_cflags=["-O3", headers_flag([CSRC / "softmax_device.cuh", CSRC / "softmax_tuning.h"])],
          is_python_module=False, verbose=False)
@@ -601,10 +608,11 @@ def run_cuda_sweep(sizes: list[int], elements: int, out: Path, rep_ms: int = 50)
             row = {"n": n, **v}
             path = _CUDA_PATHS[v["path"]]
             if v["dir"] == "fwd":
-                run = lambda: ops.fwd_variant(x, v["items"], v["merged"], v["packed"], path, v["threads"], v["buffers"])  # noqa: E731
+                run = lambda: ops.fwd_variant(x, v["items"], v["merged"], v["packed"], path, v["threads"], v["buffers"],
+                                                v["ctas"])  # noqa: E731
                 want, tol, moved = ref, kernels.FWD_TOL[torch.bfloat16], 2 * nbytes
             else:
-                run = lambda: ops.bwd_variant(y, dy, v["items"], v["cap"], path, v["threads"], v["buffers"])  # noqa: E731
+                run = lambda: ops.bwd_variant(y, dy, v["items"], v["cap"], path, v["threads"], v["buffers"], v["ctas"])  # noqa: E731
                 want, tol, moved = dref, kernels.BWD_TOL[torch.bfloat16], 3 * nbytes
             try:
                 got = run()
@@ -624,6 +632,7 @@ def run_cuda_sweep(sizes: list[int], elements: int, out: Path, rep_ms: int = 50)
                 return "none correct"
             flag = "".join(f" {k}" for k in ("merged", "packed", "cap") if r.get(k))
             flag += f" buffers={r['buffers']}" if r.get("buffers") else ""
+            flag += f" ctas={r['ctas']}" if r.get("ctas", 1) > 1 else ""
             return (f"{r['path']} threads={r['threads']} items={r['items']}{flag} {r['gbs']:.0f} GB/s "
                     f"({r['gbs'] / copy_gbs:.2f} of copy)")
 

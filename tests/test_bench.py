@@ -51,9 +51,17 @@ def test_sweep_candidates_cover_the_launch_tables():
         assert {(v["merged"], v["packed"]) for v in vs if v["dir"] == "fwd"} == {
             (False, False), (False, True), (True, False), (True, True)}
     long = cuda_variants(262144, rows=512)
-    assert long and {v["path"] for v in long} == {"cluster", "split"}
+    assert long and {v["path"] for v in long} == {"cluster", "split", "persist"}
     assert all(2 <= -(-262144 // (v["threads"] * v["items"])) <= (16 if v["path"] == "cluster" else 128)
-               for v in long)
+               for v in long if v["path"] != "persist")
+    assert all(v["ctas"] == 8 for v in long if v["path"] == "persist")  # 8 x 1024 x 32
+    # the persistent shapes of the table: forward 32768 one CTA, 65536 a cluster of two (merged, one
+    # buffer); backward 65536 a cluster of two
+    for n, ctas in ((32768, 1), (65536, 2)):
+        assert {"path": "persist", "items": 32, "threads": 1024, "buffers": 1, "ctas": ctas, "dir": "fwd",
+                "merged": True, "packed": False} in cuda_variants(n)
+    assert {"path": "persist", "items": 32, "threads": 1024, "buffers": 1, "ctas": 2, "dir": "bwd",
+            "cap": False} in cuda_variants(65536)
     assert any(v["path"] == "split" and v["threads"] == 512 and v["items"] == 16 for v in long)  # the table's
     assert all(v["merged"] for v in long if v["path"] == "split" and v["dir"] == "fwd")  # split: one exchange
     for n in (32768, 65536, 262144):  # every table choice for long rows is a sweep candidate

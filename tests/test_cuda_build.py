@@ -14,7 +14,7 @@ NVCC = shutil.which("nvcc") or (shutil.which("nvcc", path="/usr/local/cuda/bin")
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found (CI installs the CUDA toolkit's compiler)")
-def test_kernels_compile_for_sm90_with_bounded_spills(tmp_path):
+def test_kernels_compile_for_sm90_without_spills(tmp_path):
     r = subprocess.run(
         [NVCC, "-std=c++17", "-O3", "-arch=sm_90", "-Xptxas", "-v", "-c", str(CSRC / "softmax_kernels.cu"),
          "-o", str(tmp_path / "softmax_kernels.o")],
@@ -23,19 +23,17 @@ def test_kernels_compile_for_sm90_with_bounded_spills(tmp_path):
     assert r.returncode == 0, r.stderr[-4000:]
     assert (tmp_path / "softmax_kernels.o").stat().st_size > 0
     spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", r.stderr)]
-    # A row's register array spilled to local memory would be hundreds of bytes. The launch table's
-    # split-path forward (256 threads x 32 packed elements, registers capped for more blocks per SM)
-    # makes ptxas spill a few dozen bytes in the 16-bit kernels: measured the fastest split variant
-    # anyway (docs/perf.md). Nothing else may spill.
-    assert spills and max(spills) <= 64, f"a kernel spills {max(spills)} bytes to local memory"
-    assert sum(1 for n in spills if n > 8) <= 4, "more kernels spill than the capped split-path ones"
+    # No production kernel spills registers to local memory (the launch table picks none that does;
+    # some tuning variants do, see the test below).
+    assert spills and max(spills) == 0, f"a kernel spills {max(spills)} bytes to local memory"
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found (CI installs the CUDA toolkit's compiler)")
-def test_tuning_variants_compile_for_sm90(tmp_path):
+@pytest.mark.parametrize("source", ["softmax_tuning.cu", "softmax_tuning_persist.cu"])
+def test_tuning_variants_compile_for_sm90(tmp_path, source):
     """The launch variants that `harness.bench cuda-sweep` times (some may spill: they are candidates)."""
     r = subprocess.run(
-        [NVCC, "-std=c++17", "-O3", "-arch=sm_90", "-c", str(CSRC / "softmax_tuning.cu"), "-o", str(tmp_path / "t.o")],
+        [NVCC, "-std=c++17", "-O3", "-arch=sm_90", "-c", str(CSRC / source), "-o", str(tmp_path / "t.o")],
         capture_output=True, text=True, timeout=600,
     )
     assert r.returncode == 0, r.stderr[-4000:]
@@ -43,6 +41,6 @@ def test_tuning_variants_compile_for_sm90(tmp_path):
 
 def test_kernel_sources_include_no_torch_header():
     for name in ("softmax_kernels.cu", "softmax_kernels.h", "softmax_device.cuh", "softmax_tuning.cu",
-                 "softmax_tuning.h"):
+                 "softmax_tuning_persist.cu", "softmax_tuning.h"):
         text = (CSRC / name).read_text()
         assert not re.search(r"#include\s*[<\"](torch|ATen|c10)/", text), name

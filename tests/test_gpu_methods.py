@@ -101,29 +101,39 @@ def test_cuda_rejects_cpu_tensors_and_mixed_devices():
 def test_cuda_code_paths_by_row_length():
     from kernels.methods.cuda_softmax import code_path
 
-    assert code_path(torch.bfloat16, False, 1024) == "register"
-    assert code_path(torch.bfloat16, False, 8192) == "register"
-    assert code_path(torch.bfloat16, False, 8193) == "persist"
-    assert code_path(torch.bfloat16, True, 32768) == "persist"
-    assert code_path(torch.bfloat16, False, 32769) == "split"
-    assert code_path(torch.bfloat16, False, 128 * 8192) == "split"
-    assert code_path(torch.bfloat16, False, 128 * 8192 + 1) == "stream"  # more slices than kMaxSplits
-    assert code_path(torch.float32, True, 16384) == "persist"
-    assert code_path(torch.float32, True, 65536) == "split"
+    expected = {  # (dtype, backward): {N: path}
+        (torch.bfloat16, False): {1024: "register", 16384: "register", 16385: "persist", 32768: "persist",
+                                  32769: "cluster-persist", 65536: "cluster-persist", 65537: "split",
+                                  128 * 8192: "split", 128 * 8192 + 1: "stream"},  # > kMaxSplits slices
+        (torch.bfloat16, True): {8192: "register", 8193: "persist", 16384: "persist", 16385: "cluster",
+                                 131072: "cluster", 131073: "split", 128 * 8192: "split", 128 * 8192 + 1: "stream"},
+        (torch.float32, False): {16384: "register", 16385: "cluster-persist", 32768: "cluster-persist",
+                                 32769: "split"},
+        (torch.float32, True): {4096: "register", 4097: "persist", 8192: "persist", 8193: "cluster",
+                                65536: "cluster", 65537: "split"},
+    }
+    for (dtype, backward), paths in expected.items():
+        for n, path in paths.items():
+            assert code_path(dtype, backward, n) == path, (dtype, backward, n)
     assert code_path(torch.bfloat16, False, 1024, aligned=False) == "stream"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("shape,causal", [((3, 8200), False), ((2, 5, 20000), False), ((1, 3, 40000), True),
-                                          ((1, 9000, 9000), True), ((64, 100000), False), ((1000, 16384), False)])
-def test_cuda_persistent_and_split_paths(shape, causal, dtype):
-    """Long rows: the persistent path (rows prefetched into shared memory; more rows than blocks, so
-    blocks loop) and the split path (a row over several blocks meeting in global memory): odd lengths,
+                                          ((1, 9000, 9000), True), ((64, 100000), False), ((1000, 16384), False),
+                                          ((300, 65536), False), ((1, 2, 600, 60000), True), ((8, 200000), False)])
+def test_cuda_long_row_paths(shape, causal, dtype):
+    """Long rows: the register path at its longest, the persistent path (rows prefetched into shared
+    memory; more rows than blocks, so blocks loop), on one CTA or a cluster of two exchanging their
+    partials, the backward's cluster path (a row over 2-8 CTAs exchanging once), and the split path
+    (a row over several blocks meeting in global memory): odd lengths,
     causal rows (including slices that are entirely masked), many rows at once, twice in a row (the
     split workspace's counters restart from zero)."""
     from kernels.methods.cuda_softmax import code_path
 
-    assert code_path(dtype, False, shape[-1], rows=math.prod(shape[:-1])) in ("persist", "split")
+    rows = math.prod(shape[:-1])
+    paths = {code_path(dtype, bwd, shape[-1], rows=rows) for bwd in (False, True)}
+    assert paths <= {"register", "persist", "cluster-persist", "cluster", "split"}
     g = torch.Generator(device="cuda").manual_seed(0)
     for _ in range(2):
         x = (torch.randn(shape, device="cuda", generator=g) * 3).to(dtype).requires_grad_(True)

@@ -3,11 +3,14 @@
 The kernels (``csrc/softmax_device.cuh``, launched from ``csrc/softmax_kernels.cu`` by a launch table
 measured with ``python -m harness.bench cuda-sweep``; no torch header) pick a code path by row length:
 rows kept in registers with 16-byte vector loads (several rows per warp for short rows, a block per
-row up to 8192 16-bit / 4096 fp32 columns), a persistent path up to 32768 / 16384 columns (a block per
-SM loops over rows, prefetching the next rows into shared memory with cp.async while it reduces this
-one), a split path for longer rows (a row over up to 128 blocks that combine their partials through a
-workspace in global memory, allocated per call by the binding), and a streaming path for rows of any
-length or alignment; causal rows load only their unmasked prefix.
+row up to 16384 columns forward / 8192 16-bit or 4096 fp32 columns backward), a persistent path for the
+next lengths (a block per SM loops over rows, prefetching the next row into shared memory with cp.async
+while it reduces this one; forward up to 64 KB rows, and twice that over a two-CTA thread-block cluster
+exchanging one partial per row through distributed shared memory), a cluster path for long backward
+rows (a row over up to 8 CTAs holding 32 KB each in registers), a split path for longer rows (a row
+over up to 128 blocks that combine their partials through a workspace in global memory, allocated per
+call by the binding), and a streaming path for rows of any length or alignment; causal rows load only
+their unmasked prefix.
 ``csrc/softmax_binding.cpp`` registers the ops
 ``softmax_harness_cuda::softmax_fwd`` / ``softmax_bwd`` with ``TORCH_LIBRARY`` (CUDA implementation via
 ``TORCH_LIBRARY_IMPL``); this module registers their fake implementations and autograd, so
@@ -131,7 +134,8 @@ def cuda_softmax(scores: torch.Tensor, scale: float, causal: bool) -> torch.Tens
 
 
 def code_path(dtype: torch.dtype, backward: bool, cols: int, aligned: bool = True, rows: int = 1) -> str:
-    """Which kernel path rows x cols take: 'register', 'split' or 'stream' (needs the extension)."""
+    """Which kernel path rows x cols take: 'register', 'persist', 'cluster-persist', 'cluster', 'split'
+    or 'stream' (needs the extension)."""
     if not _STATE["loaded"]:
         prepare()
     code = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}[dtype]
