@@ -282,8 +282,8 @@ __device__ __forceinline__ void xchg_init(ClusterXchg<V, C>& x) {
   cg::this_cluster().sync();
 }
 
-// Row k's partials of all C CTAs (this one's is `mine`, the same in all its threads) folded in rank
-// order into `acc` with merge(acc, v).
+// Row k's partials of all C CTAs (this one's is `mine`, the same in all its threads), each passed to
+// merge(v) in rank order.
 template <typename V, int C, typename Merge>
 __device__ __forceinline__ void xchg(ClusterXchg<V, C>& x, unsigned rank, int k, V mine, Merge&& merge) {
   const int p = k & 1;
@@ -299,7 +299,8 @@ __device__ __forceinline__ void xchg(ClusterXchg<V, C>& x, unsigned rank, int k,
   for (int r = 0; r < C; ++r) merge(r == (int)rank ? mine : x.val[p][r]);
 }
 
-// Register-path clusters (one row per cluster, n <= 16 CTAs, n known at run time): one exchange per
+// Register-path clusters (one row per cluster, n <= 16 CTAs: the launchers never ask for more; n known
+// at run time): one exchange per
 // kernel, through the same scheme. cluster_begin() right after the loads are issued: the mbarrier
 // initialized and a cluster barrier arrived at; cluster_xchg() waits on that barrier (every peer's
 // mbarrier initialized: the wait overlaps the loads), exchanges, and arrives at a closing barrier
@@ -602,7 +603,7 @@ __global__ void __launch_bounds__(L* ROWS, min_blocks(L * ROWS, PACKED ? NV * 4 
   }
   float v[PACKED ? 1 : ITEMS];  // unpacked: the exponentials, kept for the output
   // sum of exp2(x * c - ref) over the kept columns (one fma: x * c is never rounded first); unpacked,
-  // the exponentials replace the values in v
+  // the exponentials go to v
   auto exp_sum = [&](float ref) {
     if constexpr (PACKED) {
       return packed_exp_sum<T, VEC, NV, L>(w, first, lim, c, ref);
@@ -783,7 +784,6 @@ __global__ void __launch_bounds__(L, 1)
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int c0 = first + i * L * VEC;
-      const bool whole = c0 + VEC <= lim;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float val = Words<T>::get(w[i], j);
