@@ -56,12 +56,16 @@ def test_sweep_candidates_cover_the_launch_tables():
                for v in long if v["path"] != "persist")
     assert all(v["ctas"] == 8 for v in long if v["path"] == "persist")  # 8 x 1024 x 32
     # the persistent shapes of the table: forward 32768 one CTA, 65536 a cluster of two (merged, one
-    # buffer); backward 65536 a cluster of two
+    # buffer); backward 16384 one CTA of 1024 threads
     for n, ctas in ((32768, 1), (65536, 2)):
         assert {"path": "persist", "items": 32, "threads": 1024, "buffers": 1, "ctas": ctas, "dir": "fwd",
                 "merged": True, "packed": False} in cuda_variants(n)
-    assert {"path": "persist", "items": 32, "threads": 1024, "buffers": 1, "ctas": 2, "dir": "bwd",
-            "cap": False} in cuda_variants(65536)
+    assert {"path": "persist", "items": 16, "threads": 1024, "buffers": 1, "ctas": 1, "dir": "bwd",
+            "cap": False} in cuda_variants(16384)
+    # the backward cluster path of the table: 512 threads x 32 elements per CTA, capped registers
+    for n in (32768, 65536, 131072):
+        assert {"path": "cluster", "items": 32, "threads": 512, "buffers": 0, "ctas": 1, "dir": "bwd",
+                "cap": True} in cuda_variants(n)
     assert any(v["path"] == "split" and v["threads"] == 512 and v["items"] == 16 for v in long)  # the table's
     assert all(v["merged"] for v in long if v["path"] == "split" and v["dir"] == "fwd")  # split: one exchange
     for n in (32768, 65536, 262144):  # every table choice for long rows is a sweep candidate
