@@ -7,6 +7,8 @@
 #   cuda-sweep  python -m harness.bench cuda-sweep (CUDA launch variants per N; CUDA_SWEEP_ARGS)
 #   overhead python -m harness.bench overhead model=gpt2s
 #   study    python -m harness.study (STUDY_ARGS)
+#   profile  Nsight Compute on scripts/profile_softmax.py (PROFILE_ARGS: method, N, direction; NCU_KERNEL:
+#            kernel-name filter, default the fused methods' kernels; NCU_ARGS: launches and sections, see below)
 # Logs and results go to $OUT (or outputs/device); the last lines printed are a short summary.
 set -uo pipefail
 OUT=${OUT:-outputs/device}
@@ -49,6 +51,13 @@ for stage in "$@"; do
     study)
       timeout ${STUDY_TIMEOUT:-500} python3 -m harness.study ${STUDY_ARGS:-} hydra.run.dir="$OUT/study" 2>&1 | tee "$OUT/study.log" | tail -40
       summary+=("study: see $OUT/study/report.md")
+      ;;
+    profile)
+      timeout ${PROFILE_TIMEOUT:-300} ncu --clock-control none -k "${NCU_KERNEL:-regex:(fwd|bwd)_[a-z]+_kernel}" \
+        ${NCU_ARGS:---launch-skip 2 --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats} \
+        python3 scripts/profile_softmax.py ${PROFILE_ARGS:-} > "$OUT/ncu.txt" 2>&1
+      grep -E "path:|  [a-z_]*kernel|Duration|DRAM Throughput|Achieved Occupancy|Warp Cycles Per Issued|==ERR|==PROF==" "$OUT/ncu.txt" | tail -40
+      summary+=("profile: see $OUT/ncu.txt")
       ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac

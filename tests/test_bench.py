@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 
 import pytest
 
@@ -99,3 +100,17 @@ def test_triton_sweep_checks_every_candidate(monkeypatch, tmp_path):
         assert not (bad_row.get("fwd_ok") and bad_row.get("bwd_ok"))  # wrong, or failed (an error noted)
         assert bad_row.get("fwd_ok") is False or "fwd_error" in bad_row
     assert (tmp_path / "triton_sweep.json").exists()
+
+
+def test_profile_script_runs_a_method(capsys):
+    """scripts/profile_softmax.py (what `scripts/device.sh profile` runs under ncu): forward and
+    backward of a method on rows x N, and a clear error for impossible sizes."""
+    import runpy
+
+    mod = runpy.run_path(str(Path(__file__).resolve().parent.parent / "scripts" / "profile_softmax.py"))
+    mod["main"](["--method", "torch", "--n", "256", "--elements", "4096", "--direction", "both", "--causal",
+                 "--repeat", "2"])
+    assert "torch: 2 x both on 16 x 256 bfloat16" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        mod["main"](["--method", "torch", "--n", "256", "--elements", "100"])
+
