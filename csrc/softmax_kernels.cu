@@ -30,10 +30,10 @@ using namespace detail;
 // (fp32 rows then use more 16-byte vectors per thread, same registers).
 // ---------------------------------------------------------------------------------------------
 constexpr int fwd_items(int block_n) { return block_n <= 8192 ? 32 : 64; }  // (fewer when the row is shorter)
-constexpr bool fwd_merged(int) { return false; }  // two reductions (max, then sum): within 1% of merged
-constexpr bool fwd_packed(int) { return false; }  // 16-bit rows kept packed, exponentials computed twice
-constexpr int bwd_items(int block_n) { return block_n <= 8192 ? 8 : 32; }
-constexpr bool bwd_cap(int block_n) { return block_n >= 16384; }  // registers capped (see min_blocks)
+constexpr bool kFwdMerged = false;  // two reductions (max, then sum): within 1% of one merged reduction
+constexpr bool kFwdPacked = false;  // (16-bit rows kept packed, exponentials computed twice: slower)
+constexpr int kBwdItems = 8;        // backward register rows (up to 16 KB): 8 elements per thread
+constexpr bool kBwdCap = false;     // ... with uncapped registers (see min_blocks)
 
 // Longest rows one block keeps in registers: forward 16384 columns of any type (64 values per thread
 // at most), backward 16 KB (8192 16-bit or 4096 fp32 columns; longer rows: the persistent path).
@@ -84,9 +84,9 @@ struct Launch {
   template <int BN>
   static cudaError_t reg(const Args& a) {
     if constexpr (BWD)
-      return launch_bwd_register<T, BN, bwd_items(BN), bwd_cap(BN)>(a);
+      return launch_bwd_register<T, BN, kBwdItems, kBwdCap>(a);
     else
-      return launch_fwd_register<T, BN, fwd_items(BN), fwd_merged(BN), fwd_packed(BN)>(a);
+      return launch_fwd_register<T, BN, fwd_items(BN), kFwdMerged, kFwdPacked>(a);
   }
   template <int BN, int C>
   static cudaError_t persist(const Args& a) {

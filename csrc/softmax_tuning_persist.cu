@@ -41,7 +41,7 @@ cudaError_t with_persist_shape(int64_t cols, int threads, int items, int buffers
 cudaError_t tuned_fwd_persist(const void* x, void* y, int64_t rows, int64_t cols, int items, bool merged,
                               bool packed, int threads, int buffers, int ctas, cudaStream_t stream) {
   const Args a{x, nullptr, y, rows, cols, cols, 1, 0, 1.f, false, stream, nullptr};
-  if (rows <= 0 || !is_aligned<T>(a, false) || (ctas > 1 && !merged) || (packed && !merged)) return cudaErrorNotSupported;
+  if (rows <= 0 || !is_aligned<T>(a, false)) return cudaErrorNotSupported;
   return with_persist_shape(cols, threads, items, buffers, ctas, [&](auto c, auto l, auto it, auto b) {
     return with_bool(merged, [&](auto m) {
       return with_bool(packed, [&](auto p) {
@@ -57,7 +57,7 @@ cudaError_t tuned_fwd_persist(const void* x, void* y, int64_t rows, int64_t cols
 cudaError_t tuned_bwd_persist(const void* y, const void* dy, void* dx, int64_t rows, int64_t cols, int items,
                               int threads, int buffers, int ctas, cudaStream_t stream) {
   const Args a{y, dy, dx, rows, cols, cols, 1, 0, 1.f, false, stream, nullptr};
-  if (rows <= 0 || !is_aligned<T>(a, true) || items > 32) return cudaErrorNotSupported;
+  if (rows <= 0 || !is_aligned<T>(a, true)) return cudaErrorNotSupported;
   return with_persist_shape(cols, threads, items, buffers, ctas, [&](auto c, auto l, auto it, auto b) {
     if constexpr (V(it) > 32)
       return cudaErrorNotSupported;

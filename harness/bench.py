@@ -563,10 +563,13 @@ def cuda_variants(n: int, rows: int = 1) -> list[dict]:
         shapes += [{"path": "split", "items": i, "threads": t} for t in (256, 512) for i in (8, 16, 32, 64)
                    if 2 <= -(-n // (t * i)) <= 128 and rows * -(-n // (t * i)) < 2**31]
     shapes = [{**sh, "buffers": 0, "ctas": 1} for sh in shapes]
-    smem = 227 * 1024  # a CTA's shared memory on an H100/H200; each row buffer holds t * i bf16 (x2 backward)
+    def smem_fits(sh: dict, tensors: int) -> bool:  # row buffers of t x i bf16 per tensor in 227 KB (H100/H200)
+        return tensors * sh["buffers"] * sh["threads"] * sh["items"] * 2 <= 227 * 1024
+
     persist = [{"path": "persist", "items": i, "threads": t, "buffers": b, "ctas": c}
                for c in (1, 2, 4, 8) for t in (512, 1024) for i in (16, 32, 64) for b in (1, 2, 3)
-               if c * t * i // 2 < n <= c * t * i and b * t * i * 2 <= smem and (c == 1 or i <= 32)]
+               if c * t * i // 2 < n <= c * t * i and (c == 1 or i <= 32)]
+    persist = [sh for sh in persist if smem_fits(sh, 1)]
     fwd = [{**sh, "dir": "fwd", "merged": m, "packed": p} for sh in shapes for m in (False, True) for p in (False, True)
            if m or sh["path"] not in ("split", "cluster")]  # (one merged exchange over CTAs)
     # persistent forward: clusters merge (max, sum); packed rows only merged; 64 elements only packed
@@ -574,7 +577,7 @@ def cuda_variants(n: int, rows: int = 1) -> list[dict]:
             for m, p in ((False, False), (True, False), (True, True))
             if (m or sh["ctas"] == 1) and (p or sh["items"] <= 32)]
     bwd = [{**sh, "dir": "bwd", "cap": c} for sh in shapes for c in (False, True)]
-    bwd += [{**sh, "dir": "bwd", "cap": False} for sh in persist if sh["items"] <= 32 and 2 * sh["buffers"] * sh["threads"] * sh["items"] * 2 <= smem]
+    bwd += [{**sh, "dir": "bwd", "cap": False} for sh in persist if sh["items"] <= 32 and smem_fits(sh, 2)]
     return fwd + bwd
 
 
