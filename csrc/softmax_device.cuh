@@ -40,8 +40,10 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <atomic>
+#include <type_traits>
 
 namespace softmax_harness {
 namespace detail {
@@ -454,50 +456,105 @@ constexpr int min_blocks(int threads, int regs, int nv, bool packed) {
   return b < 1 ? 1 : (b > 32 ? 32 : b);
 }
 
-// v[k] <- exp2(v[k] * c - ref) for the kept columns (< lim), 0 for the others (v: the row's values in
-// fp32); returns their sum. Vector i of this thread starts at column first + i * L * VEC.
-template <int VEC, int NV, int L>
-__device__ __forceinline__ float exp_in_place(float* v, int first, int lim, float c, float ref) {
-  float s = 0.f;
-#pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    const int c0 = first + i * L * VEC;
-    if (c0 + VEC <= lim) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float e = fast_exp2(fmaf(v[i * VEC + j], c, -ref));
-        v[i * VEC + j] = e;
-        s += e;
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float e = c0 + j < lim ? fast_exp2(fmaf(v[i * VEC + j], c, -ref)) : 0.f;
-        v[i * VEC + j] = e;
-        s += e;
-      }
-    }
-  }
-  return s;
+// Masked columns are read as the value whose scaled score x * c is -inf (-inf for c > 0, +inf for
+// c < 0), so the math after the loads needs no per-element mask: the max ignores them, their
+// exponentials are exactly 0 (so are their outputs), and they add 0 to the sum. The host sends only
+// normal, finite c to these kernels (else the stream path, which masks element by element).
+template <typename T>
+__device__ __forceinline__ unsigned fill_word(float c) {  // one 32-bit word of fill values
+  if constexpr (sizeof(T) == 4)
+    return c > 0.f ? 0xff800000u : 0x7f800000u;
+  else if constexpr (std::is_same_v<T, __half>)
+    return c > 0.f ? 0xfc00fc00u : 0x7c007c00u;
+  else
+    return c > 0.f ? 0xff80ff80u : 0x7f807f80u;
 }
 
-// v[k] <- exp2(x_k * c - ref) for the kept columns (< lim), 0 for the others, x_k read from the row's
-// words as loaded; returns their sum. Vector i of this thread starts at column first + i * L * VEC;
-// whole vectors are tested at once.
+// The vector with its elements k, k + 1, ... replaced by the fill (0 < k < VEC).
+template <typename T>
+__device__ __forceinline__ uint4 fill_from(uint4 w, int k, unsigned fill) {
+  constexpr int PER = 4 / (int)sizeof(T);  // elements per word
+  auto word = [&](unsigned u, int q) {
+    const int j = q * PER;  // the word's first element
+    const unsigned keep = j >= k ? 0u : (PER == 2 && j + 1 >= k ? 0x0000ffffu : 0xffffffffu);
+    return (u & keep) | (fill & ~keep);
+  };
+  return make_uint4(word(w.x, 0), word(w.y, 1), word(w.z, 2), word(w.w, 3));
+}
+
+// The fill in this thread's vectors (vector i at column first + i * L * VEC) at and past column lim:
+// only vectors that reach past lim are touched (one per row, plus the masked ones of causal rows).
 template <typename T, int VEC, int NV, int L>
-__device__ __forceinline__ float exp_words(float* v, const uint4* w, int first, int lim, float c, float ref) {
-  float s = 0.f;
+__device__ __forceinline__ void mask_tail(uint4* w, int first, int lim, unsigned fill) {
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int c0 = first + i * L * VEC;
-    const bool whole = c0 + VEC <= lim;
+    if (c0 >= lim)
+      w[i] = make_uint4(fill, fill, fill, fill);
+    else if (c0 + VEC > lim)
+      w[i] = fill_from<T>(w[i], lim - c0, fill);
+  }
+}
+
+// Max of x * c over this thread's elements, exactly: rounding is monotonic, so it is max(x) * c for
+// c > 0 and min(x) * c for c < 0; 16-bit pairs are compared packed (two per instruction). Like fmaxf,
+// the comparisons skip NaN (a NaN still makes its row NaN through the sum).
+template <typename T>
+struct Pair;
+template <>
+struct Pair<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+};
+template <>
+struct Pair<__half> {
+  using type = __half2;
+};
+template <typename T, int NV>
+__device__ __forceinline__ float scaled_max(const uint4* w, float c) {
+  const bool pos = c > 0.f;
+  if constexpr (sizeof(T) == 4) {
+    float m = __uint_as_float(w[0].x);
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float v = __uint_as_float(word_of(w[i], q));
+        m = pos ? fmaxf(m, v) : fminf(m, v);
+      }
+    return m * c;
+  } else {
+    using P = typename Pair<T>::type;
+    auto pair = [](unsigned u) {
+      P p;
+      memcpy(&p, &u, 4);
+      return p;
+    };
+    P m = pair(w[0].x);
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) m = pos ? __hmax2(m, pair(word_of(w[i], q))) : __hmin2(m, pair(word_of(w[i], q)));
+    unsigned u;
+    memcpy(&u, &m, 4);
+    const uint4 r = make_uint4(u, 0u, 0u, 0u);
+    const float lo = Words<T>::get(r, 0), hi = Words<T>::get(r, 1);
+    return (pos ? fmaxf(lo, hi) : fminf(lo, hi)) * c;
+  }
+}
+
+// v[k] <- exp2(x_k * c - ref), x_k read from the row's words (masked columns hold the fill: 0);
+// returns their sum. Vector i of this thread starts at column first + i * L * VEC.
+template <typename T, int VEC, int NV>
+__device__ __forceinline__ float exp_words(float* v, const uint4* w, float c, float ref) {
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < NV; ++i)
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      const float e = whole || c0 + j < lim ? fast_exp2(fmaf(Words<T>::get_again(w[i], j), c, -ref)) : 0.f;
+      const float e = fast_exp2(fmaf(Words<T>::get(w[i], j), c, -ref));
       v[i * VEC + j] = e;
       s += e;
     }
-  }
   return s;
 }
 
@@ -534,31 +591,27 @@ __device__ __forceinline__ void store_dx(T* xr, const uint4* ya, const uint4* ga
   }
 }
 
-// Packed rows (the words as loaded): the sum of exp2(x * c - ref) over the kept columns (< lim), and
-// the outputs exp2(x * c - ref) * f (0 past lim; cols a multiple of VEC).
-template <typename T, int VEC, int NV, int L>
-__device__ __forceinline__ float packed_exp_sum(const uint4* w, int first, int lim, float c, float ref) {
+// Packed rows (the words as loaded, masked columns holding the fill): the sum of exp2(x * c - ref),
+// and the outputs exp2(x * c - ref) * f (cols a multiple of VEC).
+template <typename T, int VEC, int NV>
+__device__ __forceinline__ float packed_exp_sum(const uint4* w, float c, float ref) {
   float s = 0.f;
 #pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    const int c0 = first + i * L * VEC;
+  for (int i = 0; i < NV; ++i)
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) s += c0 + j < lim ? fast_exp2(fmaf(Words<T>::get_again(w[i], j), c, -ref)) : 0.f;
-  }
+    for (int j = 0; j < VEC; ++j) s += fast_exp2(fmaf(Words<T>::get_again(w[i], j), c, -ref));
   return s;
 }
 
 template <typename T, int VEC, int NV, int L>
-__device__ __forceinline__ void store_exp(T* yr, const uint4* w, int first, int cols, int lim, float c, float ref,
-                                          float f) {
+__device__ __forceinline__ void store_exp(T* yr, const uint4* w, int first, int cols, float c, float ref, float f) {
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int c0 = first + i * L * VEC;
     if (c0 >= cols) continue;
     Pack<T, VEC> o;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j)
-      o.v[j] = Cvt<T>::store(c0 + j < lim ? fast_exp2(fmaf(Words<T>::get_again(w[i], j), c, -ref)) * f : 0.f);
+    for (int j = 0; j < VEC; ++j) o.v[j] = Cvt<T>::store(fast_exp2(fmaf(Words<T>::get_again(w[i], j), c, -ref)) * f);
     *reinterpret_cast<Pack<T, VEC>*>(yr + c0) = o;
   }
 }
@@ -586,29 +639,22 @@ __global__ void __launch_bounds__(L* ROWS, min_blocks(L * ROWS, PACKED ? NV * 4 
   const T* xr = x + (row_ok ? row : 0) * x_stride;
   const int first = base + lane * VEC;  // vector i of this thread starts at column first + i * L * VEC
 
-  // load (the vectors of the unmasked prefix; all loads issued first) and this thread's max of x * c
+  // load (the vectors of the unmasked prefix; all loads issued first), the fill past lim, and this
+  // thread's max of x * c
   uint4 w[NV];
 #pragma unroll
   for (int i = 0; i < NV; ++i) w[i] = load_vec<T, VEC>(xr, first + i * L * VEC, lim);
   const unsigned n_ctas = CLUSTER ? cg::this_cluster().num_blocks() : 1;
   if constexpr (CLUSTER) cluster_begin(cslots, n_ctas);
-  float m = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    const int c0 = first + i * L * VEC;
-    const bool whole = c0 + VEC <= lim;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j)
-      if (whole || c0 + j < lim) m = fmaxf(m, Words<T>::get(w[i], j) * c);
-  }
+  mask_tail<T, VEC, NV, L>(w, first, lim, fill_word<T>(c));
+  const float m = scaled_max<T, NV>(w, c);
   float v[PACKED ? 1 : ITEMS];  // unpacked: the exponentials, kept for the output
-  // sum of exp2(x * c - ref) over the kept columns (one fma: x * c is never rounded first); unpacked,
-  // the exponentials go to v
+  // sum of exp2(x * c - ref) (one fma: x * c is never rounded first); unpacked, the exponentials go to v
   auto exp_sum = [&](float ref) {
     if constexpr (PACKED) {
-      return packed_exp_sum<T, VEC, NV, L>(w, first, lim, c, ref);
+      return packed_exp_sum<T, VEC, NV>(w, c, ref);
     } else {
-      return exp_words<T, VEC, NV, L>(v, w, first, lim, c, ref);
+      return exp_words<T, VEC, NV>(v, w, c, ref);
     }
   };
   float ref, f;  // output = exp2(x * c - ref) * f
@@ -638,7 +684,7 @@ __global__ void __launch_bounds__(L* ROWS, min_blocks(L * ROWS, PACKED ? NV * 4 
   if (row_ok) {  // (always, on the cluster and split paths: their grid is rows x slices)
     T* yr = y + row * cols;
     if constexpr (PACKED) {
-      store_exp<T, VEC, NV, L>(yr, w, first, cols, lim, c, ref, f);
+      store_exp<T, VEC, NV, L>(yr, w, first, cols, c, ref, f);
     } else {
       store_scaled<T, VEC, NV, L>(yr, v, first, cols, f);
     }
@@ -766,6 +812,7 @@ __global__ void __launch_bounds__(L, 1)
   const unsigned rank = C > 1 ? cg::this_cluster().block_rank() : 0;
   if constexpr (C > 1) xchg_init(xs);
   const int first = base + threadIdx.x * VEC;  // vector i of this thread starts at column first + i * L * VEC
+  const unsigned fill = fill_word<T>(c);
 #pragma unroll
   for (int b = 0; b < B; ++b)
     prefetch_row<T, VEC, NV, L>(stage + b * NV * L, x, r + b * step, rows, cols, base, x_stride, tq, diag, causal);
@@ -776,26 +823,14 @@ __global__ void __launch_bounds__(L, 1)
 #pragma unroll
     for (int i = 0; i < NV; ++i) w[i] = buf[i * L + threadIdx.x];
     prefetch_row<T, VEC, NV, L>(buf, x, r + B * step, rows, cols, base, x_stride, tq, diag, causal);
-    const int lim = row_limit(r, cols, tq, diag, causal);
-    // (from shared memory, so unpacked the row goes to fp32 at once: measured faster here than
-    // converting from the words twice, as the register kernel does)
-    float v[PACKED ? 1 : NV * VEC];
-    float m = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int c0 = first + i * L * VEC;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float val = Words<T>::get(w[i], j);
-        if constexpr (!PACKED) v[i * VEC + j] = val;
-        if (c0 + j < lim) m = fmaxf(m, val * c);
-      }
-    }
+    mask_tail<T, VEC, NV, L>(w, first, row_limit(r, cols, tq, diag, causal), fill);
+    const float m = scaled_max<T, NV>(w, c);
+    float v[PACKED ? 1 : NV * VEC];  // unpacked: the exponentials, kept for the output
     auto exp_sum = [&](float ref) {
       if constexpr (PACKED)
-        return packed_exp_sum<T, VEC, NV, L>(w, first, lim, c, ref);
+        return packed_exp_sum<T, VEC, NV>(w, c, ref);
       else
-        return exp_in_place<VEC, NV, L>(v, first, lim, c, ref);
+        return exp_words<T, VEC, NV>(v, w, c, ref);
     };
     float ref, f;  // output = exp2(x * c - ref) * f (unpacked: v * f)
     if constexpr (MERGED) {
@@ -823,7 +858,7 @@ __global__ void __launch_bounds__(L, 1)
       f = 1.f / (S == 0.f ? 1.f : S);
     }
     if constexpr (PACKED)
-      store_exp<T, VEC, NV, L>(y + r * cols, w, first, cols, lim, c, ref, f);
+      store_exp<T, VEC, NV, L>(y + r * cols, w, first, cols, c, ref, f);
     else
       store_scaled<T, VEC, NV, L>(y + r * cols, v, first, cols, f);
   }

@@ -2,12 +2,13 @@
 // table and the dispatch. The kernels themselves are in softmax_device.cuh (see there for the code
 // paths); softmax_tuning.cu times the variants this table was chosen from.
 //
-// Path by row length (N) and alignment:
+// Path by row length (N) and alignment (forward: for a normal, finite scale; any other takes the
+// stream path, see fill_scale_ok):
 //  * register (N <= reg_max): the row in registers, ITEMS elements per thread from the table below;
 //  * persist (forward N <= persist_max, backward rows of up to 32 KB): a block per SM loops over rows,
 //    the next row prefetched into shared memory (cp.async) while this one is reduced in registers;
-//  * cluster-persist (forward, N <= 2 * persist_max): the same over a thread-block cluster of two CTAs,
-//    half a row each, exchanging their (max, sum) partials once per row (distributed shared memory);
+//  * cluster-persist (fp32 forward, N <= 2 * persist_max): the same over a thread-block cluster of two
+//    CTAs, half a row each, exchanging their (max, sum) partials once per row (distributed shared memory);
 //  * cluster (backward, N <= 8 slices of 32 KB): a row over a cluster of up to 8 CTAs, each holding
 //    its slice in registers, exchanging the dot-product partials once;
 //  * split (N <= kMaxSplits slices): long rows split over ordinary blocks that combine their partials
@@ -19,6 +20,8 @@
 
 #include "softmax_device.cuh"
 
+#include <float.h>
+
 namespace softmax_harness {
 namespace {
 
@@ -29,24 +32,29 @@ using namespace detail;
 // Keyed by BLOCK_N (the next power of two >= N); the same elements per thread serve every dtype
 // (fp32 rows then use more 16-byte vectors per thread, same registers).
 // ---------------------------------------------------------------------------------------------
-constexpr int fwd_items(int block_n) { return block_n <= 8192 ? 32 : 64; }  // (fewer when the row is shorter)
-constexpr bool kFwdMerged = false;  // two reductions (max, then sum): within 1% of one merged reduction
-constexpr bool kFwdPacked = false;  // (16-bit rows kept packed, exponentials computed twice: slower)
+// Forward register rows: up to 16384 columns 32 (64 above 8192) elements per thread (fewer when the row
+// is shorter), two reductions (max, then sum: within 1% of one merged reduction), the exponentials kept
+// in fp32; 16-bit rows of 16385-32768 columns: 1024 threads x 32 elements kept packed (the loaded
+// words: half the registers, two blocks per SM), the exponential computed twice, one merged reduction.
+constexpr int fwd_items(int block_n) { return block_n <= 8192 || block_n > 16384 ? 32 : 64; }
+constexpr bool fwd_packed(int block_n) { return block_n > 16384; }
+constexpr bool fwd_merged(int block_n) { return block_n > 16384; }
 constexpr int kBwdItems = 8;        // backward register rows (up to 16 KB): 8 elements per thread
 constexpr bool kBwdCap = false;     // ... with uncapped registers (see min_blocks)
 
-// Longest rows one block keeps in registers: forward 16384 columns of any type (64 values per thread
-// at most), backward 16 KB (8192 16-bit or 4096 fp32 columns; longer rows: the persistent path).
+// Longest rows one block keeps in registers: forward 32768 16-bit (packed) or 16384 fp32 columns,
+// backward 16 KB (8192 16-bit or 4096 fp32 columns; longer rows: the persistent path).
 template <typename T, bool BWD>
 constexpr int reg_max() {
-  return !BWD ? 16384 : sizeof(T) == 2 ? 8192 : 4096;
+  return !BWD ? (sizeof(T) == 2 ? 32768 : 16384) : sizeof(T) == 2 ? 8192 : 4096;
 }
-// Persistent path, forward: rows of up to persist_max columns (64 KB) per CTA, 32 elements per thread,
-// one merged (max, sum) reduction, one row buffer of shared memory; twice that over a cluster of two.
-// Backward: rows of up to 32 KB, 1024 threads, one buffer (y and dy of the next row).
+// Persistent path, forward: 16-bit rows of up to 65536 columns (128 KB) per CTA, 1024 threads x 64
+// elements kept packed, one merged (max, sum) reduction, one row buffer of shared memory; fp32 rows
+// take it only over a cluster of two CTAs (cluster-persist: 2 x 512 threads x 32 elements, 64 KB
+// each). Backward: rows of up to 32 KB, 1024 threads, one buffer (y and dy of the next row).
 template <typename T, bool BWD>
 constexpr int persist_max() {
-  return (BWD ? 32768 : 65536) / (int)sizeof(T);
+  return BWD ? 32768 / (int)sizeof(T) : sizeof(T) == 2 ? 65536 : 16384;
 }
 // Backward cluster path: CTAs of 512 threads holding 32 KB of the row (16384 16-bit or 8192 fp32
 // columns), capped registers, up to kBwdClusterMax CTAs (a portable cluster size).
@@ -56,13 +64,14 @@ constexpr int bwd_slice() {
 }
 constexpr int kBwdClusterMax = 8;
 
-// Split path: slices of threads x items elements, up to kMaxSplits of them per row. Forward: 256 x 32,
-// (max, sum) merged once per row; backward: 512 x 16 with capped registers.
-template <bool BWD>
+// Split path: slices of threads x items elements, up to kMaxSplits of them per row. Forward: 16-bit
+// 512 x 32 kept packed, fp32 256 x 32, (max, sum) merged once per row; backward: 512 x 16 with capped
+// registers.
+template <typename T, bool BWD>
 struct SplitShape {
-  static constexpr int threads = BWD ? 512 : 256, items = BWD ? 16 : 32;
+  static constexpr int threads = BWD || sizeof(T) == 2 ? 512 : 256, items = BWD ? 16 : 32;
 };
-constexpr bool kSplitPacked = false, kSplitCap = true;
+constexpr bool kSplitPacked = true, kSplitCap = true;
 
 enum class Path { Register, Persist, ClusterPersist, Cluster, Split, Stream };
 
@@ -71,9 +80,9 @@ Path choose_path(int64_t rows, int64_t cols, bool aligned) {
   if (!aligned) return Path::Stream;
   if (cols <= reg_max<T, BWD>()) return Path::Register;
   if (cols <= persist_max<T, BWD>()) return Path::Persist;
-  if (!BWD && cols <= 2 * persist_max<T, BWD>()) return Path::ClusterPersist;
+  if (!BWD && sizeof(T) == 4 && cols <= 2 * persist_max<T, BWD>()) return Path::ClusterPersist;
   if (BWD && cols <= (int64_t)kBwdClusterMax * bwd_slice<T>()) return Path::Cluster;
-  if (split_fits(rows, cols, SplitShape<BWD>::threads, SplitShape<BWD>::items)) return Path::Split;
+  if (split_fits(rows, cols, SplitShape<T, BWD>::threads, SplitShape<T, BWD>::items)) return Path::Split;
   return Path::Stream;
 }
 
@@ -86,12 +95,14 @@ struct Launch {
     if constexpr (BWD)
       return launch_bwd_register<T, BN, kBwdItems, kBwdCap>(a);
     else
-      return launch_fwd_register<T, BN, fwd_items(BN), kFwdMerged, kFwdPacked>(a);
+      return launch_fwd_register<T, BN, fwd_items(BN), fwd_merged(BN), fwd_packed(BN)>(a);
   }
   template <int BN, int C>
   static cudaError_t persist(const Args& a) {
     if constexpr (BWD)
       return launch_bwd_persist<T, 1024, BN / 1024, 1, C>(a);
+    else if constexpr (sizeof(T) == 2)
+      return launch_fwd_persist<T, BN / 64, 64, 1, C, true, true>(a);
     else
       return launch_fwd_persist<T, BN / 32, 32, 1, C, true, false>(a);
   }
@@ -101,9 +112,9 @@ struct Launch {
   }
   static cudaError_t split(const Args& a) {
     if constexpr (BWD)
-      return launch_bwd_split<T, SplitShape<true>::threads, SplitShape<true>::items, kSplitCap>(a);
+      return launch_bwd_split<T, SplitShape<T, true>::threads, SplitShape<T, true>::items, kSplitCap>(a);
     else
-      return launch_fwd_split<T, SplitShape<false>::threads, SplitShape<false>::items, kSplitPacked>(a);
+      return launch_fwd_split<T, SplitShape<T, false>::threads, SplitShape<T, false>::items, kSplitPacked>(a);
   }
   template <int VEC>
   static cudaError_t stream(const Args& a) {
@@ -114,11 +125,20 @@ struct Launch {
   }
 };
 
+// The forward's on-chip paths read masked columns as a fill whose scaled score is -inf (see fill_word),
+// which needs a normal, finite c = scale * log2(e); any other scale (0, subnormal, inf, NaN) takes the
+// stream path, which masks element by element.
+inline bool fill_scale_ok(float scale) {
+  const float c = fabsf(scale * kLog2e);
+  return c >= FLT_MIN && c <= FLT_MAX;
+}
+
 template <typename T, bool BWD>
 cudaError_t dispatch(const Args& a) {
   using Go = Launch<T, BWD>;
   constexpr int VEC = vec_of<T>();
   const bool aligned = is_aligned<T>(a, BWD);
+  if (!BWD && !fill_scale_ok(a.scale)) return aligned ? Go::template stream<VEC>(a) : Go::template stream<1>(a);
   switch (choose_path<T, BWD>(a.rows, a.cols, aligned)) {
     case Path::Register:
       switch (next_pow2_at_least(a.cols, VEC)) {
@@ -128,7 +148,7 @@ cudaError_t dispatch(const Args& a) {
       return Go::template reg<BN>(a);                               \
     break;
         REG_CASE(4) REG_CASE(8) REG_CASE(16) REG_CASE(32) REG_CASE(64) REG_CASE(128) REG_CASE(256)
-        REG_CASE(512) REG_CASE(1024) REG_CASE(2048) REG_CASE(4096) REG_CASE(8192) REG_CASE(16384)
+        REG_CASE(512) REG_CASE(1024) REG_CASE(2048) REG_CASE(4096) REG_CASE(8192) REG_CASE(16384) REG_CASE(32768)
 #undef REG_CASE
         default:
           break;
@@ -140,7 +160,7 @@ cudaError_t dispatch(const Args& a) {
   case BN:                                                                                           \
     if constexpr (BN > reg_max<T, BWD>() && BN <= persist_max<T, BWD>()) return Go::template persist<BN, 1>(a); \
     break;
-        PERSIST_CASE(8192) PERSIST_CASE(16384) PERSIST_CASE(32768)
+        PERSIST_CASE(8192) PERSIST_CASE(16384) PERSIST_CASE(32768) PERSIST_CASE(65536)
 #undef PERSIST_CASE
         default:
           break;
@@ -209,8 +229,12 @@ Path path_of(DType dtype, bool backward, int64_t rows, int64_t cols, bool aligne
 
 int64_t softmax_workspace_bytes(DType dtype, bool backward, int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0 || path_of(dtype, backward, rows, cols, true) != Path::Split) return 0;  // (unaligned: none)
-  return backward ? split_workspace_bytes(rows, cols, SplitShape<true>::threads, SplitShape<true>::items)
-                  : split_workspace_bytes(rows, cols, SplitShape<false>::threads, SplitShape<false>::items);
+  auto bytes = [&](auto t) {
+    using T = decltype(t);
+    return backward ? split_workspace_bytes(rows, cols, SplitShape<T, true>::threads, SplitShape<T, true>::items)
+                    : split_workspace_bytes(rows, cols, SplitShape<T, false>::threads, SplitShape<T, false>::items);
+  };
+  return dtype == DType::F32 ? bytes(0.f) : bytes(__half{});
 }
 
 const char* softmax_path(DType dtype, bool backward, int64_t rows, int64_t cols, bool aligned) {

@@ -56,11 +56,15 @@ def test_sweep_candidates_cover_the_launch_tables():
     assert all(2 <= -(-262144 // (v["threads"] * v["items"])) <= (16 if v["path"] == "cluster" else 128)
                for v in long if v["path"] != "persist")
     assert all(v["ctas"] == 8 for v in long if v["path"] == "persist")  # 8 x 1024 x 32
-    # the persistent shapes of the table: forward 32768 one CTA, 65536 a cluster of two (merged, one
-    # buffer); backward 16384 one CTA of 1024 threads
-    for n, ctas in ((32768, 1), (65536, 2)):
-        assert {"path": "persist", "items": 32, "threads": 1024, "buffers": 1, "ctas": ctas, "dir": "fwd",
-                "merged": True, "packed": False} in cuda_variants(n)
+    # the forward table's 16-bit long rows: 32768 in registers (1024 x 32, merged, packed), 65536
+    # persistent on one CTA (1024 x 64, merged, packed, one buffer), split slices of 512 x 32 (packed)
+    assert {"path": "register", "items": 32, "threads": 0, "buffers": 0, "ctas": 1, "dir": "fwd",
+            "merged": True, "packed": True} in cuda_variants(32768)
+    assert {"path": "persist", "items": 64, "threads": 1024, "buffers": 1, "ctas": 1, "dir": "fwd",
+            "merged": True, "packed": True} in cuda_variants(65536)
+    assert {"path": "split", "items": 32, "threads": 512, "buffers": 0, "ctas": 1, "dir": "fwd",
+            "merged": True, "packed": True} in long
+    # backward 16384 one CTA of 1024 threads
     assert {"path": "persist", "items": 16, "threads": 1024, "buffers": 1, "ctas": 1, "dir": "bwd",
             "cap": False} in cuda_variants(16384)
     # the backward cluster path of the table: 512 threads x 32 elements per CTA, capped registers

@@ -102,9 +102,9 @@ def test_cuda_code_paths_by_row_length():
     from kernels.methods.cuda_softmax import code_path
 
     expected = {  # (dtype, backward): {N: path}
-        (torch.bfloat16, False): {1024: "register", 16384: "register", 16385: "persist", 32768: "persist",
-                                  32769: "cluster-persist", 65536: "cluster-persist", 65537: "split",
-                                  128 * 8192: "split", 128 * 8192 + 1: "stream"},  # > kMaxSplits slices
+        (torch.bfloat16, False): {1024: "register", 16384: "register", 16385: "register", 32768: "register",
+                                  32769: "persist", 65536: "persist", 65537: "split",
+                                  128 * 16384: "split", 128 * 16384 + 1: "stream"},  # > kMaxSplits slices
         (torch.bfloat16, True): {8192: "register", 8193: "persist", 16384: "persist", 16385: "cluster",
                                  131072: "cluster", 131073: "split", 128 * 8192: "split", 128 * 8192 + 1: "stream"},
         (torch.float32, False): {16384: "register", 16385: "cluster-persist", 32768: "cluster-persist",
@@ -123,9 +123,9 @@ def test_cuda_code_paths_by_row_length():
                                           ((1, 9000, 9000), True), ((64, 100000), False), ((1000, 16384), False),
                                           ((300, 65536), False), ((1, 2, 600, 60000), True), ((8, 200000), False)])
 def test_cuda_long_row_paths(shape, causal, dtype):
-    """Long rows: the register path at its longest, the persistent path (rows prefetched into shared
-    memory; more rows than blocks, so blocks loop), on one CTA or a cluster of two exchanging their
-    partials, the backward's cluster path (a row over 2-8 CTAs exchanging once), and the split path
+    """Long rows: the register path at its longest (16-bit rows kept packed), the persistent path (rows
+    prefetched into shared memory; more rows than blocks, so blocks loop), on one CTA or (fp32
+    forward) a cluster of two exchanging their partials, the backward's cluster path (a row over 2-8 CTAs exchanging once), and the split path
     (a row over several blocks meeting in global memory): odd lengths,
     causal rows (including slices that are entirely masked), many rows at once, twice in a row (the
     split workspace's counters restart from zero)."""
@@ -144,6 +144,42 @@ def test_cuda_long_row_paths(shape, causal, dtype):
         (dx,) = torch.autograd.grad(y, x, dy)
         dref = kernels.reference_softmax_backward(y.detach(), dy, scale=0.5)
         assert kernels.relative_error(dx, dref) <= BWD_TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n", [1000, 20000, 50000, 100000])
+def test_cuda_scales_and_special_values_on_every_forward_path(n, dtype):
+    """The forward's on-chip paths (register, packed register, persist, cluster-persist, split: by N
+    and dtype) read
+    masked columns as a fill whose scaled score is -inf: right for any normal, finite scale, negative
+    ones too; scale 0 and subnormal scales take the stream path. Special values keep their meaning:
+    -inf entries get 0, a NaN or +inf entry makes its row NaN, an all -inf row gives zeros."""
+    g = torch.Generator(device="cuda").manual_seed(n)
+    x = (torch.randn(2, 8, n, device="cuda", generator=g) * 3).to(dtype)
+    for scale in (0.3, -0.7, 0.0, 1e-39):
+        for causal in (False, True):
+            y = kernels.softmax(x, scale=scale, causal=causal, method="cuda")
+            ref = kernels.reference_softmax(x, scale=scale, causal=causal)
+            assert kernels.relative_error(y, ref) <= FWD_TOL[dtype], (scale, causal)
+            if causal:
+                masked = torch.ones(8, n, dtype=torch.bool, device="cuda").triu(n - 8 + 1)
+                assert (y[:, masked] == 0).all(), (scale, causal)
+    z = x.clone()
+    z[0, 0, :7] = float("-inf")
+    z[0, 1, 5] = float("nan")
+    z[0, 2, n - 1] = float("inf")
+    z[0, 3] = float("-inf")
+    for scale in (0.3, -0.7):  # scaled by -0.7, -inf entries become +inf (their row NaN), +inf -inf
+        y = kernels.softmax(z, scale=scale, method="cuda")
+        ref = kernels.reference_softmax(z, scale=scale)
+        nan_rows = ref.isnan().all(-1)
+        assert nan_rows[0, 1] and nan_rows[0, 2] == (scale > 0) and nan_rows[0, 0] == (scale < 0)
+        assert torch.equal(y.isnan().all(-1), nan_rows), scale
+        assert kernels.relative_error(y[~nan_rows], ref[~nan_rows]) <= FWD_TOL[dtype], scale
+        if scale > 0:  # (scaled by -0.7 the all -inf row is all +inf: NaN)
+            assert (y[0, 3] == 0).all() and (y[0, 0, :7] == 0).all()
+        else:
+            assert y[0, 2, -1] == 0
 
 
 def test_opchecks():
