@@ -29,7 +29,9 @@
 //  * stream: rows of any length (no cap) and unaligned rows: a block per row, two passes over global
 //    memory, the second walking backwards so the chunks read last (still in L2) come first.
 // Register and cluster paths need 16-byte alignment (cols and the row stride multiples of the vector
-// width, aligned base pointers). Causal rows load only their unmasked prefix and write zeros after it.
+// width, aligned base pointers). Causal rows load only their unmasked prefix and write zeros after it;
+// on the forward's register, cluster, split and persistent paths the masked columns read as a fill
+// whose scaled score is -inf (see fill_word), so the math after the loads carries no per-element mask.
 // Math in fp32 with exp2 and one fma per element (exp2(x * c - m) never rounds x * c first); NaN
 // propagates within its row; a row with no unmasked key (or all -inf) gives zeros.
 #pragma once
