@@ -544,8 +544,8 @@ __device__ __forceinline__ float scaled_max(const uint4* w, float c) {
   }
 }
 
-// v[k] <- exp2(x_k * c - ref), x_k read from the row's words (masked columns hold the fill: 0);
-// returns their sum. Vector i of this thread starts at column first + i * L * VEC.
+// v[k] <- exp2(x_k * c - ref), x_k read from the row's words (masked columns hold the fill, whose
+// exponential is 0); returns their sum. Vector i of this thread starts at column first + i * L * VEC.
 template <typename T, int VEC, int NV>
 __device__ __forceinline__ float exp_words(float* v, const uint4* w, float c, float ref) {
   float s = 0.f;
