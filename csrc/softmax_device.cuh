@@ -798,8 +798,13 @@ __device__ __forceinline__ void persist_place(int64_t& first_row, int64_t& step,
 // and each kept element's exponential is computed twice, for the sum and for the output. The cluster
 // exchange slots and the block reduction buffers alternate between rows, so the one barrier of the
 // next row orders their reuse (the cluster exchange: see ClusterXchg).
+// Blocks per SM to ask ptxas for: one, except packed rows on 512 threads, two (64 registers: a packed
+// thread holds its row in half the registers), so two CTAs (two rows, or two cluster slices) share an
+// SM and one's barrier or exchange overlaps the other's loads and stores (a sweep candidate).
+constexpr int persist_min_blocks(int threads, bool packed) { return packed && threads <= 512 ? 2 : 1; }
+
 template <typename T, int VEC, int NV, int L, int B, int C, bool MERGED, bool PACKED>
-__global__ void __launch_bounds__(L, 1)
+__global__ void __launch_bounds__(L, persist_min_blocks(L, PACKED))
     fwd_persist_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int cols, int64_t x_stride,
                        int64_t tq, int64_t diag, float c, bool causal) {
   extern __shared__ uint4 stage[];

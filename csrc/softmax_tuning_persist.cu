@@ -16,8 +16,8 @@ using T = __nv_bfloat16;
 
 // Persistent shapes: `ctas` CTAs of `threads` x `items` per row, for rows longer than half of that (so
 // each shape serves one range of N), `buffers` rows in shared memory (<= 227 KB: the launch says so
-// otherwise). One CTA: 512 or 1024 threads x 16, 32 or 64 elements; clusters of 2, 4 or 8 CTAs: 16 or
-// 32 elements.
+// otherwise). One CTA: 512 or 1024 threads x 16, 32 or 64 elements; clusters of 2 CTAs: 16, 32 or 64
+// elements (64: packed rows only, as for one CTA), of 4 or 8 CTAs: 16 or 32 elements.
 template <typename F>
 cudaError_t with_persist_shape(int64_t cols, int threads, int items, int buffers, int ctas, F&& f) {
   const int64_t span = (int64_t)ctas * threads * items;
@@ -26,7 +26,7 @@ cudaError_t with_persist_shape(int64_t cols, int threads, int items, int buffers
     return with_int<512, 1024>(threads, [&](auto l) {
       return with_int<16, 32, 64>(items, [&](auto it) {
         return with_int<1, 2, 3>(buffers, [&](auto b) {
-          if constexpr (V(c) > 1 && V(it) > 32)
+          if constexpr (V(c) > 2 && V(it) > 32)
             return cudaErrorNotSupported;
           else
             return f(c, l, it, b);

@@ -568,7 +568,7 @@ def cuda_variants(n: int, rows: int = 1) -> list[dict]:
 
     persist = [{"path": "persist", "items": i, "threads": t, "buffers": b, "ctas": c}
                for c in (1, 2, 4, 8) for t in (512, 1024) for i in (16, 32, 64) for b in (1, 2, 3)
-               if c * t * i // 2 < n <= c * t * i and (c == 1 or i <= 32)]
+               if c * t * i // 2 < n <= c * t * i and (c <= 2 or i <= 32)]
     persist = [sh for sh in persist if smem_fits(sh, 1)]
     fwd = [{**sh, "dir": "fwd", "merged": m, "packed": p} for sh in shapes for m in (False, True) for p in (False, True)
            if m or sh["path"] not in ("split", "cluster")]  # (one merged exchange over CTAs)

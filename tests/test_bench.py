@@ -64,6 +64,9 @@ def test_sweep_candidates_cover_the_launch_tables():
             "merged": True, "packed": True} in cuda_variants(65536)
     assert {"path": "split", "items": 32, "threads": 512, "buffers": 0, "ctas": 1, "dir": "fwd",
             "merged": True, "packed": True} in long
+    # and, for 65536, two-CTA clusters of 512 x 64 packed (two CTAs per SM: persist_min_blocks)
+    assert {"path": "persist", "items": 64, "threads": 512, "buffers": 1, "ctas": 2, "dir": "fwd",
+            "merged": True, "packed": True} in cuda_variants(65536)
     # backward 16384 one CTA of 1024 threads
     assert {"path": "persist", "items": 16, "threads": 1024, "buffers": 1, "ctas": 1, "dir": "bwd",
             "cap": False} in cuda_variants(16384)
