@@ -560,37 +560,35 @@ __device__ __forceinline__ float exp_words(float* v, const uint4* w, float c, fl
   return s;
 }
 
-// Row outputs of this thread's vectors (vector i at column first + i * L * VEC; cols a multiple of VEC).
-// Forward: y = v * f (v: the exponentials, 0 where masked). Backward: dx = scale * y * (dy - dot) from
-// the packed y and dy words, 0 past lim.
-template <typename T, int VEC, int NV, int L>
-__device__ __forceinline__ void store_scaled(T* yr, const float* v, int first, int cols, float f) {
+// Row outputs of this thread's vectors (vector i at column first + i * L * VEC; cols a multiple of VEC):
+// element j of vector i is out(i, j), rounded to T, one 16-byte store per vector.
+template <typename T, int VEC, int NV, int L, typename Out>
+__device__ __forceinline__ void store_vectors(T* r, int first, int cols, Out&& out) {
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int c0 = first + i * L * VEC;
     if (c0 >= cols) continue;
     Pack<T, VEC> o;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) o.v[j] = Cvt<T>::store(v[i * VEC + j] * f);  // masked: 0 * f = 0
-    *reinterpret_cast<Pack<T, VEC>*>(yr + c0) = o;
+    for (int j = 0; j < VEC; ++j) o.v[j] = Cvt<T>::store(out(i, j));
+    *reinterpret_cast<Pack<T, VEC>*>(r + c0) = o;
   }
 }
 
+// Forward: y = v * f (v: the exponentials, 0 where masked).
+template <typename T, int VEC, int NV, int L>
+__device__ __forceinline__ void store_scaled(T* yr, const float* v, int first, int cols, float f) {
+  store_vectors<T, VEC, NV, L>(yr, first, cols, [&](int i, int j) { return v[i * VEC + j] * f; });
+}
+
+// Backward: dx = scale * y * (dy - dot) from the packed y and dy words, 0 past lim.
 template <typename T, int VEC, int NV, int L>
 __device__ __forceinline__ void store_dx(T* xr, const uint4* ya, const uint4* ga, int first, int cols, int lim,
                                          float scale, float dot) {
-#pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    const int c0 = first + i * L * VEC;
-    if (c0 >= cols) continue;
-    Pack<T, VEC> o;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const float yy = Words<T>::get_again(ya[i], j);
-      o.v[j] = Cvt<T>::store(c0 + j < lim ? scale * yy * (Words<T>::get_again(ga[i], j) - dot) : 0.f);
-    }
-    *reinterpret_cast<Pack<T, VEC>*>(xr + c0) = o;
-  }
+  store_vectors<T, VEC, NV, L>(xr, first, cols, [&](int i, int j) {
+    const float yy = Words<T>::get_again(ya[i], j);
+    return first + i * L * VEC + j < lim ? scale * yy * (Words<T>::get_again(ga[i], j) - dot) : 0.f;
+  });
 }
 
 // Packed rows (the words as loaded, masked columns holding the fill): the sum of exp2(x * c - ref),
@@ -607,15 +605,8 @@ __device__ __forceinline__ float packed_exp_sum(const uint4* w, float c, float r
 
 template <typename T, int VEC, int NV, int L>
 __device__ __forceinline__ void store_exp(T* yr, const uint4* w, int first, int cols, float c, float ref, float f) {
-#pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    const int c0 = first + i * L * VEC;
-    if (c0 >= cols) continue;
-    Pack<T, VEC> o;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) o.v[j] = Cvt<T>::store(fast_exp2(fmaf(Words<T>::get_again(w[i], j), c, -ref)) * f);
-    *reinterpret_cast<Pack<T, VEC>*>(yr + c0) = o;
-  }
+  store_vectors<T, VEC, NV, L>(
+      yr, first, cols, [&](int i, int j) { return fast_exp2(fmaf(Words<T>::get_again(w[i], j), c, -ref)) * f; });
 }
 
 // PACKED (16-bit types): the row stays in registers as loaded (packed words, half the registers) and

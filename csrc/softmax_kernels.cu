@@ -36,9 +36,8 @@ using namespace detail;
 // is shorter), two reductions (max, then sum: within 1% of one merged reduction), the exponentials kept
 // in fp32; 16-bit rows of 16385-32768 columns: 1024 threads x 32 elements kept packed (the loaded
 // words: half the registers, two blocks per SM), the exponential computed twice, one merged reduction.
-constexpr int fwd_items(int block_n) { return block_n <= 8192 || block_n > 16384 ? 32 : 64; }
-constexpr bool fwd_packed(int block_n) { return block_n > 16384; }
-constexpr bool fwd_merged(int block_n) { return block_n > 16384; }
+constexpr bool fwd_packed(int block_n) { return block_n > 16384; }  // (packed rows: merged too)
+constexpr int fwd_items(int block_n) { return block_n <= 8192 || fwd_packed(block_n) ? 32 : 64; }
 constexpr int kBwdItems = 8;        // backward register rows (up to 16 KB): 8 elements per thread
 constexpr bool kBwdCap = false;     // ... with uncapped registers (see min_blocks)
 
@@ -95,7 +94,7 @@ struct Launch {
     if constexpr (BWD)
       return launch_bwd_register<T, BN, kBwdItems, kBwdCap>(a);
     else
-      return launch_fwd_register<T, BN, fwd_items(BN), fwd_merged(BN), fwd_packed(BN)>(a);
+      return launch_fwd_register<T, BN, fwd_items(BN), fwd_packed(BN), fwd_packed(BN)>(a);
   }
   template <int BN, int C>
   static cudaError_t persist(const Args& a) {
