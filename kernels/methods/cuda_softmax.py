@@ -3,14 +3,16 @@
 The kernels (``csrc/softmax_device.cuh``, launched from ``csrc/softmax_kernels.cu`` by a launch table
 measured with ``python -m harness.bench cuda-sweep``; no torch header) pick a code path by row length:
 rows kept in registers with 16-byte vector loads (several rows per warp for short rows, a block per
-row up to 16384 columns forward / 8192 16-bit or 4096 fp32 columns backward), a persistent path for the
-next lengths (a block per SM loops over rows, prefetching the next row into shared memory with cp.async
-while it reduces this one; forward up to 64 KB rows, and twice that over a two-CTA thread-block cluster
+row up to 32768 16-bit (kept packed past 16384) / 16384 fp32 columns forward and 8192 16-bit / 4096
+fp32 columns backward), a persistent path for the next lengths (a block per SM loops over rows,
+prefetching the next row into shared memory with cp.async while it reduces this one; forward 16-bit
+rows up to 65536 columns on one CTA, fp32 rows up to 32768 over a two-CTA thread-block cluster
 exchanging one partial per row through distributed shared memory), a cluster path for long backward
 rows (a row over up to 8 CTAs holding 32 KB each in registers), a split path for longer rows (a row
 over up to 128 blocks that combine their partials through a workspace in global memory, allocated per
 call by the binding), and a streaming path for rows of any length or alignment; causal rows load only
-their unmasked prefix.
+their unmasked prefix. Forward paths other than streaming need a normal, finite scale (any other
+takes the streaming path).
 ``csrc/softmax_binding.cpp`` registers the ops
 ``softmax_harness_cuda::softmax_fwd`` / ``softmax_bwd`` with ``TORCH_LIBRARY`` (CUDA implementation via
 ``TORCH_LIBRARY_IMPL``); this module registers their fake implementations and autograd, so
