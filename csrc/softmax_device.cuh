@@ -129,7 +129,10 @@ struct Words<__half> {
   static __device__ __forceinline__ float get_again(const uint4& w, int j) {
     const unsigned u = word_of(w, j >> 1);
     float f;
-    asm volatile("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)((j & 1) ? (u >> 16) : (u & 0xffffu))));
+    if (j & 1)
+      asm volatile("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.f32.f16 %0, hi;\n}" : "=f"(f) : "r"(u));
+    else
+      asm volatile("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.f32.f16 %0, lo;\n}" : "=f"(f) : "r"(u));
     return f;
   }
 };
@@ -204,6 +207,38 @@ __device__ __forceinline__ void row_stats(float& m, float& s, float2* red) {
       merge_stats(m, s, mo, so);
     }
   }
+}
+
+// One-pass (merged) statistics of a row from each thread's max m of x * c: the max over the warp (over
+// the row's W lanes when L <= 32), this thread's exponentials against it (exp_sum(ref) returns their
+// sum), the warp's sum; L > 32: the warps' (max, sum) pairs meet in `red` after one barrier, and
+// every warp takes the row max of them and the sum of their sums rescaled to it. Returns ref (the
+// warp max, 0 if -inf); M, S: the row max and the row's sum of exp2(x * c - M). A max and a sum per
+// shuffle step, not a (max, sum) merge (two exponentials) at every step as in row_stats.
+template <int L, typename ExpSum>
+__device__ __forceinline__ float merged_stats(float m, ExpSum&& exp_sum, float2* red, float& M, float& S) {
+  constexpr int W = L < 32 ? L : 32;
+#pragma unroll
+  for (int o = W / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o, W));
+  const float ref = m == -INFINITY ? 0.f : m;
+  float s = exp_sum(ref);
+#pragma unroll
+  for (int o = W / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o, W);
+  M = m;
+  S = s;
+  if constexpr (L > 32) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) red[warp] = make_float2(m, s);
+    __syncthreads();
+    const float2 p = lane < L / 32 ? red[lane] : make_float2(-INFINITY, 0.f);
+    M = p.x;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    S = p.y * fast_exp2(p.x - (M == -INFINITY ? 0.f : M));  // a warp with nothing unmasked adds 0
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) S += __shfl_xor_sync(0xffffffffu, S, o);
+  }
+  return ref;
 }
 
 template <int L>
@@ -561,13 +596,14 @@ __device__ __forceinline__ float exp_words(float* v, const uint4* w, float c, fl
 }
 
 // Row outputs of this thread's vectors (vector i at column first + i * L * VEC; cols a multiple of VEC):
-// element j of vector i is out(i, j), rounded to T, one 16-byte store per vector.
-template <typename T, int VEC, int NV, int L, typename Out>
+// element j of vector i is out(i, j), rounded to T, one 16-byte store per vector. FULL: the caller
+// knows every vector lies inside the row (no per-vector check).
+template <typename T, int VEC, int NV, int L, bool FULL = false, typename Out>
 __device__ __forceinline__ void store_vectors(T* r, int first, int cols, Out&& out) {
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int c0 = first + i * L * VEC;
-    if (c0 >= cols) continue;
+    if (!FULL && c0 >= cols) continue;
     Pack<T, VEC> o;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) o.v[j] = Cvt<T>::store(out(i, j));
@@ -576,9 +612,9 @@ __device__ __forceinline__ void store_vectors(T* r, int first, int cols, Out&& o
 }
 
 // Forward: y = v * f (v: the exponentials, 0 where masked).
-template <typename T, int VEC, int NV, int L>
+template <typename T, int VEC, int NV, int L, bool FULL = false>
 __device__ __forceinline__ void store_scaled(T* yr, const float* v, int first, int cols, float f) {
-  store_vectors<T, VEC, NV, L>(yr, first, cols, [&](int i, int j) { return v[i * VEC + j] * f; });
+  store_vectors<T, VEC, NV, L, FULL>(yr, first, cols, [&](int i, int j) { return v[i * VEC + j] * f; });
 }
 
 // Backward: dx = scale * y * (dy - dot) from the packed y and dy words, 0 past lim.
@@ -603,9 +639,9 @@ __device__ __forceinline__ float packed_exp_sum(const uint4* w, float c, float r
   return s;
 }
 
-template <typename T, int VEC, int NV, int L>
+template <typename T, int VEC, int NV, int L, bool FULL = false>
 __device__ __forceinline__ void store_exp(T* yr, const uint4* w, int first, int cols, float c, float ref, float f) {
-  store_vectors<T, VEC, NV, L>(
+  store_vectors<T, VEC, NV, L, FULL>(
       yr, first, cols, [&](int i, int j) { return fast_exp2(fmaf(Words<T>::get_again(w[i], j), c, -ref)) * f; });
 }
 
@@ -652,12 +688,10 @@ __global__ void __launch_bounds__(L* ROWS, min_blocks(L * ROWS, PACKED ? NV * 4 
   };
   float ref, f;  // output = exp2(x * c - ref) * f
   if constexpr (MERGED) {
-    // exponentials relative to this thread's max, then one merged (max, sum) reduction over the row
-    // (and the cluster), and a rescale to the row max
-    ref = m == -INFINITY ? 0.f : m;
-    const float s = exp_sum(ref);
-    float M = m, S = s;
-    row_stats<L>(M, S, red_stats);
+    // exponentials relative to the warp's max, one barrier for the row's (max, sum) (merged over the
+    // cluster or the split slices as well), and a rescale to the row max
+    float M, S;
+    ref = merged_stats<L>(m, exp_sum, red_stats, M, S);
     if constexpr (CLUSTER) {
       float cm = -INFINITY, cs = 0.f;
       cluster_xchg(cslots, n_ctas, (unsigned)part, make_float2(M, S), [&](float2 o) { merge_stats(cm, cs, o.x, o.y); });
@@ -743,6 +777,10 @@ __device__ __forceinline__ void cp_async16(uint4* dst, const void* src, bool rea
   const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(read ? 16 : 0) : "memory");
 }
+__device__ __forceinline__ void cp_async16(uint4* dst, const void* src) {  // all 16 bytes read
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int PENDING>
 __device__ __forceinline__ void cp_async_wait() {
@@ -751,17 +789,23 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // This thread's vectors of row r (those holding unmasked columns; the rest zero-filled, not read) in
 // the slice starting at column `base` into buffer `buf`, as one commit group (empty past the last row,
-// so every iteration commits one).
-template <typename T, int VEC, int NV, int L>
+// so every iteration commits one). FULL: every vector of every row is unmasked and inside the row.
+template <typename T, int VEC, int NV, int L, bool FULL>
 __device__ __forceinline__ void prefetch_row(uint4* buf, const T* src, int64_t r, int64_t rows, int cols, int base,
                                              int64_t stride, int64_t tq, int64_t diag, bool causal) {
   if (r < rows) {
-    const int lim = row_limit(r, cols, tq, diag, causal);
-    const T* xr = src + r * stride;
+    const int first = base + threadIdx.x * VEC;
+    const T* p = src + r * stride + first;  // vector i at p + i * L * VEC
+    if constexpr (FULL) {
 #pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int c0 = base + (threadIdx.x + i * L) * VEC;
-      if (c0 < cols) cp_async16(buf + i * L + threadIdx.x, xr + c0, c0 < lim);
+      for (int i = 0; i < NV; ++i) cp_async16(buf + i * L + threadIdx.x, p + i * L * VEC);
+    } else {
+      const int lim = row_limit(r, cols, tq, diag, causal);
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int c0 = first + i * L * VEC;
+        if (c0 < cols) cp_async16(buf + i * L + threadIdx.x, p + i * L * VEC, c0 < lim);
+      }
     }
   }
   cp_async_commit();
@@ -811,17 +855,26 @@ __global__ void __launch_bounds__(L, persist_min_blocks(L, PACKED))
   if constexpr (C > 1) xchg_init(xs);
   const int first = base + threadIdx.x * VEC;  // vector i of this thread starts at column first + i * L * VEC
   const unsigned fill = fill_word<T>(c);
+  // FULL (rows of exactly C * L * NV * VEC columns, not causal: every vector of every row unmasked) runs
+  // a copy of the loop without the per-vector checks of prefetch, fill and store.
+  auto run = [&](auto full) {
+    constexpr bool FULL = decltype(full)::value;
+    // The first row straight into registers (global loads) and the next B into the buffers: two rows'
+    // loads in flight from the start, not one row's alone before any math or store can begin.
+    uint4 w[NV];
+    if (r < rows) {
+      const T* p = x + r * x_stride + first;
+      const int lim = FULL ? cols : row_limit(r, cols, tq, diag, causal);
+#pragma unroll
+      for (int i = 0; i < NV; ++i)
+        w[i] = FULL ? *reinterpret_cast<const uint4*>(p + i * L * VEC) : load_vec<T, VEC>(p - first, first + i * L * VEC, lim);
+    }
 #pragma unroll
   for (int b = 0; b < B; ++b)
-    prefetch_row<T, VEC, NV, L>(stage + b * NV * L, x, r + b * step, rows, cols, base, x_stride, tq, diag, causal);
-  for (int k = 0; r < rows; r += step, ++k) {
-    uint4* buf = stage + (k % B) * NV * L;
-    cp_async_wait<B - 1>();  // this row's group (B groups were in flight)
-    uint4 w[NV];
-#pragma unroll
-    for (int i = 0; i < NV; ++i) w[i] = buf[i * L + threadIdx.x];
-    prefetch_row<T, VEC, NV, L>(buf, x, r + B * step, rows, cols, base, x_stride, tq, diag, causal);
-    mask_tail<T, VEC, NV, L>(w, first, row_limit(r, cols, tq, diag, causal), fill);
+    prefetch_row<T, VEC, NV, L, FULL>(stage + b * NV * L, x, r + (b + 1) * step, rows, cols, base, x_stride, tq, diag,
+                                      causal);
+  for (int k = 0; r < rows; ++k) {
+    if constexpr (!FULL) mask_tail<T, VEC, NV, L>(w, first, row_limit(r, cols, tq, diag, causal), fill);
     const float m = scaled_max<T, NV>(w, c);
     float v[PACKED ? 1 : NV * VEC];  // unpacked: the exponentials, kept for the output
     auto exp_sum = [&](float ref) {
@@ -832,9 +885,8 @@ __global__ void __launch_bounds__(L, persist_min_blocks(L, PACKED))
     };
     float ref, f;  // output = exp2(x * c - ref) * f (unpacked: v * f)
     if constexpr (MERGED) {
-      ref = m == -INFINITY ? 0.f : m;
-      float M = m, S = exp_sum(ref);
-      row_stats<L>(M, S, red_stats[k & 1]);
+      float M, S;
+      ref = merged_stats<L>(m, exp_sum, red_stats[k & 1], M, S);
       if constexpr (C > 1) {
         float cm = -INFINITY, cs = 0.f;
         xchg(xs, rank, k, make_float2(M, S), [&](float2 o) { merge_stats(cm, cs, o.x, o.y); });
@@ -856,10 +908,24 @@ __global__ void __launch_bounds__(L, persist_min_blocks(L, PACKED))
       f = 1.f / (S == 0.f ? 1.f : S);
     }
     if constexpr (PACKED)
-      store_exp<T, VEC, NV, L>(y + r * cols, w, first, cols, c, ref, f);
+      store_exp<T, VEC, NV, L, FULL>(y + r * cols, w, first, cols, c, ref, f);
     else
-      store_scaled<T, VEC, NV, L>(y + r * cols, v, first, cols, f);
+      store_scaled<T, VEC, NV, L, FULL>(y + r * cols, v, first, cols, f);
+    r += step;
+    if (r < rows) {  // the next row from its buffer (its group: the oldest of B in flight), and the row
+                     // B steps after it into that buffer
+      uint4* buf = stage + (k % B) * NV * L;
+      cp_async_wait<B - 1>();
+#pragma unroll
+      for (int i = 0; i < NV; ++i) w[i] = buf[i * L + threadIdx.x];
+      prefetch_row<T, VEC, NV, L, FULL>(buf, x, r + B * step, rows, cols, base, x_stride, tq, diag, causal);
+    }
   }
+  };
+  if (!causal && cols == C * L * NV * VEC)
+    run(std::true_type{});
+  else
+    run(std::false_type{});
   cp_async_wait<0>();  // nothing left in flight at exit
   if constexpr (C > 1) cg::this_cluster().sync();  // no CTA leaves while another may read its slots
 }

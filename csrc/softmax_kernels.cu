@@ -32,12 +32,15 @@ using namespace detail;
 // Keyed by BLOCK_N (the next power of two >= N); the same elements per thread serve every dtype
 // (fp32 rows then use more 16-byte vectors per thread, same registers).
 // ---------------------------------------------------------------------------------------------
-// Forward register rows: up to 16384 columns 32 (64 above 8192) elements per thread (fewer when the row
-// is shorter), two reductions (max, then sum: within 1% of one merged reduction), the exponentials kept
-// in fp32; 16-bit rows of 16385-32768 columns: 1024 threads x 32 elements kept packed (the loaded
-// words: half the registers, two blocks per SM), the exponential computed twice, one merged reduction.
+// Forward register rows: up to 16384 columns 32 elements per thread (fewer when the row is shorter; 16
+// at 4097-8192 columns, 64 at 8193-16384), two reductions (max, then sum: within 1% of one merged
+// reduction), the exponentials kept in fp32; 16-bit rows of 16385-32768 columns: 1024 threads x 32
+// elements kept packed (the loaded words: half the registers, two blocks per SM), the exponential
+// computed twice, one merged reduction.
 constexpr bool fwd_packed(int block_n) { return block_n > 16384; }  // (packed rows: merged too)
-constexpr int fwd_items(int block_n) { return block_n <= 8192 || fwd_packed(block_n) ? 32 : 64; }
+constexpr int fwd_items(int block_n) {
+  return block_n == 8192 ? 16 : block_n < 8192 || fwd_packed(block_n) ? 32 : 64;
+}
 constexpr int kBwdItems = 8;        // backward register rows (up to 16 KB): 8 elements per thread
 constexpr bool kBwdCap = false;     // ... with uncapped registers (see min_blocks)
 
