@@ -8,8 +8,8 @@
 //    elements) each: L <= 32 packs several rows into one warp (short rows), L > 32 is a block per row.
 //    One pass over memory each way. Two reduction schemes: MERGED = false
 //    reduces the row max, then exponentiates once per element and reduces the sum (two reductions);
-//    MERGED = true exponentiates against each thread's own max and merges (max, sum) pairs in one
-//    reduction (online-softmax merge), rescaling each element once at the end.
+//    MERGED = true exponentiates against its warp's max and combines the warps' (max, sum) pairs after
+//    one barrier (online-softmax merge, merged_stats), rescaling each element once at the end.
 //  * cluster: the register kernel with SPAN = kCluster: a long row is split over a thread-block cluster
 //    (Hopper, up to 16 CTAs); each CTA keeps its slice in registers and the CTAs exchange their
 //    partials once through distributed shared memory (stores into each peer's slots plus an mbarrier
@@ -25,7 +25,9 @@
 //    its own 16-byte vectors of the next B rows into shared memory with cp.async (B buffers), so the
 //    loads of later rows are in flight while this row is reduced and written: one long row per SM no
 //    longer leaves the memory system idle between rows. A thread reads back only what it copied: no
-//    barrier for the staging. C > 1: the row over a cluster of C CTAs, one exchange per row (as above).
+//    barrier for the staging. The first row is loaded straight into registers. Full rows (exactly the
+//    tile, not causal) run a copy of the loop without per-vector checks. C > 1: the row over a
+//    cluster of C CTAs, one exchange per row (as above).
 //  * stream: rows of any length (no cap) and unaligned rows: a block per row, two passes over global
 //    memory, the second walking backwards so the chunks read last (still in L2) come first.
 // Register and cluster paths need 16-byte alignment (cols and the row stride multiples of the vector
@@ -827,8 +829,8 @@ __device__ __forceinline__ void persist_place(int64_t& first_row, int64_t& step,
   }
 }
 
-// Forward, persistent. MERGED: one (max, sum) reduction per row (exponentials against each thread's
-// own max, rescaled once), required for clusters (one exchange between the CTAs per row). PACKED: the
+// Forward, persistent. MERGED: one (max, sum) reduction per row (exponentials against the warp's
+// max, rescaled once), required for clusters (one exchange between the CTAs per row). PACKED: the
 // row stays in registers as loaded (16-bit pairs: half the registers, so 64 elements per thread fit)
 // and each kept element's exponential is computed twice, for the sum and for the output. The cluster
 // exchange slots and the block reduction buffers alternate between rows, so the one barrier of the
