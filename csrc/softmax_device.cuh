@@ -869,60 +869,61 @@ __global__ void __launch_bounds__(L, persist_min_blocks(L, PACKED))
       const int lim = FULL ? cols : row_limit(r, cols, tq, diag, causal);
 #pragma unroll
       for (int i = 0; i < NV; ++i)
-        w[i] = FULL ? *reinterpret_cast<const uint4*>(p + i * L * VEC) : load_vec<T, VEC>(p - first, first + i * L * VEC, lim);
+        w[i] = FULL ? *reinterpret_cast<const uint4*>(p + i * L * VEC)
+                    : load_vec<T, VEC>(p - first, first + i * L * VEC, lim);
     }
 #pragma unroll
-  for (int b = 0; b < B; ++b)
-    prefetch_row<T, VEC, NV, L, FULL>(stage + b * NV * L, x, r + (b + 1) * step, rows, cols, base, x_stride, tq, diag,
-                                      causal);
-  for (int k = 0; r < rows; ++k) {
-    if constexpr (!FULL) mask_tail<T, VEC, NV, L>(w, first, row_limit(r, cols, tq, diag, causal), fill);
-    const float m = scaled_max<T, NV>(w, c);
-    float v[PACKED ? 1 : NV * VEC];  // unpacked: the exponentials, kept for the output
-    auto exp_sum = [&](float ref) {
-      if constexpr (PACKED)
-        return packed_exp_sum<T, VEC, NV>(w, c, ref);
-      else
-        return exp_words<T, VEC, NV>(v, w, c, ref);
-    };
-    float ref, f;  // output = exp2(x * c - ref) * f (unpacked: v * f)
-    if constexpr (MERGED) {
-      float M, S;
-      ref = merged_stats<L>(m, exp_sum, red_stats[k & 1], M, S);
-      if constexpr (C > 1) {
-        float cm = -INFINITY, cs = 0.f;
-        xchg(xs, rank, k, make_float2(M, S), [&](float2 o) { merge_stats(cm, cs, o.x, o.y); });
-        M = cm;
-        S = cs;
-      }
-      const float Mref = M == -INFINITY ? 0.f : M;
-      const float inv = 1.f / (S == 0.f ? 1.f : S);  // NaN stays NaN
-      if constexpr (PACKED) {
-        ref = Mref;
-        f = inv;
+    for (int b = 0; b < B; ++b)
+      prefetch_row<T, VEC, NV, L, FULL>(stage + b * NV * L, x, r + (b + 1) * step, rows, cols, base, x_stride, tq,
+                                        diag, causal);
+    for (int k = 0; r < rows; ++k) {
+      if constexpr (!FULL) mask_tail<T, VEC, NV, L>(w, first, row_limit(r, cols, tq, diag, causal), fill);
+      const float m = scaled_max<T, NV>(w, c);
+      float v[PACKED ? 1 : NV * VEC];  // unpacked: the exponentials, kept for the output
+      auto exp_sum = [&](float ref) {
+        if constexpr (PACKED)
+          return packed_exp_sum<T, VEC, NV>(w, c, ref);
+        else
+          return exp_words<T, VEC, NV>(v, w, c, ref);
+      };
+      float ref, f;  // output = exp2(x * c - ref) * f (unpacked: v * f)
+      if constexpr (MERGED) {
+        float M, S;
+        ref = merged_stats<L>(m, exp_sum, red_stats[k & 1], M, S);
+        if constexpr (C > 1) {
+          float cm = -INFINITY, cs = 0.f;
+          xchg(xs, rank, k, make_float2(M, S), [&](float2 o) { merge_stats(cm, cs, o.x, o.y); });
+          M = cm;
+          S = cs;
+        }
+        const float Mref = M == -INFINITY ? 0.f : M;
+        const float inv = 1.f / (S == 0.f ? 1.f : S);  // NaN stays NaN
+        if constexpr (PACKED) {
+          ref = Mref;
+          f = inv;
+        } else {
+          f = fast_exp2(ref - Mref) * inv;
+        }
       } else {
-        f = fast_exp2(ref - Mref) * inv;
+        const float M = row_max<L>(m, red_max[k & 1]);
+        ref = M == -INFINITY ? 0.f : M;  // no unmasked key: every exponential is 0
+        const float S = row_sum<L>(exp_sum(ref), red_sum[k & 1]);
+        f = 1.f / (S == 0.f ? 1.f : S);
       }
-    } else {
-      const float M = row_max<L>(m, red_max[k & 1]);
-      ref = M == -INFINITY ? 0.f : M;  // no unmasked key: every exponential is 0
-      const float S = row_sum<L>(exp_sum(ref), red_sum[k & 1]);
-      f = 1.f / (S == 0.f ? 1.f : S);
-    }
-    if constexpr (PACKED)
-      store_exp<T, VEC, NV, L, FULL>(y + r * cols, w, first, cols, c, ref, f);
-    else
-      store_scaled<T, VEC, NV, L, FULL>(y + r * cols, v, first, cols, f);
-    r += step;
-    if (r < rows) {  // the next row from its buffer (its group: the oldest of B in flight), and the row
-                     // B steps after it into that buffer
-      uint4* buf = stage + (k % B) * NV * L;
-      cp_async_wait<B - 1>();
+      if constexpr (PACKED)
+        store_exp<T, VEC, NV, L, FULL>(y + r * cols, w, first, cols, c, ref, f);
+      else
+        store_scaled<T, VEC, NV, L, FULL>(y + r * cols, v, first, cols, f);
+      r += step;
+      if (r < rows) {  // the next row from its buffer (its group: the oldest of B in flight), and the row
+                       // B steps after it into that buffer
+        uint4* buf = stage + (k % B) * NV * L;
+        cp_async_wait<B - 1>();
 #pragma unroll
-      for (int i = 0; i < NV; ++i) w[i] = buf[i * L + threadIdx.x];
-      prefetch_row<T, VEC, NV, L, FULL>(buf, x, r + B * step, rows, cols, base, x_stride, tq, diag, causal);
+        for (int i = 0; i < NV; ++i) w[i] = buf[i * L + threadIdx.x];
+        prefetch_row<T, VEC, NV, L, FULL>(buf, x, r + B * step, rows, cols, base, x_stride, tq, diag, causal);
+      }
     }
-  }
   };
   if (!causal && cols == C * L * NV * VEC)
     run(std::true_type{});
