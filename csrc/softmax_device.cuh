@@ -182,6 +182,21 @@ __device__ __forceinline__ void merge_stats(float& m, float& s, float mo, float 
   m = mn;
 }
 
+// Butterfly max / sum over aligned groups of W lanes (W a power of two, at most 32): every lane of a
+// group gets its group's result.
+template <int W>
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = W / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o, W));
+  return v;
+}
+template <int W>
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = W / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o, W);
+  return v;
+}
+
 // Reductions over the L threads of one row; every thread gets the result. L <= 32: inside a warp
 // (rows never straddle warps). L > 32: the block is one row; each warp leaves its partial in `red`,
 // one barrier, then every warp combines all partials itself. One barrier per reduction: each `red`
@@ -220,12 +235,9 @@ __device__ __forceinline__ void row_stats(float& m, float& s, float2* red) {
 template <int L, typename ExpSum>
 __device__ __forceinline__ float merged_stats(float m, ExpSum&& exp_sum, float2* red, float& M, float& S) {
   constexpr int W = L < 32 ? L : 32;
-#pragma unroll
-  for (int o = W / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o, W));
+  m = warp_max<W>(m);
   const float ref = m == -INFINITY ? 0.f : m;
-  float s = exp_sum(ref);
-#pragma unroll
-  for (int o = W / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o, W);
+  const float s = warp_sum<W>(exp_sum(ref));
   M = m;
   S = s;
   if constexpr (L > 32) {
@@ -233,44 +245,32 @@ __device__ __forceinline__ float merged_stats(float m, ExpSum&& exp_sum, float2*
     if (lane == 0) red[warp] = make_float2(m, s);
     __syncthreads();
     const float2 p = lane < L / 32 ? red[lane] : make_float2(-INFINITY, 0.f);
-    M = p.x;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-    S = p.y * fast_exp2(p.x - (M == -INFINITY ? 0.f : M));  // a warp with nothing unmasked adds 0
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) S += __shfl_xor_sync(0xffffffffu, S, o);
+    M = warp_max<32>(p.x);
+    S = warp_sum<32>(p.y * fast_exp2(p.x - (M == -INFINITY ? 0.f : M)));  // a warp with nothing unmasked adds 0
   }
   return ref;
 }
 
 template <int L>
 __device__ __forceinline__ float row_sum(float v, float* red) {
-  constexpr int W = L < 32 ? L : 32;
-#pragma unroll
-  for (int o = W / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o, W);
+  v = warp_sum<(L < 32 ? L : 32)>(v);
   if constexpr (L > 32) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (lane == 0) red[warp] = v;
     __syncthreads();
-    v = lane < L / 32 ? red[lane] : 0.f;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    v = warp_sum<32>(lane < L / 32 ? red[lane] : 0.f);
   }
   return v;
 }
 
 template <int L>
 __device__ __forceinline__ float row_max(float v, float* red) {
-  constexpr int W = L < 32 ? L : 32;
-#pragma unroll
-  for (int o = W / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o, W));
+  v = warp_max<(L < 32 ? L : 32)>(v);
   if constexpr (L > 32) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (lane == 0) red[warp] = v;
     __syncthreads();
-    v = lane < L / 32 ? red[lane] : -INFINITY;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    v = warp_max<32>(lane < L / 32 ? red[lane] : -INFINITY);
   }
   return v;
 }
@@ -428,8 +428,7 @@ __device__ __forceinline__ float split_sum(float v, const SplitWs& ws, int64_t r
   if (threadIdx.x < 32) {
     float t = 0.f;
     for (int k = threadIdx.x; k < ws.splits; k += 32) t += __ldcg(mine + k);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+    t = warp_sum<32>(t);
     if (threadIdx.x == 0) *bcast = t;
   }
   __syncthreads();
@@ -865,12 +864,12 @@ __global__ void __launch_bounds__(L, persist_min_blocks(L, PACKED))
     // loads in flight from the start, not one row's alone before any math or store can begin.
     uint4 w[NV];
     if (r < rows) {
-      const T* p = x + r * x_stride + first;
+      const T* p = x + r * x_stride + first;  // vector i at p + i * L * VEC
       const int lim = FULL ? cols : row_limit(r, cols, tq, diag, causal);
 #pragma unroll
       for (int i = 0; i < NV; ++i)
         w[i] = FULL ? *reinterpret_cast<const uint4*>(p + i * L * VEC)
-                    : load_vec<T, VEC>(p - first, first + i * L * VEC, lim);
+                    : load_vec<T, VEC>(p - first, first + i * L * VEC, lim);  // (p - first: the row start)
     }
 #pragma unroll
     for (int b = 0; b < B; ++b)
