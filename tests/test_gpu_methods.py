@@ -125,8 +125,8 @@ def test_cuda_code_paths_by_row_length():
 def test_cuda_long_row_paths(shape, causal, dtype):
     """Long rows: the register path at its longest (16-bit rows kept packed), the persistent path (rows
     prefetched into shared memory; more rows than blocks, so blocks loop), on one CTA or (fp32
-    forward) a cluster of two exchanging their partials, the backward's cluster path (a row over 2-8 CTAs exchanging once), and the split path
-    (a row over several blocks meeting in global memory): odd lengths,
+    forward) a cluster of two exchanging their partials, the backward's cluster path (a row over 2-8
+    CTAs exchanging once), and the split path (a row over several blocks meeting in global memory): odd lengths,
     causal rows (including slices that are entirely masked), many rows at once, twice in a row (the
     split workspace's counters restart from zero)."""
     from kernels.methods.cuda_softmax import code_path
@@ -150,9 +150,8 @@ def test_cuda_long_row_paths(shape, causal, dtype):
 @pytest.mark.parametrize("n", [1000, 20000, 50000, 100000])
 def test_cuda_scales_and_special_values_on_every_forward_path(n, dtype):
     """The forward's on-chip paths (register, packed register, persist, cluster-persist, split: by N
-    and dtype) read
-    masked columns as a fill whose scaled score is -inf: right for any normal, finite scale, negative
-    ones too; scale 0 and subnormal scales take the stream path. Special values keep their meaning:
+    and dtype) read masked columns as a fill whose scaled score is -inf: right for any normal, finite
+    scale, negative ones too; scale 0 and subnormal scales take the stream path. Special values keep their meaning:
     -inf entries get 0, a NaN or +inf entry makes its row NaN, an all -inf row gives zeros."""
     g = torch.Generator(device="cuda").manual_seed(n)
     x = (torch.randn(2, 8, n, device="cuda", generator=g) * 3).to(dtype)
