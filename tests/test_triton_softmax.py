@@ -65,6 +65,24 @@ def test_split_path_extremes(forced_path, seeded):
     assert y[0, 3].item() == 0.5 and y[0, 17].item() == 0.5 and y[0].sum().item() == 1.0
 
 
+@pytest.mark.parametrize("path", ["tile", "persistent", "long", "split"])
+@pytest.mark.parametrize("scale", [1.0, -0.5])
+def test_every_forward_path_takes_huge_scores(ts, path, scale):
+    """Scores of 1e30 (two equal maxima in different chunks) and of 1e4: every forward kernel takes
+    its exponents relative to the row's max score exactly (on a GPU, exp2(fma(x, c, -round(max * c)))
+    would shift them all by the max's rounding error, which overflows exp2 at this magnitude)."""
+    plan = {"tile": ts.Plan(False, 64, 2, 1), "persistent": ts.Plan(False, 64, 1, 1, stages=2),
+            "long": ts.Plan(True, 16, 1, 1), "split": ts.Plan(False, 16, 1, 1, split=True)}[path]
+    x = torch.full((3, 64), -float("inf") if scale > 0 else float("inf"), device=DEVICE)  # x * scale = -inf
+    x[0, 3], x[0, 40] = 1e30 * scale, 1e30 * scale  # the row's maximum of x * scale, twice
+    x[1] = torch.randn(64, generator=torch.Generator().manual_seed(0)).to(DEVICE) * 1e4
+    x[2, :5] = 1.0
+    y = ts.launch_fwd(x, scale, False, plan).cpu()
+    assert y[0, 3].item() == 0.5 and y[0, 40].item() == 0.5 and y[0].sum().item() == 1.0
+    assert kernels.relative_error(y[1:], kernels.reference_softmax(x[1:].cpu(), scale=scale)) <= 1e-5
+    assert torch.equal(y[2, 5:], torch.zeros(59))
+
+
 @pytest.mark.parametrize("shape,causal", [((9, 37), False), ((2, 20, 20), True), ((2, 9, 30), True), ((2, 30, 9), True)])
 def test_persistent_path_matches_reference(ts, shape, causal, seeded):
     """Persistent programs looping over rows (pipelined on a GPU), forward and backward."""

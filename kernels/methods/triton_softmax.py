@@ -123,6 +123,20 @@ if triton is not None:
         return lim
 
     @triton.jit
+    def _signed(x, scale_log2e):
+        """x * sign(c) and |c|: x * c = (x * sign(c)) * |c|, so the row's max is taken on the scores
+        themselves (exact) and each exponent is (x - max) * |c|: exactly 0 at the max, whatever the
+        magnitude. (exp2(fma(x, c, -round(max * c))) shifts every exponent by the max's rounding
+        error, up to |max * c| / 2^25: exp2 overflows past |max * c| ~ 2^32.)"""
+        return tl.where(scale_log2e < 0, -x, x), tl.abs(scale_log2e)
+
+    @triton.jit
+    def _rescaled(s, m, ref, a):
+        """Sums s taken relative to maxima m, brought to the reference ref (m = -inf: an empty part,
+        which adds 0 even when the scale is 0)."""
+        return tl.where(m == float("-inf"), 0.0, s * tl.exp2((m - ref) * a))
+
+    @triton.jit
     def _fwd_tile_kernel(
         X, Y, n_rows, n_cols, stride_xr, stride_xc, tq, diag, scale_log2e,
         BLOCK_N: tl.constexpr, ROWS: tl.constexpr, CAUSAL: tl.constexpr, ROUND_MASK: tl.constexpr,
@@ -141,12 +155,10 @@ if triton is not None:
             out_ok = keep
         ld = row_ok[:, None] & (cols[None, :] < _vector_limit(lim, n_cols, CAUSAL, ROUND_MASK)[:, None])
         x = tl.load(X + rows64[:, None] * stride_xr + cols[None, :] * stride_xc, mask=ld, other=0.0)
-        x = x.to(tl.float32)
-        m = tl.max(tl.where(keep, x * scale_log2e, float("-inf")), axis=1)  # mask after scaling
+        x, a = _signed(x.to(tl.float32), scale_log2e)
+        m = tl.max(tl.where(keep, x, float("-inf")), axis=1)  # mask after the sign
         m = tl.where(m == float("-inf"), 0.0, m)  # rows with no unmasked key
-        # exp2(x * c - m) straight from x (one fma): rounding x * c first would lose precision on
-        # large scores, shifting each element differently
-        e = tl.where(keep, tl.exp2(x * scale_log2e - m[:, None]), 0.0)
+        e = tl.where(keep, tl.exp2((x - m[:, None]) * a), 0.0)
         s = tl.sum(e, axis=1)
         inv = 1.0 / tl.where(s == 0.0, 1.0, s)  # s == 0 only for rows with no unmasked key; NaN stays
         y = e * inv[:, None]
@@ -166,9 +178,10 @@ if triton is not None:
             lim = _one_row_limit(r, n_cols, tq, diag, CAUSAL)
             keep = cols < lim
             x = tl.load(X + r * stride_xr + cols * stride_xc, mask=keep, other=0.0).to(tl.float32)
-            m = tl.max(tl.where(keep, x * scale_log2e, float("-inf")), axis=0)
+            x, a = _signed(x, scale_log2e)
+            m = tl.max(tl.where(keep, x, float("-inf")), axis=0)
             m = tl.where(m == float("-inf"), 0.0, m)
-            e = tl.where(keep, tl.exp2(x * scale_log2e - m), 0.0)
+            e = tl.where(keep, tl.exp2((x - m) * a), 0.0)
             s = tl.sum(e, axis=0)
             inv = 1.0 / tl.where(s == 0.0, 1.0, s)
             tl.store(Y + r * n_cols + cols, (e * inv).to(Y.dtype.element_ty), mask=cols < n_cols)
@@ -199,27 +212,30 @@ if triton is not None:
         x_row = X + row * stride_xr
         y_row = Y + row * n_cols
         cols = tl.arange(0, BLOCK_N)
-        m_vec = tl.full([BLOCK_N], float("-inf"), tl.float32)
+        # the running max per lane starts at the lowest finite float, not -inf, so that (m_vec - m_new)
+        # * |c| stays finite (no -inf * 0 = NaN at scale 0) without a select per element; a row with
+        # no finite unmasked score keeps it, and its -inf scores still give exp2(-inf) = 0
+        m_vec = tl.full([BLOCK_N], -3.4028234663852886e38, tl.float32)
         s_vec = tl.zeros([BLOCK_N], tl.float32)
         for start in range(0, lim, BLOCK_N):  # pass 1: online max and rescaled sum, per lane
             c = start + cols
             keep = c < lim
             x = tl.load(x_row + c * stride_xc, mask=keep, other=0.0, eviction_policy="evict_last")
-            x = x.to(tl.float32)
-            m_new = tl.maximum(m_vec, tl.where(keep, x * scale_log2e, float("-inf")))
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-            s_vec = s_vec * tl.exp2(m_vec - m_ref) + tl.where(keep, tl.exp2(x * scale_log2e - m_ref), 0.0)
+            x, a = _signed(x.to(tl.float32), scale_log2e)
+            m_new = tl.maximum(m_vec, tl.where(keep, x, float("-inf")))
+            s_vec = s_vec * tl.exp2((m_vec - m_new) * a) + tl.where(keep, tl.exp2((x - m_new) * a), 0.0)
             m_vec = m_new
+        a = tl.abs(scale_log2e)
         m = tl.max(m_vec, axis=0)
-        m = tl.where(m == float("-inf"), 0.0, m)
-        s = tl.sum(s_vec * tl.exp2(m_vec - m), axis=0)
+        s = tl.sum(s_vec * tl.exp2((m_vec - m) * a), axis=0)
         inv = 1.0 / tl.where(s == 0.0, 1.0, s)
         n_chunks = tl.cdiv(n_cols, BLOCK_N)
         for k in range(0, n_chunks):  # pass 2, backwards: the chunks read last are still cached
             c = (n_chunks - 1 - k) * BLOCK_N + cols
             keep = c < lim
             x = tl.load(x_row + c * stride_xc, mask=keep, other=0.0, eviction_policy="evict_first")
-            y = tl.where(keep, tl.exp2(x.to(tl.float32) * scale_log2e - m) * inv, 0.0)
+            x, a = _signed(x.to(tl.float32), scale_log2e)
+            y = tl.where(keep, tl.exp2((x - m) * a) * inv, 0.0)
             tl.store(y_row + c, y.to(Y.dtype.element_ty), mask=c < n_cols)
 
     @triton.jit
@@ -254,9 +270,10 @@ if triton is not None:
         """PHASE 0: whole kernel (GPU). PHASE 1: partials only; PHASE 2: outputs only (interpreter)."""
         row, part, cols, keep = _split_chunk(CNT, splits, n_cols, tq, diag, BLOCK_N, CAUSAL, PHASE)
         x = tl.load(X + row * stride_xr + cols * stride_xc, mask=keep, other=0.0).to(tl.float32)
-        m = tl.max(tl.where(keep, x * scale_log2e, float("-inf")), axis=0)
+        x, a = _signed(x, scale_log2e)
+        m = tl.max(tl.where(keep, x, float("-inf")), axis=0)
         ref = tl.where(m == float("-inf"), 0.0, m)
-        e = tl.where(keep, tl.exp2(x * scale_log2e - ref), 0.0)
+        e = tl.where(keep, tl.exp2((x - ref) * a), 0.0)
         s = tl.sum(e, axis=0)
         stat_m = STAT + row * (2 * splits)  # this row's partials: splits maxima, then splits sums
         if PHASE != 2:
@@ -270,8 +287,8 @@ if triton is not None:
             ss = tl.load(stat_m + splits + p, mask=p < splits, other=0.0, cache_modifier=".cg")
             big_m = tl.max(ms, axis=0)
             big_ref = tl.where(big_m == float("-inf"), 0.0, big_m)
-            big_s = tl.sum(ss * tl.exp2(ms - big_ref), axis=0)  # -inf maxima (empty chunks) add 0
-            f = tl.exp2(ref - big_ref) / tl.where(big_s == 0.0, 1.0, big_s)  # NaN stays NaN
+            big_s = tl.sum(_rescaled(ss, ms, big_ref, a), axis=0)  # -inf maxima (empty chunks) add 0
+            f = tl.exp2((ref - big_ref) * a) / tl.where(big_s == 0.0, 1.0, big_s)  # NaN stays NaN
             tl.store(Y + row * n_cols + cols, (e * f).to(Y.dtype.element_ty), mask=cols < n_cols)
 
     @triton.jit
