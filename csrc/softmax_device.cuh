@@ -42,6 +42,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -173,12 +174,24 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // ---------------------------------------------------------------------------------------------
 // reductions
 // ---------------------------------------------------------------------------------------------
-// Merge two (max, sum) partials of an online softmax (sums relative to their max, exp2 domain).
-// -inf maxima (nothing unmasked yet) merge without NaN; a NaN sum stays NaN.
-__device__ __forceinline__ void merge_stats(float& m, float& s, float mo, float so) {
+// Maxima are taken on the keys x * sign(c) (exact), not on x * c: an element's exponent is then
+// (x - ref * sign(c)) * c = (key - ref) * |c|, exactly 0 at the row's max whatever its magnitude.
+// (exp2(fma(x, c, -round(max * c))) shifts every exponent by the max's rounding error, up to
+// |max * c| / 2^25, which overflows or underflows exp2 beyond |max * c| ~ 2^32.)
+__device__ __forceinline__ float sign_of(float c) { return copysignf(1.f, c); }  // (c > 0 ? 1 : -1 for c != 0)
+
+// A sum s of exponentials relative to key max m, brought to the reference ref (a = |c| > 0: an empty
+// part, m = -inf, adds 0; the stream path, whose scale may be 0, starts its maxima at -FLT_MAX).
+__device__ __forceinline__ float rescaled(float s, float m, float ref, float a) {
+  return s * fast_exp2((m - ref) * a);
+}
+
+// Merge two (max, sum) partials of an online softmax (maxima of keys, sums relative to them, exp2
+// domain, a = |c|). -inf maxima (nothing unmasked yet) merge without NaN; a NaN sum stays NaN.
+__device__ __forceinline__ void merge_stats(float& m, float& s, float mo, float so, float a) {
   const float mn = fmaxf(m, mo);
   const float ref = mn == -INFINITY ? 0.f : mn;
-  s = s * fast_exp2(m - ref) + so * fast_exp2(mo - ref);
+  s = rescaled(s, m, ref, a) + rescaled(so, mo, ref, a);
   m = mn;
 }
 
@@ -202,26 +215,26 @@ __device__ __forceinline__ float warp_sum(float v) {
 // one barrier, then every warp combines all partials itself. One barrier per reduction: each `red`
 // buffer serves one reduction per kernel, so nothing is overwritten while another warp reads it.
 template <int L>
-__device__ __forceinline__ void row_stats(float& m, float& s, float2* red) {
+__device__ __forceinline__ void row_stats(float& m, float& s, float2* red, float a) {
   constexpr int W = L < 32 ? L : 32;
 #pragma unroll
   for (int o = W / 2; o > 0; o >>= 1) {
     const float mo = __shfl_xor_sync(0xffffffffu, m, o, W);
     const float so = __shfl_xor_sync(0xffffffffu, s, o, W);
-    merge_stats(m, s, mo, so);
+    merge_stats(m, s, mo, so, a);
   }
   if constexpr (L > 32) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (lane == 0) red[warp] = make_float2(m, s);
     __syncthreads();
-    const float2 v = lane < L / 32 ? red[lane] : make_float2(-INFINITY, 0.f);
+    const float2 v = lane < L / 32 ? red[lane] : make_float2(-FLT_MAX, 0.f);  // (the stream path's start)
     m = v.x;
     s = v.y;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
       const float mo = __shfl_xor_sync(0xffffffffu, m, o);
       const float so = __shfl_xor_sync(0xffffffffu, s, o);
-      merge_stats(m, s, mo, so);
+      merge_stats(m, s, mo, so, a);
     }
   }
 }
@@ -233,7 +246,7 @@ __device__ __forceinline__ void row_stats(float& m, float& s, float2* red) {
 // warp max, 0 if -inf); M, S: the row max and the row's sum of exp2(x * c - M). A max and a sum per
 // shuffle step, not a (max, sum) merge (two exponentials) at every step as in row_stats.
 template <int L, typename ExpSum>
-__device__ __forceinline__ float merged_stats(float m, ExpSum&& exp_sum, float2* red, float& M, float& S) {
+__device__ __forceinline__ float merged_stats(float m, ExpSum&& exp_sum, float2* red, float& M, float& S, float a) {
   constexpr int W = L < 32 ? L : 32;
   m = warp_max<W>(m);
   const float ref = m == -INFINITY ? 0.f : m;
@@ -246,7 +259,7 @@ __device__ __forceinline__ float merged_stats(float m, ExpSum&& exp_sum, float2*
     __syncthreads();
     const float2 p = lane < L / 32 ? red[lane] : make_float2(-INFINITY, 0.f);
     M = warp_max<32>(p.x);
-    S = warp_sum<32>(p.y * fast_exp2(p.x - (M == -INFINITY ? 0.f : M)));  // a warp with nothing unmasked adds 0
+    S = warp_sum<32>(rescaled(p.y, p.x, M == -INFINITY ? 0.f : M, a));  // a warp with nothing unmasked adds 0
   }
   return ref;
 }
@@ -392,7 +405,7 @@ __device__ __forceinline__ void split_arrive_and_wait(const SplitWs& ws, int64_t
 }
 
 __device__ __forceinline__ void split_stats(float& m, float& s, const SplitWs& ws, int64_t row, int part,
-                                            float2* bcast) {
+                                            float2* bcast, float a) {
   float2* mine = ws.stats + row * ws.splits;
   if (threadIdx.x == 0) {
     mine[part] = make_float2(m, s);
@@ -403,13 +416,13 @@ __device__ __forceinline__ void split_stats(float& m, float& s, const SplitWs& w
     float cm = -INFINITY, cs = 0.f;
     for (int k = threadIdx.x; k < ws.splits; k += 32) {
       const float2 o = __ldcg(mine + k);
-      merge_stats(cm, cs, o.x, o.y);
+      merge_stats(cm, cs, o.x, o.y, a);
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
       const float mo = __shfl_xor_sync(0xffffffffu, cm, o);
       const float so = __shfl_xor_sync(0xffffffffu, cs, o);
-      merge_stats(cm, cs, mo, so);
+      merge_stats(cm, cs, mo, so, a);
     }
     if (threadIdx.x == 0) *bcast = make_float2(cm, cs);
   }
@@ -534,9 +547,9 @@ __device__ __forceinline__ void mask_tail(uint4* w, int first, int lim, unsigned
   }
 }
 
-// Max of x * c over this thread's elements, exactly: rounding is monotonic, so it is max(x) * c for
-// c > 0 and min(x) * c for c < 0; 16-bit pairs are compared packed (two per instruction). Like fmaxf,
-// the comparisons skip NaN (a NaN still makes its row NaN through the sum).
+// Max of the keys x * sign(c) over this thread's elements (see sign_of): max(x) for c > 0, -min(x)
+// for c < 0; 16-bit pairs are compared packed (two per instruction). Like fmaxf, the comparisons skip
+// NaN (a NaN still makes its row NaN through the sum).
 template <typename T>
 struct Pair;
 template <>
@@ -548,7 +561,7 @@ struct Pair<__half> {
   using type = __half2;
 };
 template <typename T, int NV>
-__device__ __forceinline__ float scaled_max(const uint4* w, float c) {
+__device__ __forceinline__ float max_key(const uint4* w, float c) {
   const bool pos = c > 0.f;
   if constexpr (sizeof(T) == 4) {
     float m = __uint_as_float(w[0].x);
@@ -559,7 +572,7 @@ __device__ __forceinline__ float scaled_max(const uint4* w, float c) {
         const float v = __uint_as_float(word_of(w[i], q));
         m = pos ? fmaxf(m, v) : fminf(m, v);
       }
-    return m * c;
+    return pos ? m : -m;
   } else {
     using P = typename Pair<T>::type;
     auto pair = [](unsigned u) {
@@ -576,20 +589,21 @@ __device__ __forceinline__ float scaled_max(const uint4* w, float c) {
     memcpy(&u, &m, 4);
     const uint4 r = make_uint4(u, 0u, 0u, 0u);
     const float lo = Words<T>::get(r, 0), hi = Words<T>::get(r, 1);
-    return (pos ? fmaxf(lo, hi) : fminf(lo, hi)) * c;
+    return pos ? fmaxf(lo, hi) : -fminf(lo, hi);
   }
 }
 
-// v[k] <- exp2(x_k * c - ref), x_k read from the row's words (masked columns hold the fill, whose
-// exponential is 0); returns their sum. Vector i of this thread starts at column first + i * L * VEC.
+// v[k] <- exp2((x_k - r) * c) (r = the reference key ref * sign(c), see sign_of), x_k read from the
+// row's words (masked columns hold the fill, whose exponential is 0); returns their sum. Vector i of
+// this thread starts at column first + i * L * VEC.
 template <typename T, int VEC, int NV>
-__device__ __forceinline__ float exp_words(float* v, const uint4* w, float c, float ref) {
+__device__ __forceinline__ float exp_words(float* v, const uint4* w, float c, float r) {
   float s = 0.f;
 #pragma unroll
   for (int i = 0; i < NV; ++i)
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      const float e = fast_exp2(fmaf(Words<T>::get(w[i], j), c, -ref));
+      const float e = fast_exp2((Words<T>::get(w[i], j) - r) * c);
       v[i * VEC + j] = e;
       s += e;
     }
@@ -628,22 +642,22 @@ __device__ __forceinline__ void store_dx(T* xr, const uint4* ya, const uint4* ga
   });
 }
 
-// Packed rows (the words as loaded, masked columns holding the fill): the sum of exp2(x * c - ref),
-// and the outputs exp2(x * c - ref) * f (cols a multiple of VEC).
+// Packed rows (the words as loaded, masked columns holding the fill): the sum of exp2((x - r) * c),
+// and the outputs exp2((x - r) * c) * f (cols a multiple of VEC).
 template <typename T, int VEC, int NV>
-__device__ __forceinline__ float packed_exp_sum(const uint4* w, float c, float ref) {
+__device__ __forceinline__ float packed_exp_sum(const uint4* w, float c, float r) {
   float s = 0.f;
 #pragma unroll
   for (int i = 0; i < NV; ++i)
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) s += fast_exp2(fmaf(Words<T>::get_again(w[i], j), c, -ref));
+    for (int j = 0; j < VEC; ++j) s += fast_exp2((Words<T>::get_again(w[i], j) - r) * c);
   return s;
 }
 
 template <typename T, int VEC, int NV, int L, bool FULL = false>
-__device__ __forceinline__ void store_exp(T* yr, const uint4* w, int first, int cols, float c, float ref, float f) {
+__device__ __forceinline__ void store_exp(T* yr, const uint4* w, int first, int cols, float c, float r, float f) {
   store_vectors<T, VEC, NV, L, FULL>(
-      yr, first, cols, [&](int i, int j) { return fast_exp2(fmaf(Words<T>::get_again(w[i], j), c, -ref)) * f; });
+      yr, first, cols, [&](int i, int j) { return fast_exp2((Words<T>::get_again(w[i], j) - r) * c) * f; });
 }
 
 // PACKED (16-bit types): the row stays in registers as loaded (packed words, half the registers) and
@@ -677,31 +691,31 @@ __global__ void __launch_bounds__(L* ROWS, min_blocks(L * ROWS, PACKED ? NV * 4 
   const unsigned n_ctas = CLUSTER ? cg::this_cluster().num_blocks() : 1;
   if constexpr (CLUSTER) cluster_begin(cslots, n_ctas);
   mask_tail<T, VEC, NV, L>(w, first, lim, fill_word<T>(c));
-  const float m = scaled_max<T, NV>(w, c);
+  const float m = max_key<T, NV>(w, c);
   float v[PACKED ? 1 : ITEMS];  // unpacked: the exponentials, kept for the output
-  // sum of exp2(x * c - ref) (one fma: x * c is never rounded first); unpacked, the exponentials go to v
+  // sum of exp2((key - ref) * |c|) = exp2((x - ref * sign(c)) * c); unpacked, the exponentials go to v
   auto exp_sum = [&](float ref) {
     if constexpr (PACKED) {
-      return packed_exp_sum<T, VEC, NV>(w, c, ref);
+      return packed_exp_sum<T, VEC, NV>(w, c, (c > 0.f ? ref : -ref));
     } else {
-      return exp_words<T, VEC, NV>(v, w, c, ref);
+      return exp_words<T, VEC, NV>(v, w, c, (c > 0.f ? ref : -ref));
     }
   };
-  float ref, f;  // output = exp2(x * c - ref) * f
+  float ref, f;  // output = exp2((key - ref) * |c|) * f
   if constexpr (MERGED) {
     // exponentials relative to the warp's max, one barrier for the row's (max, sum) (merged over the
     // cluster or the split slices as well), and a rescale to the row max
     float M, S;
-    ref = merged_stats<L>(m, exp_sum, red_stats, M, S);
+    ref = merged_stats<L>(m, exp_sum, red_stats, M, S, fabsf(c));
     if constexpr (CLUSTER) {
       float cm = -INFINITY, cs = 0.f;
-      cluster_xchg(cslots, n_ctas, (unsigned)part, make_float2(M, S), [&](float2 o) { merge_stats(cm, cs, o.x, o.y); });
+      cluster_xchg(cslots, n_ctas, (unsigned)part, make_float2(M, S), [&](float2 o) { merge_stats(cm, cs, o.x, o.y, fabsf(c)); });
       M = cm;
       S = cs;
     }
-    if constexpr (SPLIT) split_stats(M, S, ws, row, part, &slot_stats);
+    if constexpr (SPLIT) split_stats(M, S, ws, row, part, &slot_stats, fabsf(c));
     const float Mref = M == -INFINITY ? 0.f : M;
-    f = fast_exp2(ref - Mref) / (S == 0.f ? 1.f : S);  // NaN stays NaN
+    f = fast_exp2((ref - Mref) * fabsf(c)) / (S == 0.f ? 1.f : S);  // NaN stays NaN
   } else {
     // the row max first, then one exponential per element against it, then the row sum
     const float M = row_max<L>(m, red_max);
@@ -712,7 +726,7 @@ __global__ void __launch_bounds__(L* ROWS, min_blocks(L * ROWS, PACKED ? NV * 4 
   if (row_ok) {  // (always, on the cluster and split paths: their grid is rows x slices)
     T* yr = y + row * cols;
     if constexpr (PACKED) {
-      store_exp<T, VEC, NV, L>(yr, w, first, cols, c, ref, f);
+      store_exp<T, VEC, NV, L>(yr, w, first, cols, c, (c > 0.f ? ref : -ref), f);
     } else {
       store_scaled<T, VEC, NV, L>(yr, v, first, cols, f);
     }
@@ -856,6 +870,7 @@ __global__ void __launch_bounds__(L, persist_min_blocks(L, PACKED))
   if constexpr (C > 1) xchg_init(xs);
   const int first = base + threadIdx.x * VEC;  // vector i of this thread starts at column first + i * L * VEC
   const unsigned fill = fill_word<T>(c);
+  const float sg = sign_of(c), a = fabsf(c);  // keys x * sign(c), exponents (key - ref) * |c| (see sign_of)
   // FULL (rows of exactly C * L * NV * VEC columns, not causal: every vector of every row unmasked) runs
   // a copy of the loop without the per-vector checks of prefetch, fill and store.
   auto run = [&](auto full) {
@@ -877,21 +892,21 @@ __global__ void __launch_bounds__(L, persist_min_blocks(L, PACKED))
                                         diag, causal);
     for (int k = 0; r < rows; ++k) {
       if constexpr (!FULL) mask_tail<T, VEC, NV, L>(w, first, row_limit(r, cols, tq, diag, causal), fill);
-      const float m = scaled_max<T, NV>(w, c);
+      const float m = max_key<T, NV>(w, c);
       float v[PACKED ? 1 : NV * VEC];  // unpacked: the exponentials, kept for the output
       auto exp_sum = [&](float ref) {
         if constexpr (PACKED)
-          return packed_exp_sum<T, VEC, NV>(w, c, ref);
+          return packed_exp_sum<T, VEC, NV>(w, c, ref * sg);
         else
-          return exp_words<T, VEC, NV>(v, w, c, ref);
+          return exp_words<T, VEC, NV>(v, w, c, ref * sg);
       };
-      float ref, f;  // output = exp2(x * c - ref) * f (unpacked: v * f)
+      float ref, f;  // output = exp2((key - ref) * |c|) * f (unpacked: v * f)
       if constexpr (MERGED) {
         float M, S;
-        ref = merged_stats<L>(m, exp_sum, red_stats[k & 1], M, S);
+        ref = merged_stats<L>(m, exp_sum, red_stats[k & 1], M, S, a);
         if constexpr (C > 1) {
           float cm = -INFINITY, cs = 0.f;
-          xchg(xs, rank, k, make_float2(M, S), [&](float2 o) { merge_stats(cm, cs, o.x, o.y); });
+          xchg(xs, rank, k, make_float2(M, S), [&](float2 o) { merge_stats(cm, cs, o.x, o.y, a); });
           M = cm;
           S = cs;
         }
@@ -901,7 +916,7 @@ __global__ void __launch_bounds__(L, persist_min_blocks(L, PACKED))
           ref = Mref;
           f = inv;
         } else {
-          f = fast_exp2(ref - Mref) * inv;
+          f = fast_exp2((ref - Mref) * a) * inv;
         }
       } else {
         const float M = row_max<L>(m, red_max[k & 1]);
@@ -910,7 +925,7 @@ __global__ void __launch_bounds__(L, persist_min_blocks(L, PACKED))
         f = 1.f / (S == 0.f ? 1.f : S);
       }
       if constexpr (PACKED)
-        store_exp<T, VEC, NV, L, FULL>(y + r * cols, w, first, cols, c, ref, f);
+        store_exp<T, VEC, NV, L, FULL>(y + r * cols, w, first, cols, c, ref * sg, f);
       else
         store_scaled<T, VEC, NV, L, FULL>(y + r * cols, v, first, cols, f);
       r += step;
@@ -1008,26 +1023,27 @@ __global__ void __launch_bounds__(kStreamThreads)
   const int lim = row_limit(row, cols, tq, diag, causal);
   const T* xr = x + row * x_stride;
 
-  // pass 1: online max and rescaled sum over this thread's chunks
-  float m = -INFINITY, s = 0.f;
+  // pass 1: online max (of the keys x * sign(c), see sign_of) and rescaled sum over this thread's chunks
+  // maxima start at -FLT_MAX, not -inf: (m - ref) * |c| stays finite at scale 0 (no -inf * 0); a row
+  // with no finite key keeps it, and its -inf keys still give exp2(-inf) = 0
+  const float sg = sign_of(c), a = fabsf(c);
+  float m = -FLT_MAX, s = 0.f;
 #pragma unroll 4
   for (int c0 = threadIdx.x * VEC; c0 < lim; c0 += STEP) {
     const Pack<T, VEC> p = load_prefix<T, VEC>(xr, c0, lim);
-    float mm = -INFINITY;
+    float mm = -FLT_MAX;
 #pragma unroll
     for (int j = 0; j < VEC; ++j)
-      if (c0 + j < lim) mm = fmaxf(mm, Cvt<T>::load(p.v[j]) * c);
-    const float mn = fmaxf(m, mm);
-    const float ref = mn == -INFINITY ? 0.f : mn;
+      if (c0 + j < lim) mm = fmaxf(mm, Cvt<T>::load(p.v[j]) * sg);
+    const float ref = fmaxf(m, mm);
     float add = 0.f;
 #pragma unroll
     for (int j = 0; j < VEC; ++j)
-      if (c0 + j < lim) add += fast_exp2(fmaf(Cvt<T>::load(p.v[j]), c, -ref));
-    s = s * fast_exp2(m - ref) + add;
-    m = mn;
+      if (c0 + j < lim) add += fast_exp2((Cvt<T>::load(p.v[j]) - ref * sg) * c);
+    s = rescaled(s, m, ref, a) + add;
+    m = ref;
   }
-  row_stats<kStreamThreads>(m, s, red);
-  if (m == -INFINITY) m = 0.f;
+  row_stats<kStreamThreads>(m, s, red, a);
   const float inv = 1.f / (s == 0.f ? 1.f : s);
 
   // pass 2, over this thread's chunks backwards (the most recently read first)
@@ -1040,7 +1056,7 @@ __global__ void __launch_bounds__(kStreamThreads)
     Pack<T, VEC> o;
 #pragma unroll
     for (int j = 0; j < VEC; ++j)
-      o.v[j] = Cvt<T>::store(c0 + j < lim ? fast_exp2(fmaf(Cvt<T>::load(p.v[j]), c, -m)) * inv : 0.f);
+      o.v[j] = Cvt<T>::store(c0 + j < lim ? fast_exp2((Cvt<T>::load(p.v[j]) - m * sg) * c) * inv : 0.f);
     store_row<T, VEC>(yr, c0, cols, o);
   }
 }

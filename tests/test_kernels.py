@@ -101,6 +101,23 @@ def test_large_magnitudes_and_neg_inf_entries(method, seeded):
     assert (y[0, :10] == 0).all()
 
 
+# on a GPU also the lengths that take the fused kernels' persistent, cluster and split paths
+HUGE_N = [64, 1000] + ([5000, 20000, 40000, 70000, 300000] if DEVICE == "cuda" else [])
+
+
+@pytest.mark.parametrize("n", HUGE_N)
+@pytest.mark.parametrize("scale", [1.0, -0.5])
+@pytest.mark.parametrize("method", [m for m in FAST if m != "compile" or DEVICE == "cuda"])
+def test_huge_scores(method, scale, n):
+    """Scores of 1e30 (x scale: the row's max, twice): the max is subtracted exactly, so the two share
+    the row and nothing overflows (a fused exp2(fma(x, c, -round(max * c))) is shifted by the max's
+    rounding error, ~1e22 here, and gives zeros or NaN)."""
+    x = torch.full((1, n), -float("inf") if scale > 0 else float("inf"))  # x * scale = -inf
+    x[0, 3], x[0, n - 2] = 1e30 * scale, 1e30 * scale
+    y = kernels.softmax(x.to(DEVICE), scale=scale, method=method).cpu()
+    assert y[0, 3].item() == 0.5 and y[0, n - 2].item() == 0.5 and y.sum().item() == 1.0
+
+
 @pytest.mark.parametrize("method", [m for m in FAST if m != "torch"])
 def test_all_neg_inf_row_gives_zeros(method):
     x = torch.randn(3, 17)
