@@ -34,8 +34,9 @@
 // width, aligned base pointers). Causal rows load only their unmasked prefix and write zeros after it;
 // on the forward's register, cluster, split and persistent paths the masked columns read as a fill
 // whose scaled score is -inf (see fill_word), so the math after the loads carries no per-element mask.
-// Math in fp32 with exp2 and one fma per element (exp2(x * c - m) never rounds x * c first); NaN
-// propagates within its row; a row with no unmasked key (or all -inf) gives zeros.
+// Math in fp32 with exp2; maxima on the keys x * sign(c), exponents (x - max * sign(c)) * c, exactly
+// 0 at the max at any magnitude (see sign_of); NaN propagates within its row; a row with no unmasked
+// key (or all -inf) gives zeros.
 #pragma once
 
 #include <cooperative_groups.h>
