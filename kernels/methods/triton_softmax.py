@@ -124,11 +124,11 @@ if triton is not None:
 
     @triton.jit
     def _signed(x, scale_log2e):
-        """x * sign(c) and |c|: x * c = (x * sign(c)) * |c|, so the row's max is taken on the scores
-        themselves (exact) and each exponent is (x - max) * |c|: exactly 0 at the max, whatever the
-        magnitude. (exp2(fma(x, c, -round(max * c))) shifts every exponent by the max's rounding
-        error, up to |max * c| / 2^25: exp2 overflows past |max * c| ~ 2^32.)"""
-        return tl.where(scale_log2e < 0, -x, x), tl.abs(scale_log2e)
+        """x * sign(c): x * c = (x * sign(c)) * |c|, so the row's max is taken on the scores themselves
+        (exact) and each exponent is (x - max) * |c|: exactly 0 at the max, whatever the magnitude.
+        (exp2(fma(x, c, -round(max * c))) shifts every exponent by the max's rounding error, up to
+        |max * c| / 2^25: exp2 overflows past |max * c| ~ 2^32.)"""
+        return tl.where(scale_log2e < 0, -x, x)
 
     @triton.jit
     def _rescaled(s, m, ref, a):
@@ -155,7 +155,8 @@ if triton is not None:
             out_ok = keep
         ld = row_ok[:, None] & (cols[None, :] < _vector_limit(lim, n_cols, CAUSAL, ROUND_MASK)[:, None])
         x = tl.load(X + rows64[:, None] * stride_xr + cols[None, :] * stride_xc, mask=ld, other=0.0)
-        x, a = _signed(x.to(tl.float32), scale_log2e)
+        x = _signed(x.to(tl.float32), scale_log2e)
+        a = tl.abs(scale_log2e)
         m = tl.max(tl.where(keep, x, float("-inf")), axis=1)  # mask after the sign
         m = tl.where(m == float("-inf"), 0.0, m)  # rows with no unmasked key
         e = tl.where(keep, tl.exp2((x - m[:, None]) * a), 0.0)
@@ -173,12 +174,13 @@ if triton is not None:
         (STAGES - 1 rows prefetched into shared memory with cp.async while this one is reduced), so an
         SM that holds a single long row still keeps loads in flight."""
         cols = tl.arange(0, BLOCK_N)
+        a = tl.abs(scale_log2e)
         for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=STAGES):
             r = tl.cast(row, tl.int64)
             lim = _one_row_limit(r, n_cols, tq, diag, CAUSAL)
             keep = cols < lim
             x = tl.load(X + r * stride_xr + cols * stride_xc, mask=keep, other=0.0).to(tl.float32)
-            x, a = _signed(x, scale_log2e)
+            x = _signed(x, scale_log2e)
             m = tl.max(tl.where(keep, x, float("-inf")), axis=0)
             m = tl.where(m == float("-inf"), 0.0, m)
             e = tl.where(keep, tl.exp2((x - m) * a), 0.0)
@@ -212,6 +214,7 @@ if triton is not None:
         x_row = X + row * stride_xr
         y_row = Y + row * n_cols
         cols = tl.arange(0, BLOCK_N)
+        a = tl.abs(scale_log2e)
         # the running max per lane starts at the lowest finite float, not -inf, so that (m_vec - m_new)
         # * |c| stays finite (no -inf * 0 = NaN at scale 0) without a select per element; a row with
         # no finite unmasked score keeps it, and its -inf scores still give exp2(-inf) = 0
@@ -221,11 +224,10 @@ if triton is not None:
             c = start + cols
             keep = c < lim
             x = tl.load(x_row + c * stride_xc, mask=keep, other=0.0, eviction_policy="evict_last")
-            x, a = _signed(x.to(tl.float32), scale_log2e)
+            x = _signed(x.to(tl.float32), scale_log2e)
             m_new = tl.maximum(m_vec, tl.where(keep, x, float("-inf")))
             s_vec = s_vec * tl.exp2((m_vec - m_new) * a) + tl.where(keep, tl.exp2((x - m_new) * a), 0.0)
             m_vec = m_new
-        a = tl.abs(scale_log2e)
         m = tl.max(m_vec, axis=0)
         s = tl.sum(s_vec * tl.exp2((m_vec - m) * a), axis=0)
         inv = 1.0 / tl.where(s == 0.0, 1.0, s)
@@ -234,7 +236,7 @@ if triton is not None:
             c = (n_chunks - 1 - k) * BLOCK_N + cols
             keep = c < lim
             x = tl.load(x_row + c * stride_xc, mask=keep, other=0.0, eviction_policy="evict_first")
-            x, a = _signed(x.to(tl.float32), scale_log2e)
+            x = _signed(x.to(tl.float32), scale_log2e)
             y = tl.where(keep, tl.exp2((x - m) * a) * inv, 0.0)
             tl.store(y_row + c, y.to(Y.dtype.element_ty), mask=c < n_cols)
 
@@ -270,7 +272,8 @@ if triton is not None:
         """PHASE 0: whole kernel (GPU). PHASE 1: partials only; PHASE 2: outputs only (interpreter)."""
         row, part, cols, keep = _split_chunk(CNT, splits, n_cols, tq, diag, BLOCK_N, CAUSAL, PHASE)
         x = tl.load(X + row * stride_xr + cols * stride_xc, mask=keep, other=0.0).to(tl.float32)
-        x, a = _signed(x, scale_log2e)
+        x = _signed(x, scale_log2e)
+        a = tl.abs(scale_log2e)
         m = tl.max(tl.where(keep, x, float("-inf")), axis=0)
         ref = tl.where(m == float("-inf"), 0.0, m)
         e = tl.where(keep, tl.exp2((x - ref) * a), 0.0)
