@@ -65,14 +65,16 @@ def test_split_path_extremes(forced_path, seeded):
     assert y[0, 3].item() == 0.5 and y[0, 17].item() == 0.5 and y[0].sum().item() == 1.0
 
 
-@pytest.mark.parametrize("path", ["tile", "persistent", "long", "split"])
+@pytest.mark.parametrize("path", ["tile", "persistent", "long", "split", "ring"])
 @pytest.mark.parametrize("scale", [1.0, -0.5])
 def test_every_forward_path_takes_huge_scores(ts, path, scale):
     """Scores of 1e30 (two equal maxima in different chunks) and of 1e4: every forward kernel takes
     its exponents relative to the row's max score exactly (on a GPU, exp2(fma(x, c, -round(max * c)))
-    would shift them all by the max's rounding error, which overflows exp2 at this magnitude)."""
+    would shift them all by the max's rounding error, which overflows exp2 at this magnitude). The
+    ring path (GPU only; 8 chunks of 8 columns here) falls back to the tile path in the interpreter."""
     plan = {"tile": ts.Plan(False, 64, 2, 1), "persistent": ts.Plan(False, 64, 1, 1, stages=2),
-            "long": ts.Plan(True, 16, 1, 1), "split": ts.Plan(False, 16, 1, 1, split=True)}[path]
+            "long": ts.Plan(True, 16, 1, 1), "split": ts.Plan(False, 16, 1, 1, split=True),
+            "ring": ts.Plan(False, 64, 1, 1, ring=True, slots=9)}[path]
     x = torch.full((3, 64), -float("inf") if scale > 0 else float("inf"), device=DEVICE)  # x * scale = -inf
     x[0, 3], x[0, 40] = 1e30 * scale, 1e30 * scale  # the row's maximum of x * scale, twice
     x[1] = torch.randn(64, generator=torch.Generator().manual_seed(0)).to(DEVICE) * 1e4
@@ -127,6 +129,104 @@ def test_plan_packs_short_rows_splits_long_ones_and_streams_longer_ones(ts):
     assert not ts.plan(32768, 4).stages and not ts.plan(1024, 2, causal=True).stages
     widest = ts.MAX_SPLITS * ts.SPLIT_BLOCK_N
     assert ts.plan(widest, 2).split and ts.plan(widest + 1, 2).long  # too many chunks: the long path
+
+
+def test_plan_takes_the_ring_path_for_long_16_bit_rows_and_falls_back_where_it_cannot(ts):
+    """16-bit rows of 32769-65536 columns, forward, not causal: the ring path; elsewhere (fp32,
+    backward, causal, ring=False) not; where it cannot run (here: the interpreter), launch_fwd takes
+    the plan for ring=False and still gives the reference result."""
+    for n in (ts.MAX_TILE_N + 8, 40000, ts.RING_MAX_N):
+        assert ts.plan(n, 2).ring and ts.plan(n, 2).num_warps == ts.RING_WARPS
+    assert not ts.plan(ts.MAX_TILE_N, 2).ring and not ts.plan(ts.RING_MAX_N + 8, 2).ring
+    assert not any(ts.plan(65536, *args).ring for args in ((4,), (2, True), (2, False, True)))
+    assert not ts.plan(65536, 2, ring=False).ring and ts.plan(65536, 2, ring=False).long
+    x = random_scores((3, 40), torch.bfloat16, DEVICE)
+    p = ts.Plan(False, 64, 1, 1, ring=True, slots=9)
+    if not torch.cuda.is_available():
+        assert "GPU" in ts.ring_unusable(x, False, p)
+    assert "causal" in ts.ring_unusable(x, True, p)  # never a causal ring launch
+    y = ts.launch_fwd(x, 0.5, False, p)
+    assert kernels.relative_error(y, kernels.reference_softmax(x, scale=0.5)) <= FWD_TOL[torch.bfloat16]
+
+
+_RING_COMPILE = r"""
+import json, re, subprocess, sys, tempfile
+from pathlib import Path
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from kernels.methods import triton_softmax as ts
+
+dtype, even = sys.argv[1], sys.argv[2] == "1"
+sig = {"X": f"*{dtype}", "Y": f"*{dtype}", "n_rows": "i32", "n_vec": "i32", "stride_v": "i32", "scale_log2e": "fp32",
+       "VEC": "constexpr", "NCH": "constexpr", "SLOTS": "constexpr", "EVEN": "constexpr"}
+src = GluonASTSource(fn=ts._fwd_ring_kernel, signature=sig, attrs={(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]},
+                     constexprs={"VEC": 8, "NCH": 8, "SLOTS": ts.RING_SLOTS, "EVEN": even})
+k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": ts.RING_WARPS})
+usage = ""
+cuobjdump = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+if cuobjdump.exists():
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([str(cuobjdump), "-res-usage", f.name], capture_output=True, text=True).stdout
+print(json.dumps({"offsets": [int(o) for o in re.findall(r"@global_smem, i32 (\d+)\)", k.asm["llir"])],
+                  "shared": k.metadata.shared, "ptx": k.asm["ptx"], "usage": usage}))
+"""
+
+
+@pytest.mark.parametrize("dtype,even", [("bf16", True), ("fp16", False)])
+def test_ring_kernel_compiles_for_sm90_with_the_ring_at_the_start_of_shared_memory(ts, dtype, even):
+    """The Gluon ring kernel compiles for Hopper (sm_90; ptxas ships with Triton) at the launch
+    table's settings, fits the H200's shared memory, spills nothing, and its ring lies at offset 0 of
+    the kernel's shared memory, where its inline cp.async addresses it: every constant offset into
+    shared memory (the reductions' scratch) lies past the ring. Compiled in a subprocess without
+    TRITON_INTERPRET (the interpreter's stand-ins for Triton's library functions do not compile)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    if ts._GLUON_ERROR:
+        pytest.skip(ts._GLUON_ERROR)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _RING_COMPILE, dtype, str(int(even))], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    k = json.loads(run.stdout.strip().splitlines()[-1])
+    ring_bytes = ts.RING_SLOTS * 16 * 32 * ts.RING_WARPS
+    assert k["offsets"] and min(k["offsets"]) >= ring_bytes, k["offsets"]
+    assert ring_bytes <= k["shared"] <= 227 * 1024
+    assert f"cp.async.wait_group {ts.RING_SLOTS - 1};" in k["ptx"] and "cp.async.cg.shared.global" in k["ptx"]
+    if k["usage"]:
+        assert "LOCAL:0 " in k["usage"] or k["usage"].rstrip().endswith("LOCAL:0"), k["usage"]  # no spills
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("shape,dtype,scale,view", [
+    ((300, 65536), torch.bfloat16, 1.0, None), ((37, 40000), torch.float16, -0.5, None),
+    ((5, 65536), torch.bfloat16, 0.3, None), ((200, 32776), torch.bfloat16, 2.0, None),
+    ((140, 65536), torch.bfloat16, 1.0, "strided"), ((3, 65535), torch.bfloat16, 1.0, None),
+])
+def test_ring_path_on_the_gpu(ts, shape, dtype, scale, view, seeded):
+    """The ring path against the float64 reference: whole and partial last chunks, fewer rows than
+    SMs, a negative scale, strided rows (a column slice), two equal maxima of 1e30 (fp16: 6e4), rows
+    with no finite score, and an unaligned row (65535 columns: the next-best plan)."""
+    if view == "strided":
+        x = random_scores((shape[0], shape[1] + 64), dtype, DEVICE, gen=seeded)[:, 16:16 + shape[1]]
+    else:
+        x = random_scores(shape, dtype, DEVICE, gen=seeded)
+    x[0] = -float("inf") if scale > 0 else float("inf")  # no finite score: zeros
+    big = (1e30 if dtype == torch.bfloat16 else 6e4) * (1 if scale > 0 else -1)  # (fp16 tops out at 65504)
+    x[1, 7], x[1, -3] = big, big
+    p = ts.plan(shape[1], x.element_size())
+    assert p.ring and (ts.ring_unusable(x, False, p) is None) == (shape[1] % 8 == 0)
+    y = ts.launch_fwd(x, scale, False)
+    ref = kernels.reference_softmax(x, scale=scale)
+    assert torch.equal(y[0].cpu(), torch.zeros(shape[1], dtype=dtype))
+    assert y[1, 7].item() == 0.5 and y[1, -3].item() == 0.5
+    assert kernels.relative_error(y[2:], ref[2:]) <= FWD_TOL[dtype]
 
 
 def test_cpu_tensor_without_interpreter_is_a_clear_error(ts, monkeypatch):

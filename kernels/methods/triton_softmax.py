@@ -11,6 +11,13 @@ For causal scores of shape (..., Tq, Tk), row r is query i = r mod Tq and keeps 
   16K-32K columns the persistent variant: one program per SM loops over rows, and Triton's software
   pipelining prefetches the next rows into shared memory (cp.async) while this one is reduced, so the
   one long row an SM holds does not leave its memory pipe idle between rows.
+* Ring path (forward, 16-bit rows of ``MAX_TILE_N`` + 1 up to ``RING_MAX_N`` columns, not causal, on
+  a GPU): such a row fits in shared memory but not in registers. A Gluon kernel (Triton's lower-level
+  dialect: explicit layouts and shared memory), one program per SM, streams its rows as chunks through
+  a ring of shared-memory slots with asynchronous copies (cp.async): pass 1 takes each chunk's max and
+  rescaled sum as it lands, pass 2 writes the outputs from shared memory and refills each emptied slot
+  with a chunk of the next rows, so loads stay in flight across rows; one read and one write per
+  element. Rows it cannot take (not 16-byte aligned; Triton's interpreter) get the plan below it.
 * Split path (N above ``SPLIT_ABOVE_N``, at most ``MAX_SPLITS`` chunks): a row is cut into chunks of
   BLOCK_N columns, one program per chunk, each holding its chunk in registers (small programs, several
   per SM, where one program per long row would leave one row in flight per SM). Each program publishes
@@ -59,6 +66,16 @@ except Exception as exc:  # pragma: no cover - exercised only where triton is mi
     tl = None
     _TRITON_ERROR = f"triton is not importable ({exc})"
 
+try:  # Gluon: Triton's lower-level dialect (explicit layouts, shared memory, async copies), for the ring path
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy as gl_async
+
+    _GLUON_ERROR: Optional[str] = None
+except Exception as exc:  # pragma: no cover - older Triton
+    gluon = gl = gl_async = None
+    _GLUON_ERROR = f"this Triton has no Gluon ({type(exc).__name__}: {exc})"
+
 LOG2E = 1.4426950408889634
 #: Longest row kept whole in registers; longer rows take the streaming (long) path.
 MAX_TILE_N = 32768
@@ -68,6 +85,12 @@ LONG_BLOCK_N = 8192
 #: it later in one direction), up to MAX_SPLITS chunks.
 SPLIT_ABOVE_N = 16384
 MAX_SPLITS = 128
+#: Ring path (forward, 16-bit rows of MAX_TILE_N + 1 .. RING_MAX_N columns, not causal, on a GPU): warps
+#: per program and ring slots (chunks of 8 x 32 x warps elements, 16 KB at 32 warps).
+RING_MAX_N = 65536
+RING_WARPS = 32
+RING_SLOTS = 13
+_RING_MAX_WAIT = 64  # copy groups a thread may have in flight (one wait instruction per count, below)
 
 
 def interpreter_enabled() -> bool:
@@ -364,6 +387,108 @@ if triton is not None:
 
 
 # ------------------------------------------------------------------------------------------------
+# ring path (Gluon): long 16-bit rows streamed through a ring of shared-memory chunks
+# ------------------------------------------------------------------------------------------------
+if gluon is not None:
+    # cp.async.wait_group takes its count as an immediate: one asm string per count
+    _RING_WAIT_ASM = gl.constexpr(tuple(f"cp.async.wait_group {n}; mov.u32 $0, 0;" for n in range(_RING_MAX_WAIT)))
+
+    @gluon.jit
+    def _ring_wait(anchor, N: gl.constexpr):
+        """Wait until at most N of this thread's copy groups are in flight (no block barrier: each thread
+        reads back only the bytes it copied itself)."""
+        gl.inline_asm_elementwise(_RING_WAIT_ASM[N], "=r,r", [anchor], dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
+    def _ring_copy(dst, X, row, n_rows, n_cols, stride_xr, tv, CHUNK_I: gl.constexpr, CHUNK: gl.constexpr):
+        """Start the copy of chunk CHUNK_I of `row` into the ring slot at shared address dst (16 bytes per
+        thread, zero-filled past the row end or for rows >= n_rows), as one commit group."""
+        left = gl.where(row < n_rows, n_cols - CHUNK_I * CHUNK, 0)
+        src = X + gl.minimum(row, n_rows - 1).to(gl.int64) * stride_xr + CHUNK_I * CHUNK + tv
+        nbytes = gl.where(tv < left, 16, 0)
+        gl.inline_asm_elementwise("cp.async.cg.shared.global [$1], [$2], 16, $3; mov.u32 $0, 0;", "=r,r,l,r",
+                                  [dst, src, nbytes], dtype=gl.int32, is_pure=False, pack=1)
+        gl_async.commit_group()
+
+    @gluon.jit
+    def _ring_keys(ring, slot, SLOTS: gl.constexpr, layout: gl.constexpr, sgn):
+        """The ring slot of stream position slot (< 2 * SLOTS) and its chunk as keys x * sign(c), fp32."""
+        slot = gl.where(slot >= SLOTS, slot - SLOTS, slot)
+        return slot, ring.index(slot).load(layout).to(gl.float32) * sgn
+
+    @gluon.jit
+    def _fwd_ring_kernel(
+        X, Y, n_rows, n_vec, stride_v, scale_log2e,
+        VEC: gl.constexpr, NCH: gl.constexpr, SLOTS: gl.constexpr, EVEN: gl.constexpr,
+    ):
+        """Persistent forward for rows that fit in shared memory but not in registers (16-bit, up to
+        64K columns). Each program streams its rows (pid, pid + G, ...) as chunks of CHUNK columns into
+        a ring of SLOTS chunk slots in shared memory (SLOTS >= NCH, the chunks of one row): pass 1 takes
+        each chunk's max and rescaled sum as it lands (per thread, online), pass 2 reads the chunks
+        again, writes the outputs and, as each slot empties, starts the copy of the chunk SLOTS ahead in
+        the stream (the next rows'), so loads stay in flight through every row and each element is read
+        from and written to global memory once. Column widths are passed in VEC-element vectors (n_vec,
+        stride_v) so the compiler knows every row is 16-byte aligned.
+
+        The copies are cp.async issued by inline PTX, each thread copying and later reading only its
+        own 16 bytes of each chunk: no block barrier is needed between them (Gluon's own async copies
+        would make the compiler put one before and after every chunk). The PTX addresses the ring from
+        the start of the kernel's shared memory: the ring is its first allocation, the reductions'
+        scratch lies after it (checked by tests/test_triton_softmax.py on the compiled kernel)."""
+        W: gl.constexpr = gl.num_warps()
+        T: gl.constexpr = 32 * W
+        CHUNK: gl.constexpr = VEC * T
+        SLOT_BYTES: gl.constexpr = 16 * T
+        L2: gl.constexpr = gl.BlockedLayout([1, VEC], [32, 1], [W, 1], [1, 0])  # thread t: 16 bytes
+        LT: gl.constexpr = gl.SliceLayout(1, L2)
+        ring = gl.allocate_shared_memory(X.dtype.element_ty, [SLOTS, T, VEC], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        n_cols = n_vec * VEC
+        stride_xr = stride_v * VEC
+        tid = gl.arange(0, T, layout=LT)
+        tv = tid * VEC
+        offs = tv[:, None] + gl.arange(0, VEC, layout=gl.SliceLayout(0, L2))[None, :]
+        mine = gl.inline_asm_elementwise("mov.u32 $0, global_smem;", "=r,r", [tid], dtype=gl.int32, is_pure=True,
+                                         pack=1) + tid * 16  # this thread's 16 bytes of slot 0
+        pid = gl.program_id(0)
+        G = gl.num_programs(0)
+        a = gl.abs(scale_log2e)
+        sgn = gl.where(scale_log2e < 0, -1.0, 1.0)  # keys x * sign(c): see _signed
+        for q in gl.static_range(SLOTS):  # the first SLOTS chunks of this program's stream
+            _ring_copy(mine + q * SLOT_BYTES, X, pid + (q // NCH) * G, n_rows, n_cols, stride_xr, tv, q % NCH, CHUNK)
+        for k in range(0, gl.cdiv(n_rows - pid, G)):
+            row = pid + k * G
+            base = (k * NCH) % SLOTS  # this row's first slot
+            m_t = gl.full([T], -3.4028234663852886e38, gl.float32, LT)  # finite: no -inf - -inf
+            s_t = gl.zeros([T], gl.float32, LT)
+            for i in gl.static_range(NCH):  # pass 1; groups in flight: this row's chunks i.. and the next's
+                _ring_wait(tid, SLOTS - 1 - i)
+                slot, key = _ring_keys(ring, base + i, SLOTS, L2, sgn)
+                if EVEN:
+                    m_new = gl.maximum(m_t, gl.max(key, axis=1))
+                    e = gl.exp2((key - m_new[:, None]) * a)
+                else:
+                    ok = offs < n_cols - i * CHUNK
+                    m_new = gl.maximum(m_t, gl.max(gl.where(ok, key, float("-inf")), axis=1))
+                    e = gl.where(ok, gl.exp2((key - m_new[:, None]) * a), 0.0)
+                s_t = s_t * gl.exp2((m_t - m_new) * a) + gl.sum(e, axis=1)
+                m_t = m_new
+            m = gl.max(m_t, axis=0)
+            s = gl.sum(s_t * gl.exp2((m_t - m) * a), axis=0)
+            inv = 1.0 / gl.where(s == 0.0, 1.0, s)  # s == 0: no finite key (all -inf): zeros; NaN stays
+            y_row = Y + row.to(gl.int64) * n_cols
+            for i in gl.static_range(NCH):  # pass 2: outputs, then refill the slot SLOTS chunks ahead
+                slot, key = _ring_keys(ring, base + i, SLOTS, L2, sgn)
+                y = (gl.exp2((key - m) * a) * inv).to(Y.dtype.element_ty)
+                if EVEN:
+                    gl.store(y_row + i * CHUNK + offs, y)
+                else:
+                    gl.store(y_row + i * CHUNK + offs, y, mask=offs < n_cols - i * CHUNK)
+                _ring_copy(mine + slot * SLOT_BYTES, X, row + ((i + SLOTS) // NCH) * G, n_rows, n_cols, stride_xr,
+                           tv, (i + SLOTS) % NCH, CHUNK)
+        _ring_wait(tid, 0)
+
+
+# ------------------------------------------------------------------------------------------------
 # launch settings
 # ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -379,6 +504,8 @@ class Plan:
     split: bool = False  # split path: each row in chunks of block_n columns, one program per chunk
     stages: int = 0  # > 0: persistent tile path (rows = 1), rows pipelined `stages` deep (see _fwd_persist_kernel)
     programs_per_sm: int = 1  # persistent path: grid = SMs x this
+    ring: bool = False  # ring path (Gluon, GPU only; see _fwd_ring_kernel): a program per SM, num_warps warps
+    slots: int = 0  # ring path: chunk slots in shared memory (at most; fewer where the GPU has less)
 
 
 def _next_pow2(n: int) -> int:
@@ -411,12 +538,15 @@ _PERSIST = {False: {32768: (32, 3)}, True: {32768: (32, 2)}}
 _CAUSAL_BWD_TILE = {1024: (1, 4, True)}
 
 
-def plan(n_cols: int, elem_bytes: int, backward: bool = False, causal: bool = False) -> Plan:
-    """Launch settings by row length (a table measured on an H200; heuristics outside it)."""
+def plan(n_cols: int, elem_bytes: int, backward: bool = False, causal: bool = False, ring: bool = True) -> Plan:
+    """Launch settings by row length (a table measured on an H200; heuristics outside it). ring=False:
+    the plan for where the ring path cannot run (see ring_unusable)."""
     block_n = _next_pow2(n_cols)
     split_from = max(SPLIT_ABOVE_N + 1, _SPLIT_FROM[backward])
     if n_cols >= split_from and -(-n_cols // SPLIT_BLOCK_N) <= MAX_SPLITS:
         return Plan(False, SPLIT_BLOCK_N, 1, SPLIT_WARPS[backward], split=True)
+    if ring and not backward and not causal and elem_bytes == 2 and MAX_TILE_N < n_cols <= RING_MAX_N:
+        return Plan(False, block_n, 1, RING_WARPS, ring=True, slots=RING_SLOTS)
     if not causal and elem_bytes == 2 and block_n in _PERSIST[backward]:
         warps, stages = _PERSIST[backward][block_n]
         return Plan(False, block_n, 1, warps, stages=stages)
@@ -493,6 +623,54 @@ def _launch_split(kernel, p: Plan, n_rows: int, n_cols: int, device, tensors: tu
         kernel[(programs,)](*tensors, cnt, stat, n_cols, splits, *args, PHASE=0, **meta)
 
 
+def _ring_shape(x2: torch.Tensor, p: Plan) -> tuple[int, int, int]:
+    """(elements per 16-byte vector, chunk length, chunks per row) of the ring path."""
+    vec = 16 // x2.element_size()
+    chunk = vec * 32 * p.num_warps
+    return vec, chunk, -(-x2.shape[1] // chunk)
+
+
+_RING_SMEM: dict = {}
+
+
+def ring_slots(device: torch.device, p: Plan) -> int:
+    """Ring slots for this GPU: the plan's, or as many as its shared memory per block holds (1 KB kept
+    for the reductions' scratch)."""
+    if device not in _RING_SMEM:
+        props = torch.cuda.get_device_properties(device)
+        _RING_SMEM[device] = getattr(props, "shared_memory_per_block_optin", 0) or 48 * 1024
+    return min(p.slots, _RING_MAX_WAIT, (_RING_SMEM[device] - 1024) // (16 * 32 * p.num_warps))
+
+
+def ring_unusable(x2: torch.Tensor, causal: bool, p: Plan) -> Optional[str]:
+    """Why the ring path cannot take these rows (None: it can): it is a Gluon kernel (GPU only, not in
+    Triton's interpreter), copies 16-byte vectors (rows and their stride must be 16-byte aligned) and
+    keeps a whole row in shared memory."""
+    if causal:
+        return "the ring path does not take causal rows"
+    if _GLUON_ERROR:
+        return _GLUON_ERROR
+    if not x2.is_cuda:
+        return "the ring path runs on a GPU only (not in Triton's interpreter)"
+    if torch.cuda.get_device_capability(x2.device) < (8, 0):
+        return "the ring path needs cp.async (compute capability 8.0 or newer)"
+    vec, _, nch = _ring_shape(x2, p)
+    if x2.stride(1) != 1 or x2.shape[1] % vec or x2.stride(0) % vec or x2.data_ptr() % 16:
+        return "the ring path needs 16-byte aligned rows (column count and row stride multiples of 16 bytes)"
+    if nch > ring_slots(x2.device, p):
+        return f"a row of {x2.shape[1]} columns does not fit in this GPU's shared memory as {nch} ring slots"
+    return None
+
+
+def _launch_ring(x2: torch.Tensor, y: torch.Tensor, scale: float, p: Plan) -> None:
+    n_rows, n_cols = x2.shape
+    vec, chunk, nch = _ring_shape(x2, p)
+    _fwd_ring_kernel[(_persistent_grid(n_rows, x2.device, p),)](
+        x2, y, n_rows, n_cols // vec, x2.stride(0) // vec, scale * LOG2E,
+        VEC=vec, NCH=nch, SLOTS=ring_slots(x2.device, p), EVEN=n_cols % chunk == 0, num_warps=p.num_warps,
+    )
+
+
 def launch_fwd(x: torch.Tensor, scale: float, causal: bool, p: Optional[Plan] = None) -> torch.Tensor:
     x2 = _rows_view(x)
     n_rows, n_cols = x2.shape
@@ -500,9 +678,13 @@ def launch_fwd(x: torch.Tensor, scale: float, causal: bool, p: Optional[Plan] = 
     if n_rows == 0:
         return y.view(x.shape)
     p = p or plan(n_cols, x.element_size(), causal=causal)
+    if p.ring and ring_unusable(x2, causal, p):  # (unaligned rows, the interpreter): the next-best plan
+        p = plan(n_cols, x.element_size(), causal=causal, ring=False)
     tq, diag = _causal_geometry(x.shape, causal)
     with _device_guard(x):
-        if p.split:
+        if p.ring:
+            _launch_ring(x2, y, scale, p)
+        elif p.split:
             _launch_split(_fwd_split_kernel, p, n_rows, n_cols, x.device,
                           (x2, y), (x2.stride(0), x2.stride(1), tq, diag, scale * LOG2E), causal)
         elif p.stages:
