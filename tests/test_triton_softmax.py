@@ -124,7 +124,7 @@ def test_plan_packs_short_rows_splits_long_ones_and_streams_longer_ones(ts):
     assert not tiny.long and tiny.rows * tiny.block_n >= 1024
     assert not ts.plan(ts.SPLIT_ABOVE_N, 2).split and not ts.plan(ts.SPLIT_ABOVE_N, 2, backward=True).split
     assert ts.plan(262144, 2).split and ts.plan(262144, 2).block_n == ts.SPLIT_BLOCK_N
-    assert ts.plan(65536, 2, backward=True).split
+    assert ts.plan(65536, 2, backward=True, ring=False).split
     assert ts.plan(32768, 2).stages and ts.plan(32768, 2, backward=True).stages  # persistent, 16-bit rows
     assert not ts.plan(32768, 4).stages and not ts.plan(1024, 2, causal=True).stages
     widest = ts.MAX_SPLITS * ts.SPLIT_BLOCK_N
@@ -132,21 +132,28 @@ def test_plan_packs_short_rows_splits_long_ones_and_streams_longer_ones(ts):
 
 
 def test_plan_takes_the_ring_path_for_long_16_bit_rows_and_falls_back_where_it_cannot(ts):
-    """16-bit rows of 32769-65536 columns, forward, not causal: the ring path; elsewhere (fp32,
-    backward, causal, ring=False) not; where it cannot run (here: the interpreter), launch_fwd takes
-    the plan for ring=False and still gives the reference result."""
+    """16-bit rows of 32769-65536 columns, not causal: the ring path, both directions; elsewhere
+    (fp32, causal, ring=False) not; where it cannot run (here: the interpreter), launch_fwd and
+    launch_bwd take the plan for ring=False and still give the reference result."""
     for n in (ts.MAX_TILE_N + 8, 40000, ts.RING_MAX_N):
-        assert ts.plan(n, 2).ring and ts.plan(n, 2).num_warps == ts.RING_WARPS
+        for backward in (False, True):
+            p = ts.plan(n, 2, backward=backward)
+            assert p.ring and p.num_warps == ts.RING_WARPS
     assert not ts.plan(ts.MAX_TILE_N, 2).ring and not ts.plan(ts.RING_MAX_N + 8, 2).ring
-    assert not any(ts.plan(65536, *args).ring for args in ((4,), (2, True), (2, False, True)))
+    assert not any(ts.plan(65536, *args).ring for args in ((4,), (4, True), (2, False, True), (2, True, True)))
     assert not ts.plan(65536, 2, ring=False).ring and ts.plan(65536, 2, ring=False).long
+    assert ts.plan(65536, 2, backward=True, ring=False).split
     x = random_scores((3, 40), torch.bfloat16, DEVICE)
     p = ts.Plan(False, 64, 1, 1, ring=True, slots=9)
     if not torch.cuda.is_available():
-        assert "GPU" in ts.ring_unusable(x, False, p)
+        assert "GPU" in ts.ring_unusable(x, False, p) and "GPU" in ts.ring_unusable(x, False, p, x)
     assert "causal" in ts.ring_unusable(x, True, p)  # never a causal ring launch
     y = ts.launch_fwd(x, 0.5, False, p)
     assert kernels.relative_error(y, kernels.reference_softmax(x, scale=0.5)) <= FWD_TOL[torch.bfloat16]
+    dy = random_scores((3, 40), torch.bfloat16, DEVICE)
+    dx = ts.launch_bwd(y, dy, 0.5, False, p)
+    dref = kernels.reference_softmax_backward(y, dy, scale=0.5)
+    assert kernels.relative_error(dx, dref) <= BWD_TOL[torch.bfloat16]
 
 
 _RING_COMPILE = r"""
@@ -157,11 +164,18 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from kernels.methods import triton_softmax as ts
 
-dtype, even = sys.argv[1], sys.argv[2] == "1"
-sig = {"X": f"*{dtype}", "Y": f"*{dtype}", "n_rows": "i32", "n_vec": "i32", "stride_v": "i32", "scale_log2e": "fp32",
-       "VEC": "constexpr", "NCH": "constexpr", "SLOTS": "constexpr", "EVEN": "constexpr"}
-src = GluonASTSource(fn=ts._fwd_ring_kernel, signature=sig, attrs={(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]},
-                     constexprs={"VEC": 8, "NCH": 8, "SLOTS": ts.RING_SLOTS, "EVEN": even})
+kernel, dtype, even = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+div16 = {(i,): [["tt.divisibility", 16]] for i in range(3)}
+if kernel == "fwd":
+    sig = {"X": f"*{dtype}", "Y": f"*{dtype}", "n_rows": "i32", "n_vec": "i32", "stride_v": "i32", "scale_log2e": "fp32",
+           "VEC": "constexpr", "NCH": "constexpr", "SLOTS": "constexpr", "EVEN": "constexpr"}
+    src = GluonASTSource(fn=ts._fwd_ring_kernel, signature=sig, attrs={k: v for k, v in div16.items() if k[0] < 2},
+                         constexprs={"VEC": 8, "NCH": 8, "SLOTS": ts.RING_SLOTS, "EVEN": even})
+else:
+    sig = {"Y": f"*{dtype}", "DY": f"*{dtype}", "DX": f"*{dtype}", "XCH": "*i64", "n_rows": "i32", "n_vec": "i32",
+           "stride_v": "i32", "scale": "fp32", "VEC": "constexpr", "NCH": "constexpr", "SLOTS": "constexpr"}
+    src = GluonASTSource(fn=ts._bwd_pair_ring_kernel, signature=sig, attrs=div16,
+                         constexprs={"VEC": 8, "NCH": 4 if even else 3, "SLOTS": ts.RING_SLOTS})
 k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": ts.RING_WARPS})
 usage = ""
 cuobjdump = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
@@ -175,13 +189,15 @@ print(json.dumps({"offsets": [int(o) for o in re.findall(r"@global_smem, i32 (\d
 """
 
 
-@pytest.mark.parametrize("dtype,even", [("bf16", True), ("fp16", False)])
-def test_ring_kernel_compiles_for_sm90_with_the_ring_at_the_start_of_shared_memory(ts, dtype, even):
-    """The Gluon ring kernel compiles for Hopper (sm_90; ptxas ships with Triton) at the launch
-    table's settings, fits the H200's shared memory, spills nothing, and its ring lies at offset 0 of
-    the kernel's shared memory, where its inline cp.async addresses it: every constant offset into
-    shared memory (the reductions' scratch) lies past the ring. Compiled in a subprocess without
-    TRITON_INTERPRET (the interpreter's stand-ins for Triton's library functions do not compile)."""
+@pytest.mark.parametrize("kernel,dtype,even", [("fwd", "bf16", True), ("fwd", "fp16", False), ("bwd", "bf16", True),
+                                               ("bwd", "fp16", False)])
+def test_ring_kernel_compiles_for_sm90_with_the_ring_at_the_start_of_shared_memory(ts, kernel, dtype, even):
+    """The Gluon ring kernels (forward; backward over program pairs) compile for Hopper (sm_90;
+    ptxas ships with Triton) at the launch table's settings, fit the H200's shared memory, spill
+    nothing, and their ring lies at offset 0 of the kernel's shared memory, where their inline
+    cp.async addresses it: every constant offset into shared memory (the reductions' scratch) lies
+    past the ring. Compiled in a subprocess without TRITON_INTERPRET (the interpreter's stand-ins for
+    Triton's library functions do not compile)."""
     import json
     import os
     import subprocess
@@ -190,14 +206,15 @@ def test_ring_kernel_compiles_for_sm90_with_the_ring_at_the_start_of_shared_memo
     if ts._GLUON_ERROR:
         pytest.skip(ts._GLUON_ERROR)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _RING_COMPILE, dtype, str(int(even))], capture_output=True, text=True,
-                         env=env, timeout=300)
+    run = subprocess.run([sys.executable, "-c", _RING_COMPILE, kernel, dtype, str(int(even))], capture_output=True,
+                         text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     k = json.loads(run.stdout.strip().splitlines()[-1])
     ring_bytes = ts.RING_SLOTS * 16 * 32 * ts.RING_WARPS
     assert k["offsets"] and min(k["offsets"]) >= ring_bytes, k["offsets"]
     assert ring_bytes <= k["shared"] <= 227 * 1024
-    assert f"cp.async.wait_group {ts.RING_SLOTS - 1};" in k["ptx"] and "cp.async.cg.shared.global" in k["ptx"]
+    first_wait = ts.RING_SLOTS - (1 if kernel == "fwd" else 2)  # (backward: a y and a dy copy per chunk)
+    assert f"cp.async.wait_group {first_wait};" in k["ptx"] and "cp.async.cg.shared.global" in k["ptx"]
     if k["usage"]:
         assert "LOCAL:0 " in k["usage"] or k["usage"].rstrip().endswith("LOCAL:0"), k["usage"]  # no spills
 
@@ -227,6 +244,36 @@ def test_ring_path_on_the_gpu(ts, shape, dtype, scale, view, seeded):
     assert torch.equal(y[0].cpu(), torch.zeros(shape[1], dtype=dtype))
     assert y[1, 7].item() == 0.5 and y[1, -3].item() == 0.5
     assert kernels.relative_error(y[2:], ref[2:]) <= FWD_TOL[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("shape,dtype,view", [
+    ((300, 65536), torch.bfloat16, None), ((37, 40000), torch.float16, None), ((5, 65536), torch.bfloat16, None),
+    ((1, 65536), torch.bfloat16, None), ((200, 32776), torch.bfloat16, None), ((140, 65536), torch.bfloat16, "strided"),
+    ((3, 65535), torch.bfloat16, None),
+])
+def test_ring_backward_on_the_gpu(ts, shape, dtype, view, seeded):
+    """The ring backward (a row over a pair of programs that trade their halves' partial dot
+    products) against the float64 reference: whole and partial chunks, one row, fewer rows than
+    pairs, strided dy (a column slice), an unaligned row (the next-best plan); rows whose y is all
+    zeros give dx = 0; and a second call (fresh exchange workspace) gives the same dx."""
+    x = random_scores(shape, dtype, DEVICE, gen=seeded)
+    y = ts.launch_fwd(x, 0.7, False)
+    if shape[0] > 1:
+        y[1] = 0
+    if view == "strided":
+        dy = random_scores((shape[0], shape[1] + 64), dtype, DEVICE, gen=seeded)[:, 16:16 + shape[1]]
+    else:
+        dy = random_scores(shape, dtype, DEVICE, gen=seeded)
+    p = ts.plan(shape[1], y.element_size(), backward=True)
+    assert p.ring and (ts.ring_unusable(y, False, p, dy) is None) == (shape[1] % 8 == 0)
+    dx = ts.launch_bwd(y, dy, 0.7, False)
+    dref = kernels.reference_softmax_backward(y, dy, scale=0.7)
+    assert kernels.relative_error(dx, dref) <= BWD_TOL[dtype]
+    if shape[0] > 1:
+        assert torch.equal(dx[1].cpu(), torch.zeros(shape[1], dtype=dtype))
+    assert torch.equal(ts.launch_bwd(y, dy, 0.7, False), dx)
 
 
 def test_cpu_tensor_without_interpreter_is_a_clear_error(ts, monkeypatch):

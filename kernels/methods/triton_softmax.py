@@ -488,6 +488,96 @@ if gluon is not None:
         _ring_wait(tid, 0)
 
 
+    @gluon.jit
+    def _ring_pair(ring, slot, SLOTS: gl.constexpr, layout: gl.constexpr):
+        """y and dy of a chunk from stream positions slot, slot + 1 (< 2 * SLOTS), fp32, and their slots."""
+        s0 = gl.where(slot >= SLOTS, slot - SLOTS, slot)
+        s1 = gl.where(slot + 1 >= SLOTS, slot + 1 - SLOTS, slot + 1)
+        return s0, s1, ring.index(s0).load(layout).to(gl.float32), ring.index(s1).load(layout).to(gl.float32)
+
+
+    @gluon.jit
+    def _ring_issue2(dst, Yh, DYh, row0, P, n_rows, rest, n_cols, stride_dy, tv, QN: gl.constexpr, Q: gl.constexpr,
+                     CHUNK: gl.constexpr):
+        """Copy stream position QN (counted from row0's first copy): item QN // Q (row row0 + that x P),
+        copy QN % Q of it: y of chunk (QN % Q) // 2 when even, dy when odd."""
+        if (QN % Q) % 2 == 0:
+            _ring_copy(dst, Yh, row0 + (QN // Q) * P, n_rows, rest, n_cols, tv, (QN % Q) // 2, CHUNK)
+        else:
+            _ring_copy(dst, DYh, row0 + (QN // Q) * P, n_rows, rest, stride_dy, tv, (QN % Q) // 2, CHUNK)
+
+
+    @gluon.jit
+    def _bwd_pair_ring_kernel(
+        Y, DY, DX, XCH, n_rows, n_vec, stride_v, scale,
+        VEC: gl.constexpr, NCH: gl.constexpr, SLOTS: gl.constexpr,
+    ):
+        """Persistent backward for the ring path's rows: y and dy of a row (256 KB at 64K 16-bit columns)
+        do not fit in one SM's shared memory, so a row is split over a pair of programs (2j: the first
+        HALF = NCH x CHUNK columns, 2j + 1: the rest), each streaming its half of rows j, j + P, ... (P
+        pairs) as y and dy chunks through a ring as in _fwd_ring_kernel. Pass 1 takes the half's
+        sum(y * dy); the pair then trades partials through XCH (int64 per row and half, zeroed before
+        the launch: bit 32 set plus the float's bits, one atomic exchange, the partner's read in a loop;
+        the value travels in the atomic itself, so relaxed ordering suffices); pass 2 writes dx =
+        scale * y * (dy - dot) from shared memory and refills the slots with the next rows' chunks. One
+        read of y and dy and one write of dx per element. The partners must be resident at once: the
+        grid is at most one program per SM, an even count (as the split path, it assumes the GPU is
+        not kept full by other work that waits on this kernel)."""
+        W: gl.constexpr = gl.num_warps()
+        T: gl.constexpr = 32 * W
+        CHUNK: gl.constexpr = VEC * T
+        HALF: gl.constexpr = NCH * CHUNK
+        Q: gl.constexpr = 2 * NCH  # copies per item (y and dy of each chunk)
+        SLOT_BYTES: gl.constexpr = 16 * T
+        L2: gl.constexpr = gl.BlockedLayout([1, VEC], [32, 1], [W, 1], [1, 0])
+        LT: gl.constexpr = gl.SliceLayout(1, L2)
+        ring = gl.allocate_shared_memory(Y.dtype.element_ty, [SLOTS, T, VEC], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        n_cols = n_vec * VEC
+        stride_dy = stride_v * VEC
+        tid = gl.arange(0, T, layout=LT)
+        tv = tid * VEC
+        offs = tv[:, None] + gl.arange(0, VEC, layout=gl.SliceLayout(0, L2))[None, :]
+        mine = gl.inline_asm_elementwise("mov.u32 $0, global_smem;", "=r,r", [tid], dtype=gl.int32, is_pure=True,
+                                         pack=1) + tid * 16
+        pid = gl.program_id(0)
+        half = pid % 2
+        P = gl.num_programs(0) // 2
+        first = pid // 2
+        c0 = half * HALF  # this program's first column
+        # this program's columns, shifted so that _ring_copy's chunk offsets count from c0
+        Yh = Y + c0
+        DYh = DY + c0
+        rest = n_cols - c0  # columns from c0 to the row end (<= 0: none)
+        for q in gl.static_range(SLOTS):  # the first SLOTS copies of this program's stream: y0, dy0, y1, dy1, ...
+            _ring_issue2(mine + q * SLOT_BYTES, Yh, DYh, first, P, n_rows, rest, n_cols, stride_dy, tv, q, Q, CHUNK)
+        for k in range(0, gl.cdiv(n_rows - first, P)):
+            row = first + k * P
+            base = (k * Q) % SLOTS
+            d_t = gl.zeros([T], gl.float32, LT)
+            for i in gl.static_range(NCH):  # pass 1: this half's partial of sum(y * dy)
+                _ring_wait(tid, SLOTS - 2 - 2 * i)
+                s0, s1, y, dy = _ring_pair(ring, base + 2 * i, SLOTS, L2)
+                d_t += gl.sum(y * dy, axis=1)
+            d = gl.sum(d_t, axis=0)
+            # exchange with the partner program (the other half of the row): flag bit 32 plus the float's bits
+            mine_x = XCH + row.to(gl.int64) * 2 + half
+            word = d.to(gl.int32, bitcast=True).to(gl.int64) & 0xFFFFFFFF
+            gl.atomic_xchg(mine_x, word | (1 << 32), sem="relaxed")
+            other = XCH + row.to(gl.int64) * 2 + (1 - half)
+            v = gl.atomic_add(other, 0, sem="relaxed")
+            while (v >> 32) == 0:
+                v = gl.atomic_add(other, 0, sem="relaxed")
+            dot = d + (v & 0xFFFFFFFF).to(gl.int32).to(gl.float32, bitcast=True)
+            dx_row = DX + row.to(gl.int64) * n_cols + c0
+            for i in gl.static_range(NCH):  # pass 2: dx, then refill both slots with chunks SLOTS ahead
+                s0, s1, y, dy = _ring_pair(ring, base + 2 * i, SLOTS, L2)
+                dx = (scale * y * (dy - dot)).to(DX.dtype.element_ty)
+                gl.store(dx_row + i * CHUNK + offs, dx, mask=offs < rest - i * CHUNK)
+                _ring_issue2(mine + s0 * SLOT_BYTES, Yh, DYh, row, P, n_rows, rest, n_cols, stride_dy, tv, 2 * i + SLOTS, Q, CHUNK)
+                _ring_issue2(mine + s1 * SLOT_BYTES, Yh, DYh, row, P, n_rows, rest, n_cols, stride_dy, tv, 2 * i + 1 + SLOTS, Q,
+                             CHUNK)
+        _ring_wait(tid, 0)
+
 # ------------------------------------------------------------------------------------------------
 # launch settings
 # ------------------------------------------------------------------------------------------------
@@ -543,10 +633,10 @@ def plan(n_cols: int, elem_bytes: int, backward: bool = False, causal: bool = Fa
     the plan for where the ring path cannot run (see ring_unusable)."""
     block_n = _next_pow2(n_cols)
     split_from = max(SPLIT_ABOVE_N + 1, _SPLIT_FROM[backward])
+    if ring and not causal and elem_bytes == 2 and MAX_TILE_N < n_cols <= RING_MAX_N:
+        return Plan(False, block_n, 1, RING_WARPS, ring=True, slots=RING_SLOTS)
     if n_cols >= split_from and -(-n_cols // SPLIT_BLOCK_N) <= MAX_SPLITS:
         return Plan(False, SPLIT_BLOCK_N, 1, SPLIT_WARPS[backward], split=True)
-    if ring and not backward and not causal and elem_bytes == 2 and MAX_TILE_N < n_cols <= RING_MAX_N:
-        return Plan(False, block_n, 1, RING_WARPS, ring=True, slots=RING_SLOTS)
     if not causal and elem_bytes == 2 and block_n in _PERSIST[backward]:
         warps, stages = _PERSIST[backward][block_n]
         return Plan(False, block_n, 1, warps, stages=stages)
@@ -623,11 +713,12 @@ def _launch_split(kernel, p: Plan, n_rows: int, n_cols: int, device, tensors: tu
         kernel[(programs,)](*tensors, cnt, stat, n_cols, splits, *args, PHASE=0, **meta)
 
 
-def _ring_shape(x2: torch.Tensor, p: Plan) -> tuple[int, int, int]:
-    """(elements per 16-byte vector, chunk length, chunks per row) of the ring path."""
+def _ring_shape(x2: torch.Tensor, p: Plan, backward: bool = False) -> tuple[int, int, int]:
+    """(elements per 16-byte vector, chunk length, chunks per program and row) of the ring path (the
+    backward: chunks of half a row, each a y and a dy copy)."""
     vec = 16 // x2.element_size()
     chunk = vec * 32 * p.num_warps
-    return vec, chunk, -(-x2.shape[1] // chunk)
+    return vec, chunk, -(-(-(-x2.shape[1] // 2) if backward else x2.shape[1]) // chunk)
 
 
 _RING_SMEM: dict = {}
@@ -642,10 +733,10 @@ def ring_slots(device: torch.device, p: Plan) -> int:
     return min(p.slots, _RING_MAX_WAIT, (_RING_SMEM[device] - 1024) // (16 * 32 * p.num_warps))
 
 
-def ring_unusable(x2: torch.Tensor, causal: bool, p: Plan) -> Optional[str]:
+def ring_unusable(x2: torch.Tensor, causal: bool, p: Plan, dy2: Optional[torch.Tensor] = None) -> Optional[str]:
     """Why the ring path cannot take these rows (None: it can): it is a Gluon kernel (GPU only, not in
     Triton's interpreter), copies 16-byte vectors (rows and their stride must be 16-byte aligned) and
-    keeps a whole row in shared memory."""
+    keeps a whole row (forward; backward, with dy2: half a row of y and of dy) in shared memory."""
     if causal:
         return "the ring path does not take causal rows"
     if _GLUON_ERROR:
@@ -654,11 +745,13 @@ def ring_unusable(x2: torch.Tensor, causal: bool, p: Plan) -> Optional[str]:
         return "the ring path runs on a GPU only (not in Triton's interpreter)"
     if torch.cuda.get_device_capability(x2.device) < (8, 0):
         return "the ring path needs cp.async (compute capability 8.0 or newer)"
-    vec, _, nch = _ring_shape(x2, p)
-    if x2.stride(1) != 1 or x2.shape[1] % vec or x2.stride(0) % vec or x2.data_ptr() % 16:
-        return "the ring path needs 16-byte aligned rows (column count and row stride multiples of 16 bytes)"
-    if nch > ring_slots(x2.device, p):
-        return f"a row of {x2.shape[1]} columns does not fit in this GPU's shared memory as {nch} ring slots"
+    vec, _, nch = _ring_shape(x2, p, backward=dy2 is not None)
+    for t in (x2,) if dy2 is None else (x2, dy2):
+        if t.stride(1) != 1 or t.shape[1] % vec or t.stride(0) % vec or t.data_ptr() % 16:
+            return "the ring path needs 16-byte aligned rows (column count and row stride multiples of 16 bytes)"
+    slots = nch if dy2 is None else 2 * nch
+    if slots > ring_slots(x2.device, p):
+        return f"a row of {x2.shape[1]} columns does not fit in this GPU's shared memory as {slots} ring slots"
     return None
 
 
@@ -668,6 +761,17 @@ def _launch_ring(x2: torch.Tensor, y: torch.Tensor, scale: float, p: Plan) -> No
     _fwd_ring_kernel[(_persistent_grid(n_rows, x2.device, p),)](
         x2, y, n_rows, n_cols // vec, x2.stride(0) // vec, scale * LOG2E,
         VEC=vec, NCH=nch, SLOTS=ring_slots(x2.device, p), EVEN=n_cols % chunk == 0, num_warps=p.num_warps,
+    )
+
+
+def _launch_ring_bwd(y2: torch.Tensor, dy2: torch.Tensor, dx: torch.Tensor, scale: float, p: Plan) -> None:
+    n_rows, n_cols = y2.shape
+    vec, _, nch = _ring_shape(y2, p, backward=True)
+    pairs = max(1, min(n_rows, _persistent_grid(n_rows, y2.device, p) // 2))
+    xch = torch.zeros(2 * n_rows, dtype=torch.int64, device=y2.device)  # the pairs' partials (zeroed per call)
+    _bwd_pair_ring_kernel[(2 * pairs,)](
+        y2, dy2, dx, xch, n_rows, n_cols // vec, dy2.stride(0) // vec, scale,
+        VEC=vec, NCH=nch, SLOTS=ring_slots(y2.device, p), num_warps=p.num_warps,
     )
 
 
@@ -716,9 +820,13 @@ def launch_bwd(
     if n_rows == 0:
         return dx.view(y.shape)
     p = p or plan(n_cols, y.element_size(), backward=True, causal=causal)
+    if p.ring and ring_unusable(y2, causal, p, dy2):  # (unaligned rows, the interpreter): the next-best plan
+        p = plan(n_cols, y.element_size(), backward=True, causal=causal, ring=False)
     tq, diag = _causal_geometry(y.shape, causal)
     with _device_guard(y):
-        if p.split:
+        if p.ring:
+            _launch_ring_bwd(y2, dy2, dx, scale, p)
+        elif p.split:
             _launch_split(_bwd_split_kernel, p, n_rows, n_cols, y.device,
                           (y2, dy2, dx), (dy2.stride(0), dy2.stride(1), tq, diag, scale), causal)
         elif p.stages:
