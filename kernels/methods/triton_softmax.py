@@ -11,13 +11,15 @@ For causal scores of shape (..., Tq, Tk), row r is query i = r mod Tq and keeps 
   16K-32K columns the persistent variant: one program per SM loops over rows, and Triton's software
   pipelining prefetches the next rows into shared memory (cp.async) while this one is reduced, so the
   one long row an SM holds does not leave its memory pipe idle between rows.
-* Ring path (forward, 16-bit rows of ``MAX_TILE_N`` + 1 up to ``RING_MAX_N`` columns, not causal, on
-  a GPU): such a row fits in shared memory but not in registers. A Gluon kernel (Triton's lower-level
+* Ring path (16-bit rows of ``MAX_TILE_N`` + 1 up to ``RING_MAX_N`` columns, not causal, on a GPU):
+  such a row fits in shared memory but not in registers. A Gluon kernel (Triton's lower-level
   dialect: explicit layouts and shared memory), one program per SM, streams its rows as chunks through
   a ring of shared-memory slots with asynchronous copies (cp.async): pass 1 takes each chunk's max and
   rescaled sum as it lands, pass 2 writes the outputs from shared memory and refills each emptied slot
   with a chunk of the next rows, so loads stay in flight across rows; one read and one write per
-  element. Rows it cannot take (not 16-byte aligned; Triton's interpreter) get the plan below it.
+  element. The backward splits each row over a pair of programs (y and dy of a row do not fit one
+  SM), which trade their halves' partial sum(dy * y) through one atomic per row. Rows it cannot take
+  (not 16-byte aligned; Triton's interpreter) get the plan below it.
 * Split path (N above ``SPLIT_ABOVE_N``, at most ``MAX_SPLITS`` chunks): a row is cut into chunks of
   BLOCK_N columns, one program per chunk, each holding its chunk in registers (small programs, several
   per SM, where one program per long row would leave one row in flight per SM). Each program publishes
