@@ -413,6 +413,20 @@ if gluon is not None:
         gl_async.commit_group()
 
     @gluon.jit
+    def _ring_start(X, SLOTS: gl.constexpr, VEC: gl.constexpr, T: gl.constexpr, L2: gl.constexpr):
+        """The ring (SLOTS chunk slots of T threads x 16 bytes, the kernel's first shared allocation), this
+        thread's index in the chunk, its first column (tv), its chunk offsets and its shared address in
+        slot 0 (the ring sits at the start of the kernel's shared memory; see _fwd_ring_kernel)."""
+        LT: gl.constexpr = gl.SliceLayout(1, L2)
+        ring = gl.allocate_shared_memory(X.dtype.element_ty, [SLOTS, T, VEC], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        tid = gl.arange(0, T, layout=LT)
+        tv = tid * VEC
+        offs = tv[:, None] + gl.arange(0, VEC, layout=gl.SliceLayout(0, L2))[None, :]
+        mine = gl.inline_asm_elementwise("mov.u32 $0, global_smem;", "=r,r", [tid], dtype=gl.int32, is_pure=True,
+                                         pack=1) + tid * 16
+        return ring, tid, tv, offs, mine
+
+    @gluon.jit
     def _ring_keys(ring, slot, SLOTS: gl.constexpr, layout: gl.constexpr, sgn):
         """The ring slot of stream position slot (< 2 * SLOTS) and its chunk as keys x * sign(c), fp32."""
         slot = gl.where(slot >= SLOTS, slot - SLOTS, slot)
@@ -443,14 +457,9 @@ if gluon is not None:
         SLOT_BYTES: gl.constexpr = 16 * T
         L2: gl.constexpr = gl.BlockedLayout([1, VEC], [32, 1], [W, 1], [1, 0])  # thread t: 16 bytes
         LT: gl.constexpr = gl.SliceLayout(1, L2)
-        ring = gl.allocate_shared_memory(X.dtype.element_ty, [SLOTS, T, VEC], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         n_cols = n_vec * VEC
         stride_xr = stride_v * VEC
-        tid = gl.arange(0, T, layout=LT)
-        tv = tid * VEC
-        offs = tv[:, None] + gl.arange(0, VEC, layout=gl.SliceLayout(0, L2))[None, :]
-        mine = gl.inline_asm_elementwise("mov.u32 $0, global_smem;", "=r,r", [tid], dtype=gl.int32, is_pure=True,
-                                         pack=1) + tid * 16  # this thread's 16 bytes of slot 0
+        ring, tid, tv, offs, mine = _ring_start(X, SLOTS, VEC, T, L2)
         pid = gl.program_id(0)
         G = gl.num_programs(0)
         a = gl.abs(scale_log2e)
@@ -533,14 +542,9 @@ if gluon is not None:
         SLOT_BYTES: gl.constexpr = 16 * T
         L2: gl.constexpr = gl.BlockedLayout([1, VEC], [32, 1], [W, 1], [1, 0])
         LT: gl.constexpr = gl.SliceLayout(1, L2)
-        ring = gl.allocate_shared_memory(Y.dtype.element_ty, [SLOTS, T, VEC], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         n_cols = n_vec * VEC
         stride_dy = stride_v * VEC
-        tid = gl.arange(0, T, layout=LT)
-        tv = tid * VEC
-        offs = tv[:, None] + gl.arange(0, VEC, layout=gl.SliceLayout(0, L2))[None, :]
-        mine = gl.inline_asm_elementwise("mov.u32 $0, global_smem;", "=r,r", [tid], dtype=gl.int32, is_pure=True,
-                                         pack=1) + tid * 16
+        ring, tid, tv, offs, mine = _ring_start(Y, SLOTS, VEC, T, L2)
         pid = gl.program_id(0)
         half = pid % 2
         P = gl.num_programs(0) // 2
