@@ -13,16 +13,38 @@ CSRC = Path(__file__).resolve().parents[1] / "csrc"
 NVCC = shutil.which("nvcc") or (shutil.which("nvcc", path="/usr/local/cuda/bin"))
 
 
+_SOURCES = ("softmax_kernels.cu", "softmax_tuning.cu", "softmax_tuning_persist.cu")
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    """The three nvcc builds, started together (CI has two cores; one build at a time took three
+    minutes): source -> (the running process, its object file). Each test waits for its own."""
+    out = tmp_path_factory.mktemp("nvcc")
+    procs = {}
+    for source in _SOURCES:
+        obj = out / (source + ".o")
+        flags = ["-Xptxas", "-v"] if source == "softmax_kernels.cu" else []
+        cmd = [NVCC, "-std=c++17", "-O3", "-arch=sm_90", *flags, "-c", str(CSRC / source), "-o", str(obj)]
+        procs[source] = (subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), obj)
+    yield procs
+    for proc, _ in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _finish(builds, source):
+    proc, obj = builds[source]
+    _, stderr = proc.communicate(timeout=900)
+    assert proc.returncode == 0, stderr[-4000:]
+    return stderr, obj
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found (CI installs the CUDA toolkit's compiler)")
-def test_kernels_compile_for_sm90_without_spills(tmp_path):
-    r = subprocess.run(
-        [NVCC, "-std=c++17", "-O3", "-arch=sm_90", "-Xptxas", "-v", "-c", str(CSRC / "softmax_kernels.cu"),
-         "-o", str(tmp_path / "softmax_kernels.o")],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert r.returncode == 0, r.stderr[-4000:]
-    assert (tmp_path / "softmax_kernels.o").stat().st_size > 0
-    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", r.stderr)]
+def test_kernels_compile_for_sm90_without_spills(builds):
+    stderr, obj = _finish(builds, "softmax_kernels.cu")
+    assert obj.stat().st_size > 0
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", stderr)]
     # No production kernel spills registers to local memory (the launch table picks none that does;
     # some tuning variants do, see the test below).
     assert spills and max(spills) == 0, f"a kernel spills {max(spills)} bytes to local memory"
@@ -30,13 +52,10 @@ def test_kernels_compile_for_sm90_without_spills(tmp_path):
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found (CI installs the CUDA toolkit's compiler)")
 @pytest.mark.parametrize("source", ["softmax_tuning.cu", "softmax_tuning_persist.cu"])
-def test_tuning_variants_compile_for_sm90(tmp_path, source):
+def test_tuning_variants_compile_for_sm90(builds, source):
     """The launch variants that `harness.bench cuda-sweep` times (some may spill: they are candidates)."""
-    r = subprocess.run(
-        [NVCC, "-std=c++17", "-O3", "-arch=sm_90", "-c", str(CSRC / source), "-o", str(tmp_path / "t.o")],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert r.returncode == 0, r.stderr[-4000:]
+    _, obj = _finish(builds, source)
+    assert obj.stat().st_size > 0
 
 
 def test_kernel_sources_include_no_torch_header():
