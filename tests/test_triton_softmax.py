@@ -71,7 +71,7 @@ def test_every_forward_path_takes_huge_scores(ts, path, scale):
     """Scores of 1e30 (two equal maxima in different chunks) and of 1e4: every forward kernel takes
     its exponents relative to the row's max score exactly (on a GPU, exp2(fma(x, c, -round(max * c)))
     would shift them all by the max's rounding error, which overflows exp2 at this magnitude). The
-    ring path (GPU only; 8 chunks of 8 columns here) falls back to the tile path in the interpreter."""
+    ring path (GPU only; here one partial chunk per row) falls back to the tile path in the interpreter."""
     plan = {"tile": ts.Plan(False, 64, 2, 1), "persistent": ts.Plan(False, 64, 1, 1, stages=2),
             "long": ts.Plan(True, 16, 1, 1), "split": ts.Plan(False, 16, 1, 1, split=True),
             "ring": ts.Plan(False, 64, 1, 1, ring=True, slots=9)}[path]

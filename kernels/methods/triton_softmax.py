@@ -427,10 +427,10 @@ if gluon is not None:
         return ring, tid, tv, offs, mine
 
     @gluon.jit
-    def _ring_keys(ring, slot, SLOTS: gl.constexpr, layout: gl.constexpr, sgn):
-        """The ring slot of stream position slot (< 2 * SLOTS) and its chunk as keys x * sign(c), fp32."""
-        slot = gl.where(slot >= SLOTS, slot - SLOTS, slot)
-        return slot, ring.index(slot).load(layout).to(gl.float32) * sgn
+    def _ring_load(ring, pos, SLOTS: gl.constexpr, layout: gl.constexpr):
+        """The ring slot of stream position pos (< 2 * SLOTS) and its chunk, fp32."""
+        slot = gl.where(pos >= SLOTS, pos - SLOTS, pos)
+        return slot, ring.index(slot).load(layout).to(gl.float32)
 
     @gluon.jit
     def _fwd_ring_kernel(
@@ -473,7 +473,8 @@ if gluon is not None:
             s_t = gl.zeros([T], gl.float32, LT)
             for i in gl.static_range(NCH):  # pass 1; groups in flight: this row's chunks i.. and the next's
                 _ring_wait(tid, SLOTS - 1 - i)
-                slot, key = _ring_keys(ring, base + i, SLOTS, L2, sgn)
+                slot, key = _ring_load(ring, base + i, SLOTS, L2)
+                key = key * sgn
                 if EVEN:
                     m_new = gl.maximum(m_t, gl.max(key, axis=1))
                     e = gl.exp2((key - m_new[:, None]) * a)
@@ -488,7 +489,8 @@ if gluon is not None:
             inv = 1.0 / gl.where(s == 0.0, 1.0, s)  # s == 0: no finite key (all -inf): zeros; NaN stays
             y_row = Y + row.to(gl.int64) * n_cols
             for i in gl.static_range(NCH):  # pass 2: outputs, then refill the slot SLOTS chunks ahead
-                slot, key = _ring_keys(ring, base + i, SLOTS, L2, sgn)
+                slot, key = _ring_load(ring, base + i, SLOTS, L2)
+                key = key * sgn
                 y = (gl.exp2((key - m) * a) * inv).to(Y.dtype.element_ty)
                 if EVEN:
                     gl.store(y_row + i * CHUNK + offs, y)
@@ -497,14 +499,6 @@ if gluon is not None:
                 _ring_copy(mine + slot * SLOT_BYTES, X, row + ((i + SLOTS) // NCH) * G, n_rows, n_cols, stride_xr,
                            tv, (i + SLOTS) % NCH, CHUNK)
         _ring_wait(tid, 0)
-
-
-    @gluon.jit
-    def _ring_pair(ring, slot, SLOTS: gl.constexpr, layout: gl.constexpr):
-        """y and dy of a chunk from stream positions slot, slot + 1 (< 2 * SLOTS), fp32, and their slots."""
-        s0 = gl.where(slot >= SLOTS, slot - SLOTS, slot)
-        s1 = gl.where(slot + 1 >= SLOTS, slot + 1 - SLOTS, slot + 1)
-        return s0, s1, ring.index(s0).load(layout).to(gl.float32), ring.index(s1).load(layout).to(gl.float32)
 
 
     @gluon.jit
@@ -562,7 +556,8 @@ if gluon is not None:
             d_t = gl.zeros([T], gl.float32, LT)
             for i in gl.static_range(NCH):  # pass 1: this half's partial of sum(y * dy)
                 _ring_wait(tid, SLOTS - 2 - 2 * i)
-                s0, s1, y, dy = _ring_pair(ring, base + 2 * i, SLOTS, L2)
+                s0, y = _ring_load(ring, base + 2 * i, SLOTS, L2)  # y and dy of chunk i
+                s1, dy = _ring_load(ring, base + 2 * i + 1, SLOTS, L2)
                 d_t += gl.sum(y * dy, axis=1)
             d = gl.sum(d_t, axis=0)
             # exchange with the partner program (the other half of the row): flag bit 32 plus the float's bits
@@ -576,7 +571,8 @@ if gluon is not None:
             dot = d + (v & 0xFFFFFFFF).to(gl.int32).to(gl.float32, bitcast=True)
             dx_row = DX + row.to(gl.int64) * n_cols + c0
             for i in gl.static_range(NCH):  # pass 2: dx, then refill both slots with chunks SLOTS ahead
-                s0, s1, y, dy = _ring_pair(ring, base + 2 * i, SLOTS, L2)
+                s0, y = _ring_load(ring, base + 2 * i, SLOTS, L2)  # y and dy of chunk i
+                s1, dy = _ring_load(ring, base + 2 * i + 1, SLOTS, L2)
                 dx = (scale * y * (dy - dot)).to(DX.dtype.element_ty)
                 gl.store(dx_row + i * CHUNK + offs, dx, mask=offs < rest - i * CHUNK)
                 _ring_issue2(mine + s0 * SLOT_BYTES, Yh, DYh, row, P, n_rows, rest, n_cols, stride_dy, tv, 2 * i + SLOTS, Q, CHUNK)
