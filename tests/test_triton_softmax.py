@@ -156,6 +156,16 @@ def test_plan_takes_the_ring_path_for_long_16_bit_rows_and_falls_back_where_it_c
     assert kernels.relative_error(dx, dref) <= BWD_TOL[torch.bfloat16]
 
 
+
+def test_ring_backward_launches_a_pair_per_row_up_to_one_program_per_sm(ts, monkeypatch):
+    """The ring backward's grid: a program pair per row while rows are fewer than half the SMs (5 rows:
+    5 pairs, not min(5, 132) // 2 = 2), one program per SM beyond (132 SMs: 66 pairs), at least one."""
+    gpu = torch.device("cuda", 0)  # a GPU of 132 SMs, as seen by the launch arithmetic (no GPU needed)
+    monkeypatch.setitem(ts._SM_COUNT, gpu, 132)
+    p = ts.plan(65536, 2, backward=True)
+    assert [ts.ring_pairs(r, gpu, p) for r in (1, 5, 65, 66, 67, 131, 2048)] == [1, 5, 65, 66, 66, 66, 66]
+    assert 2 * ts.ring_pairs(10**6, gpu, p) <= 132
+
 _RING_COMPILE = r"""
 import json, re, subprocess, sys, tempfile
 from pathlib import Path

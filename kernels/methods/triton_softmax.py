@@ -766,10 +766,16 @@ def _launch_ring(x2: torch.Tensor, y: torch.Tensor, scale: float, p: Plan) -> No
     )
 
 
+def ring_pairs(n_rows: int, device: torch.device, p: Plan) -> int:
+    """Program pairs of the ring backward: one per row, at most one program per SM (partners must be
+    resident at once)."""
+    return max(1, _persistent_grid(2 * n_rows, device, p) // 2)
+
+
 def _launch_ring_bwd(y2: torch.Tensor, dy2: torch.Tensor, dx: torch.Tensor, scale: float, p: Plan) -> None:
     n_rows, n_cols = y2.shape
     vec, _, nch = _ring_shape(y2, p, backward=True)
-    pairs = max(1, _persistent_grid(2 * n_rows, y2.device, p) // 2)  # a pair per row, up to one program per SM
+    pairs = ring_pairs(n_rows, y2.device, p)
     xch = torch.zeros(2 * n_rows, dtype=torch.int64, device=y2.device)  # the pairs' partials (zeroed per call)
     _bwd_pair_ring_kernel[(2 * pairs,)](
         y2, dy2, dx, xch, n_rows, n_cols // vec, dy2.stride(0) // vec, scale,
