@@ -156,15 +156,22 @@ def test_plan_takes_the_ring_path_for_long_16_bit_rows_and_falls_back_where_it_c
     assert kernels.relative_error(dx, dref) <= BWD_TOL[torch.bfloat16]
 
 
+def test_ring_launch_arithmetic_on_an_h200_sized_gpu(ts, monkeypatch):
+    """The ring launches on a GPU of 132 SMs and 227 KB of shared memory per block (no GPU needed):
+    the backward's grid is a program pair per row while rows are fewer than half the SMs (5 rows: 5
+    pairs, not min(5, 132) // 2 = 2), one program per SM beyond (66 pairs), at least one; the ring
+    keeps the plan's 13 slots of 16 KB, fewer where the plan asks for more than fit."""
+    from types import SimpleNamespace
 
-def test_ring_backward_launches_a_pair_per_row_up_to_one_program_per_sm(ts, monkeypatch):
-    """The ring backward's grid: a program pair per row while rows are fewer than half the SMs (5 rows:
-    5 pairs, not min(5, 132) // 2 = 2), one program per SM beyond (132 SMs: 66 pairs), at least one."""
-    gpu = torch.device("cuda", 0)  # a GPU of 132 SMs, as seen by the launch arithmetic (no GPU needed)
-    monkeypatch.setitem(ts._SM_COUNT, gpu, 132)
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setitem(ts._DEVICE_PROPS, gpu,
+                        SimpleNamespace(multi_processor_count=132, shared_memory_per_block_optin=227 * 1024))
     p = ts.plan(65536, 2, backward=True)
     assert [ts.ring_pairs(r, gpu, p) for r in (1, 5, 65, 66, 67, 131, 2048)] == [1, 5, 65, 66, 66, 66, 66]
     assert 2 * ts.ring_pairs(10**6, gpu, p) <= 132
+    assert ts.ring_slots(gpu, p) == ts.RING_SLOTS == 13
+    assert ts.ring_slots(gpu, ts.Plan(False, 65536, 1, 32, ring=True, slots=20)) == 14  # (227 - 1) KB // 16 KB
+
 
 _RING_COMPILE = r"""
 import json, re, subprocess, sys, tempfile

@@ -685,15 +685,20 @@ class _Null:
         return False
 
 
-_SM_COUNT: dict = {}
+_DEVICE_PROPS: dict = {}
+
+
+def _device_props(device: torch.device):
+    """The GPU's properties (SM count, shared memory per block), asked once per device."""
+    if device not in _DEVICE_PROPS:
+        _DEVICE_PROPS[device] = torch.cuda.get_device_properties(device)
+    return _DEVICE_PROPS[device]
 
 
 def _persistent_grid(n_rows: int, device: torch.device, p: Plan) -> int:
     if device.type != "cuda":
         return min(n_rows, 4)  # the interpreter: a few programs, each looping over rows
-    if device not in _SM_COUNT:
-        _SM_COUNT[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(n_rows, _SM_COUNT[device] * p.programs_per_sm))
+    return max(1, min(n_rows, _device_props(device).multi_processor_count * p.programs_per_sm))
 
 
 def _launch_split(kernel, p: Plan, n_rows: int, n_cols: int, device, tensors: tuple, args: tuple,
@@ -720,19 +725,15 @@ def _ring_shape(x2: torch.Tensor, p: Plan, backward: bool = False) -> tuple[int,
     backward: chunks of half a row, each a y and a dy copy)."""
     vec = 16 // x2.element_size()
     chunk = vec * 32 * p.num_warps
-    return vec, chunk, -(-(-(-x2.shape[1] // 2) if backward else x2.shape[1]) // chunk)
-
-
-_RING_SMEM: dict = {}
+    cols = -(-x2.shape[1] // 2) if backward else x2.shape[1]  # columns per program and row
+    return vec, chunk, -(-cols // chunk)
 
 
 def ring_slots(device: torch.device, p: Plan) -> int:
     """Ring slots for this GPU: the plan's, or as many as its shared memory per block holds (1 KB kept
     for the reductions' scratch)."""
-    if device not in _RING_SMEM:
-        props = torch.cuda.get_device_properties(device)
-        _RING_SMEM[device] = getattr(props, "shared_memory_per_block_optin", 0) or 48 * 1024
-    return min(p.slots, _RING_MAX_WAIT, (_RING_SMEM[device] - 1024) // (16 * 32 * p.num_warps))
+    smem = getattr(_device_props(device), "shared_memory_per_block_optin", 0) or 48 * 1024
+    return min(p.slots, _RING_MAX_WAIT, (smem - 1024) // (16 * 32 * p.num_warps))
 
 
 def ring_unusable(x2: torch.Tensor, causal: bool, p: Plan, dy2: Optional[torch.Tensor] = None) -> Optional[str]:
