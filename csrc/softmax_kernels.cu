@@ -5,8 +5,11 @@
 // Path by row length (N) and alignment (forward: for a normal, finite scale; any other takes the
 // stream path, see fill_scale_ok):
 //  * register (N <= reg_max): the row in registers, ITEMS elements per thread from the table below;
-//  * persist (forward N <= persist_max, backward rows of up to 32 KB): a block per SM loops over rows,
-//    the next row prefetched into shared memory (cp.async) while this one is reduced in registers;
+//  * hybrid (16-bit forward, reg_max < N <= 2 * reg_max): a block per row, half of it in registers and
+//    the rest in shared memory (cp.async), two blocks per SM;
+//  * persist (fp32 forward over a cluster, below; backward rows of up to 32 KB): a block per SM loops
+//    over rows, the next row prefetched into shared memory (cp.async) while this one is reduced in
+//    registers;
 //  * cluster-persist (fp32 forward, N <= 2 * persist_max): the same over a thread-block cluster of two
 //    CTAs, half a row each, exchanging their (max, sum) partials once per row (distributed shared memory);
 //  * cluster (backward, N <= 8 slices of 32 KB): a row over a cluster of up to 8 CTAs, each holding
@@ -50,13 +53,17 @@ template <typename T, bool BWD>
 constexpr int reg_max() {
   return !BWD ? (sizeof(T) == 2 ? 32768 : 16384) : sizeof(T) == 2 ? 8192 : 4096;
 }
-// Persistent path, forward: 16-bit rows of up to 65536 columns (128 KB) per CTA, 1024 threads x 64
-// elements kept packed, one merged (max, sum) reduction, one row buffer of shared memory; fp32 rows
-// take it only over a cluster of two CTAs (cluster-persist: 2 x 512 threads x 32 elements, 64 KB
-// each). Backward: rows of up to 32 KB, 1024 threads, one buffer (y and dy of the next row).
+// Hybrid path (16-bit forward rows of 32769-65536 columns): 512 threads x 64 elements in registers
+// (packed) and 32 (up to 49152 columns) or 64 more in shared memory, a block per row, two blocks per SM
+// (one's reduction overlaps the other's loads and stores). At 65536 it ran at 0.93 of copy where the
+// persistent path (1024 x 64 packed, the next row prefetched) ran at 0.88 (docs/perf.md, v13).
+constexpr int kHybridThreads = 512, kHybridRegItems = 64;
+// Persistent path, forward: fp32 rows over a cluster of two CTAs only (cluster-persist: 2 x 512
+// threads x 32 elements, 64 KB each; 16-bit rows take the hybrid path). Backward: rows of up to 32 KB,
+// 1024 threads, one buffer (y and dy of the next row).
 template <typename T, bool BWD>
 constexpr int persist_max() {
-  return BWD ? 32768 / (int)sizeof(T) : sizeof(T) == 2 ? 65536 : 16384;
+  return BWD ? 32768 / (int)sizeof(T) : 16384;
 }
 // Backward cluster path: CTAs of 512 threads holding 32 KB of the row (16384 16-bit or 8192 fp32
 // columns), capped registers, up to kBwdClusterMax CTAs (a portable cluster size).
@@ -75,12 +82,13 @@ struct SplitShape {
 };
 constexpr bool kSplitPacked = true, kSplitCap = true;
 
-enum class Path { Register, Persist, ClusterPersist, Cluster, Split, Stream };
+enum class Path { Register, Hybrid, Persist, ClusterPersist, Cluster, Split, Stream };
 
 template <typename T, bool BWD>
 Path choose_path(int64_t rows, int64_t cols, bool aligned) {
   if (!aligned) return Path::Stream;
   if (cols <= reg_max<T, BWD>()) return Path::Register;
+  if (!BWD && sizeof(T) == 2 && cols <= 2 * reg_max<T, BWD>()) return Path::Hybrid;
   if (cols <= persist_max<T, BWD>()) return Path::Persist;
   if (!BWD && sizeof(T) == 4 && cols <= 2 * persist_max<T, BWD>()) return Path::ClusterPersist;
   if (BWD && cols <= (int64_t)kBwdClusterMax * bwd_slice<T>()) return Path::Cluster;
@@ -103,10 +111,15 @@ struct Launch {
   static cudaError_t persist(const Args& a) {
     if constexpr (BWD)
       return launch_bwd_persist<T, 1024, BN / 1024, 1, C>(a);
-    else if constexpr (sizeof(T) == 2)
-      return launch_fwd_persist<T, BN / 64, 64, 1, C, true, true>(a);
     else
       return launch_fwd_persist<T, BN / 32, 32, 1, C, true, false>(a);
+  }
+  static cudaError_t hybrid(const Args& a) {
+    static_assert(!BWD && sizeof(T) == 2, "the hybrid path is a 16-bit forward");
+    constexpr int L = kHybridThreads, RI = kHybridRegItems;
+    static_assert(L * RI == reg_max<T, BWD>(), "the registers hold the rows the register path cannot");
+    if (a.cols <= (int64_t)L * (RI + 32)) return launch_fwd_hybrid<T, L, RI, 32>(a);
+    return launch_fwd_hybrid<T, L, RI, 64>(a);
   }
   static cudaError_t cluster(const Args& a) {
     static_assert(BWD, "forward rows this long take the cluster-persist path");
@@ -167,6 +180,9 @@ cudaError_t dispatch(const Args& a) {
         default:
           break;
       }
+      return cudaErrorInvalidConfiguration;
+    case Path::Hybrid:
+      if constexpr (!BWD && sizeof(T) == 2) return Go::hybrid(a);
       return cudaErrorInvalidConfiguration;
     case Path::ClusterPersist:
       if constexpr (!BWD) return Go::template persist<persist_max<T, BWD>(), 2>(a);
@@ -243,6 +259,8 @@ const char* softmax_path(DType dtype, bool backward, int64_t rows, int64_t cols,
   switch (path_of(dtype, backward, rows, cols, aligned)) {
     case Path::Register:
       return "register";
+    case Path::Hybrid:
+      return "hybrid";
     case Path::Persist:
       return "persist";
     case Path::ClusterPersist:

@@ -29,8 +29,8 @@ cudaError_t softmax_bwd(DType dtype, const void* y, const void* dy, void* dx, in
                         int64_t cols, int64_t dy_row_stride, int64_t tq, int64_t diag, float scale,
                         bool causal, void* workspace, cudaStream_t stream);
 
-// Which code path a launch with these arguments takes ("register", "persist", "cluster-persist",
-// "cluster", "split", "stream"), for tests and docs.
+// Which code path a launch with these arguments takes ("register", "hybrid", "persist",
+// "cluster-persist", "cluster", "split", "stream"), for tests and docs.
 const char* softmax_path(DType dtype, bool backward, int64_t rows, int64_t cols, bool aligned);
 
 }  // namespace softmax_harness

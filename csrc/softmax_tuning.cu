@@ -49,8 +49,9 @@ cudaError_t tuned_fwd(const void* x, void* y, int64_t rows, int64_t cols, int it
                       bool packed, int path, int threads, int buffers, int ctas, void* workspace,
                       cudaStream_t stream) {
   const Args a{x, nullptr, y, rows, cols, cols, 1, 0, 1.f, false, stream, workspace};
-  if (rows <= 0 || !is_aligned<T>(a, false) || path < 0 || path > 3) return cudaErrorNotSupported;
+  if (rows <= 0 || !is_aligned<T>(a, false) || path < 0 || path > 4) return cudaErrorNotSupported;
   if (path == 3) return tuned_fwd_persist(x, y, rows, cols, items, merged, packed, threads, buffers, ctas, stream);
+  if (path == 4) return merged && packed ? tuned_fwd_hybrid(x, y, rows, cols, items, threads, stream) : cudaErrorNotSupported;
   if ((path == 1 || path == 2) && !merged) return cudaErrorNotSupported;
   return with_bool(merged, [&](auto m) {
     return with_bool(packed, [&](auto p) {

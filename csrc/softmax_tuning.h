@@ -31,6 +31,10 @@ cudaError_t tuned_fwd_persist(const void* x, void* y, int64_t rows, int64_t cols
                               bool packed, int threads, int buffers, int ctas, cudaStream_t stream);
 cudaError_t tuned_bwd_persist(const void* y, const void* dy, void* dx, int64_t rows, int64_t cols, int items,
                               int threads, int buffers, int ctas, cudaStream_t stream);
+// path 4 of tuned_fwd, hybrid: blocks of `threads` threads, a row each, `items` elements per thread in
+// registers and the rest of the row in shared memory (softmax_tuning_persist.cu).
+cudaError_t tuned_fwd_hybrid(const void* x, void* y, int64_t rows, int64_t cols, int items, int threads,
+                             cudaStream_t stream);
 int64_t tuned_workspace_bytes(int64_t rows);
 
 

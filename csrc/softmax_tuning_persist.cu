@@ -54,6 +54,23 @@ cudaError_t tuned_fwd_persist(const void* x, void* y, int64_t rows, int64_t cols
   });
 }
 
+cudaError_t tuned_fwd_hybrid(const void* x, void* y, int64_t rows, int64_t cols, int items, int threads,
+                             cudaStream_t stream) {
+  const Args a{x, nullptr, y, rows, cols, cols, 1, 0, 1.f, false, stream, nullptr};
+  if (rows <= 0 || !is_aligned<T>(a, false) || threads <= 0 || cols <= (int64_t)threads * items)
+    return cudaErrorNotSupported;
+  const int64_t per_thread = (cols + threads - 1) / threads;
+  const int shared = (int)((per_thread - items + 31) / 32 * 32);  // the rest of the row, in steps of 32
+  // 512 x 64 (the table's shape) and 512 x 32 and 256 x 64 for rows of 32769-65536 columns
+  if (threads == 512 && items == 64 && shared <= 64)
+    return shared <= 32 ? launch_fwd_hybrid<T, 512, 64, 32>(a) : launch_fwd_hybrid<T, 512, 64, 64>(a);
+  if (threads == 512 && items == 32 && shared <= 96)
+    return shared <= 64 ? launch_fwd_hybrid<T, 512, 32, 64>(a) : launch_fwd_hybrid<T, 512, 32, 96>(a);
+  if (threads == 256 && items == 64 && shared <= 192)
+    return shared <= 128 ? launch_fwd_hybrid<T, 256, 64, 128>(a) : launch_fwd_hybrid<T, 256, 64, 192>(a);
+  return cudaErrorNotSupported;
+}
+
 cudaError_t tuned_bwd_persist(const void* y, const void* dy, void* dx, int64_t rows, int64_t cols, int items,
                               int threads, int buffers, int ctas, cudaStream_t stream) {
   const Args a{y, dy, dx, rows, cols, cols, 1, 0, 1.f, false, stream, nullptr};

@@ -546,7 +546,7 @@ def run_triton_sweep(sizes: list[int], elements: int, dtype: str, out: Path, cau
 # ------------------------------------------------------------------------------------------------
 # cuda launch-variant sweep (how the launch table in csrc/softmax_kernels.cu was chosen)
 # ------------------------------------------------------------------------------------------------
-_CUDA_PATHS = {"register": 0, "cluster": 1, "split": 2, "persist": 3}
+_CUDA_PATHS = {"register": 0, "cluster": 1, "split": 2, "persist": 3, "hybrid": 4}
 
 
 def cuda_variants(n: int, rows: int = 1) -> list[dict]:
@@ -579,6 +579,10 @@ def cuda_variants(n: int, rows: int = 1) -> list[dict]:
     fwd += [{**sh, "dir": "fwd", "merged": m, "packed": p} for sh in persist
             for m, p in ((False, False), (True, False), (True, True))
             if (m or sh["ctas"] == 1) and (p or sh["items"] <= 32)]
+    # hybrid forward (16-bit rows of 32769-65536 columns): a block per row, `items` elements per thread
+    # in registers (packed, merged) and the rest of the row in shared memory, two blocks per SM
+    fwd += [{"path": "hybrid", "items": i, "threads": t, "buffers": 0, "ctas": 1, "dir": "fwd", "merged": True,
+             "packed": True} for t, i in ((512, 64), (512, 32), (256, 64)) if 32768 < n <= 65536 and t * i < n]
     bwd = [{**sh, "dir": "bwd", "cap": c} for sh in shapes for c in (False, True)]
     bwd += [{**sh, "dir": "bwd", "cap": False} for sh in persist if sh["items"] <= 32 and smem_fits(sh, 2)]
     return fwd + bwd

@@ -56,10 +56,15 @@ def test_sweep_candidates_cover_the_launch_tables():
     assert all(2 <= -(-262144 // (v["threads"] * v["items"])) <= (16 if v["path"] == "cluster" else 128)
                for v in long if v["path"] != "persist")
     assert all(v["ctas"] == 8 for v in long if v["path"] == "persist")  # 8 x 1024 x 32
-    # the forward table's 16-bit long rows: 32768 in registers (1024 x 32, merged, packed), 65536
-    # persistent on one CTA (1024 x 64, merged, packed, one buffer), split slices of 512 x 32 (packed)
+    # the forward table's 16-bit long rows: 32768 in registers (1024 x 32, merged, packed), 32769-65536
+    # hybrid (512 x 64 packed in registers, the rest in shared memory; also timed against the persistent
+    # kernel it replaced, 1024 x 64), split slices of 512 x 32 (packed)
     assert {"path": "register", "items": 32, "threads": 0, "buffers": 0, "ctas": 1, "dir": "fwd",
             "merged": True, "packed": True} in cuda_variants(32768)
+    for n in (32769, 49152, 65536):
+        assert {"path": "hybrid", "items": 64, "threads": 512, "buffers": 0, "ctas": 1, "dir": "fwd",
+                "merged": True, "packed": True} in cuda_variants(n)
+    assert not any(v["path"] == "hybrid" for n in (32768, 65537) for v in cuda_variants(n))
     assert {"path": "persist", "items": 64, "threads": 1024, "buffers": 1, "ctas": 1, "dir": "fwd",
             "merged": True, "packed": True} in cuda_variants(65536)
     assert {"path": "split", "items": 32, "threads": 512, "buffers": 0, "ctas": 1, "dir": "fwd",

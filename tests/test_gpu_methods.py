@@ -103,7 +103,7 @@ def test_cuda_code_paths_by_row_length():
 
     expected = {  # (dtype, backward): {N: path}
         (torch.bfloat16, False): {1024: "register", 16384: "register", 16385: "register", 32768: "register",
-                                  32769: "persist", 65536: "persist", 65537: "split",
+                                  32769: "hybrid", 49152: "hybrid", 49160: "hybrid", 65536: "hybrid", 65537: "split",
                                   128 * 16384: "split", 128 * 16384 + 1: "stream"},  # > kMaxSplits slices
         (torch.bfloat16, True): {8192: "register", 8193: "persist", 16384: "persist", 16385: "cluster",
                                  131072: "cluster", 131073: "split", 128 * 8192: "split", 128 * 8192 + 1: "stream"},
@@ -121,19 +121,22 @@ def test_cuda_code_paths_by_row_length():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("shape,causal", [((3, 8200), False), ((2, 5, 20000), False), ((1, 3, 40000), True),
                                           ((1, 9000, 9000), True), ((64, 100000), False), ((1000, 16384), False),
-                                          ((300, 65536), False), ((1, 2, 600, 60000), True), ((8, 200000), False)])
+                                          ((300, 65536), False), ((1, 2, 600, 60000), True), ((8, 200000), False),
+                                          ((2, 64, 32776), True)])
 def test_cuda_long_row_paths(shape, causal, dtype):
-    """Long rows: the register path at its longest (16-bit rows kept packed), the persistent path (rows
-    prefetched into shared memory; more rows than blocks, so blocks loop), on one CTA or (fp32
-    forward) a cluster of two exchanging their partials, the backward's cluster path (a row over 2-8
-    CTAs exchanging once), and the split path (a row over several blocks meeting in global memory): odd lengths,
-    causal rows (including slices that are entirely masked), many rows at once, twice in a row (the
-    split workspace's counters restart from zero)."""
+    """Long rows: the register path at its longest (16-bit rows kept packed), the 16-bit forward's hybrid
+    path (half the row in registers, the rest in shared memory; (2, 64, 32776) causal: rows whose
+    prefix ends in either half, at and across the boundary), the persistent path (rows prefetched into
+    shared memory; more rows than blocks, so blocks loop), on one CTA or (fp32 forward) a cluster of
+    two exchanging their partials, the backward's cluster path (a row over 2-8 CTAs exchanging once),
+    and the split path (a row over several blocks meeting in global memory): odd lengths, causal rows
+    (including slices that are entirely masked), many rows at once, twice in a row (the split
+    workspace's counters restart from zero)."""
     from kernels.methods.cuda_softmax import code_path
 
     rows = math.prod(shape[:-1])
     paths = {code_path(dtype, bwd, shape[-1], rows=rows) for bwd in (False, True)}
-    assert paths <= {"register", "persist", "cluster-persist", "cluster", "split"}
+    assert paths <= {"register", "hybrid", "persist", "cluster-persist", "cluster", "split"}
     g = torch.Generator(device="cuda").manual_seed(0)
     for _ in range(2):
         x = (torch.randn(shape, device="cuda", generator=g) * 3).to(dtype).requires_grad_(True)
@@ -149,7 +152,7 @@ def test_cuda_long_row_paths(shape, causal, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("n", [1000, 20000, 50000, 100000])
 def test_cuda_scales_and_special_values_on_every_forward_path(n, dtype):
-    """The forward's on-chip paths (register, packed register, persist, cluster-persist, split: by N
+    """The forward's on-chip paths (register, packed register, hybrid, cluster-persist, split: by N
     and dtype) read masked columns as a fill whose scaled score is -inf: right for any normal, finite
     scale, negative ones too; scale 0 and subnormal scales take the stream path. Special values keep their meaning:
     -inf entries get 0, a NaN or +inf entry makes its row NaN, an all -inf row gives zeros."""

@@ -4,10 +4,12 @@ The kernels (``csrc/softmax_device.cuh``, launched from ``csrc/softmax_kernels.c
 measured with ``python -m harness.bench cuda-sweep``; no torch header) pick a code path by row length:
 rows kept in registers with 16-byte vector loads (several rows per warp for short rows, a block per
 row up to 32768 16-bit (kept packed past 16384) / 16384 fp32 columns forward and 8192 16-bit / 4096
-fp32 columns backward), a persistent path for the next lengths (a block per SM loops over rows,
-prefetching the next row into shared memory with cp.async while it reduces this one; forward 16-bit
-rows up to 65536 columns on one CTA, fp32 rows up to 32768 over a two-CTA thread-block cluster
-exchanging one partial per row through distributed shared memory), a cluster path for long backward
+fp32 columns backward), a hybrid path for 16-bit forward rows of up to 65536 columns (a block per
+row, half of it in registers and the rest in shared memory, two blocks per SM), a persistent path for
+the next lengths otherwise (a block per SM loops over rows, prefetching the next row into shared
+memory with cp.async while it reduces this one; backward rows up to 32 KB, fp32 forward rows up to
+32768 columns over a two-CTA thread-block cluster exchanging one partial per row through distributed
+shared memory), a cluster path for long backward
 rows (a row over up to 8 CTAs holding 32 KB each in registers), a split path for longer rows (a row
 over up to 128 blocks that combine their partials through a workspace in global memory, allocated per
 call by the binding), and a streaming path for rows of any length or alignment; causal rows load only
@@ -136,8 +138,8 @@ def cuda_softmax(scores: torch.Tensor, scale: float, causal: bool) -> torch.Tens
 
 
 def code_path(dtype: torch.dtype, backward: bool, cols: int, aligned: bool = True, rows: int = 1) -> str:
-    """Which kernel path rows x cols take: 'register', 'persist', 'cluster-persist', 'cluster', 'split'
-    or 'stream' (needs the extension)."""
+    """Which kernel path rows x cols take: 'register', 'hybrid', 'persist', 'cluster-persist', 'cluster',
+    'split' or 'stream' (needs the extension)."""
     if not _STATE["loaded"]:
         prepare()
     code = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}[dtype]
