@@ -489,9 +489,12 @@ def triton_candidates(n: int, causal: bool = False) -> list:
                 for stages in (2, 3):
                     plans.append(Plan(False, block, 1, warps, stages=stages))
                 plans.append(Plan(False, block, 1, warps, stages=2, programs_per_sm=2))
-    if not causal and ts.MAX_TILE_N < n <= ts.RING_MAX_N:  # ring path (Gluon; 16-bit rows, GPU)
+    if not causal and ts.MAX_TILE_N < n <= ts.RING_MAX_N:  # ring path (backward; Gluon, 16-bit rows, GPU)
         for warps, slots in ((16, 24), (32, 12), (32, 13)):
             plans.append(Plan(False, block, 1, warps, ring=True, slots=slots))
+    if not causal and ts.HYBRID_MIN_N < n <= ts.RING_MAX_N:  # hybrid path (forward; Gluon, 16-bit rows, GPU)
+        for warps in (8, ts.HYBRID_WARPS):
+            plans.append(Plan(False, block, 1, warps, hybrid=True))
     if block >= 8192:
         for chunk in (4096, 8192, 16384):  # split path: a row over -(-n // chunk) programs
             for warps in (4, 8, 16):

@@ -65,16 +65,16 @@ def test_split_path_extremes(forced_path, seeded):
     assert y[0, 3].item() == 0.5 and y[0, 17].item() == 0.5 and y[0].sum().item() == 1.0
 
 
-@pytest.mark.parametrize("path", ["tile", "persistent", "long", "split", "ring"])
+@pytest.mark.parametrize("path", ["tile", "persistent", "long", "split", "hybrid"])
 @pytest.mark.parametrize("scale", [1.0, -0.5])
 def test_every_forward_path_takes_huge_scores(ts, path, scale):
     """Scores of 1e30 (two equal maxima in different chunks) and of 1e4: every forward kernel takes
     its exponents relative to the row's max score exactly (on a GPU, exp2(fma(x, c, -round(max * c)))
     would shift them all by the max's rounding error, which overflows exp2 at this magnitude). The
-    ring path (GPU only; here one partial chunk per row) falls back to the tile path in the interpreter."""
+    hybrid path (GPU only, longer rows) falls back to the tile path here; the GPU tests below take it."""
     plan = {"tile": ts.Plan(False, 64, 2, 1), "persistent": ts.Plan(False, 64, 1, 1, stages=2),
             "long": ts.Plan(True, 16, 1, 1), "split": ts.Plan(False, 16, 1, 1, split=True),
-            "ring": ts.Plan(False, 64, 1, 1, ring=True, slots=9)}[path]
+            "hybrid": ts.Plan(False, 64, 1, 1, hybrid=True)}[path]
     x = torch.full((3, 64), -float("inf") if scale > 0 else float("inf"), device=DEVICE)  # x * scale = -inf
     x[0, 3], x[0, 40] = 1e30 * scale, 1e30 * scale  # the row's maximum of x * scale, twice
     x[1] = torch.randn(64, generator=torch.Generator().manual_seed(0)).to(DEVICE) * 1e4
@@ -124,36 +124,45 @@ def test_plan_packs_short_rows_splits_long_ones_and_streams_longer_ones(ts):
     assert not tiny.long and tiny.rows * tiny.block_n >= 1024
     assert not ts.plan(ts.SPLIT_ABOVE_N, 2).split and not ts.plan(ts.SPLIT_ABOVE_N, 2, backward=True).split
     assert ts.plan(262144, 2).split and ts.plan(262144, 2).block_n == ts.SPLIT_BLOCK_N
-    assert ts.plan(65536, 2, backward=True, ring=False).split
-    assert ts.plan(32768, 2).stages and ts.plan(32768, 2, backward=True).stages  # persistent, 16-bit rows
+    assert ts.plan(65536, 2, backward=True, gluon=False).split
+    assert ts.plan(32768, 2, gluon=False).stages and ts.plan(32768, 2, backward=True).stages  # persistent, 16-bit
     assert not ts.plan(32768, 4).stages and not ts.plan(1024, 2, causal=True).stages
     widest = ts.MAX_SPLITS * ts.SPLIT_BLOCK_N
     assert ts.plan(widest, 2).split and ts.plan(widest + 1, 2).long  # too many chunks: the long path
 
 
-def test_plan_takes_the_ring_path_for_long_16_bit_rows_and_falls_back_where_it_cannot(ts):
-    """16-bit rows of 32769-65536 columns, not causal: the ring path, both directions; elsewhere
-    (fp32, causal, ring=False) not; where it cannot run (here: the interpreter), launch_fwd and
-    launch_bwd take the plan for ring=False and still give the reference result."""
+def test_plan_takes_the_gluon_paths_for_long_16_bit_rows_and_falls_back_where_they_cannot(ts):
+    """16-bit rows, not causal: the hybrid path forward for 16385-65536 columns, the ring path backward
+    for 32769-65536; elsewhere (fp32, causal, gluon=False) neither; where they cannot run (here: the
+    interpreter), launch_fwd and launch_bwd take the plan for gluon=False and still give the reference
+    result; each path is one direction's only."""
+    for n in (ts.HYBRID_MIN_N + 8, ts.MAX_TILE_N, ts.MAX_TILE_N + 8, 40000, ts.RING_MAX_N):
+        p = ts.plan(n, 2)
+        assert p.hybrid and not p.ring and p.num_warps == ts.HYBRID_WARPS
     for n in (ts.MAX_TILE_N + 8, 40000, ts.RING_MAX_N):
-        for backward in (False, True):
-            p = ts.plan(n, 2, backward=backward)
-            assert p.ring and p.num_warps == ts.RING_WARPS
-    assert not ts.plan(ts.MAX_TILE_N, 2).ring and not ts.plan(ts.RING_MAX_N + 8, 2).ring
-    assert not any(ts.plan(65536, *args).ring for args in ((4,), (4, True), (2, False, True), (2, True, True)))
-    assert not ts.plan(65536, 2, ring=False).ring and ts.plan(65536, 2, ring=False).long
-    assert ts.plan(65536, 2, backward=True, ring=False).split
+        p = ts.plan(n, 2, backward=True)
+        assert p.ring and not p.hybrid and p.num_warps == ts.RING_WARPS
+    assert ts.HYBRID_MIN_N == ts.HYBRID_REG_VECS * 8 * 32 * ts.HYBRID_WARPS  # (the registers' part, 16-bit)
+    assert not ts.plan(ts.HYBRID_MIN_N, 2).hybrid and not ts.plan(ts.MAX_TILE_N, 2, backward=True).ring
+    assert not ts.plan(ts.RING_MAX_N + 8, 2).hybrid and not ts.plan(ts.RING_MAX_N + 8, 2, backward=True).ring
+    others = [ts.plan(65536, *args) for args in ((4,), (4, True), (2, False, True), (2, True, True))]
+    assert not any(p.ring or p.hybrid for p in others)
+    assert ts.plan(65536, 2, gluon=False).long and ts.plan(65536, 2, backward=True, gluon=False).split
     x = random_scores((3, 40), torch.bfloat16, DEVICE)
-    p = ts.Plan(False, 64, 1, 1, ring=True, slots=9)
+    hp, rp = ts.Plan(False, 64, 1, 1, hybrid=True), ts.Plan(False, 64, 1, 1, ring=True, slots=9)
     if not torch.cuda.is_available():
-        assert "GPU" in ts.ring_unusable(x, False, p) and "GPU" in ts.ring_unusable(x, False, p, x)
-    assert "causal" in ts.ring_unusable(x, True, p)  # never a causal ring launch
-    y = ts.launch_fwd(x, 0.5, False, p)
+        assert "GPU" in ts.gluon_unusable(x, False, hp) and "GPU" in ts.gluon_unusable(x, False, rp, x)
+    assert "causal" in ts.gluon_unusable(x, True, hp) and "causal" in ts.gluon_unusable(x, True, rp, x)
+    y = ts.launch_fwd(x, 0.5, False, hp)
     assert kernels.relative_error(y, kernels.reference_softmax(x, scale=0.5)) <= FWD_TOL[torch.bfloat16]
     dy = random_scores((3, 40), torch.bfloat16, DEVICE)
-    dx = ts.launch_bwd(y, dy, 0.5, False, p)
+    dx = ts.launch_bwd(y, dy, 0.5, False, rp)
     dref = kernels.reference_softmax_backward(y, dy, scale=0.5)
     assert kernels.relative_error(dx, dref) <= BWD_TOL[torch.bfloat16]
+    with pytest.raises(ValueError, match="backward path"):
+        ts.launch_fwd(x, 0.5, False, rp)
+    with pytest.raises(ValueError, match="forward path"):
+        ts.launch_bwd(y, dy, 0.5, False, hp)
 
 
 def test_ring_launch_arithmetic_on_an_h200_sized_gpu(ts, monkeypatch):
@@ -173,7 +182,7 @@ def test_ring_launch_arithmetic_on_an_h200_sized_gpu(ts, monkeypatch):
     assert ts.ring_slots(gpu, ts.Plan(False, 65536, 1, 32, ring=True, slots=20)) == 14  # (227 - 1) KB // 16 KB
 
 
-_RING_COMPILE = r"""
+_GLUON_COMPILE = r"""
 import json, re, subprocess, sys, tempfile
 from pathlib import Path
 import triton
@@ -182,18 +191,21 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from kernels.methods import triton_softmax as ts
 
 kernel, dtype, even = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-div16 = {(i,): [["tt.divisibility", 16]] for i in range(3)}
-if kernel == "fwd":
-    sig = {"X": f"*{dtype}", "Y": f"*{dtype}", "n_rows": "i32", "n_vec": "i32", "stride_v": "i32", "scale_log2e": "fp32",
-           "VEC": "constexpr", "NCH": "constexpr", "SLOTS": "constexpr", "EVEN": "constexpr"}
-    src = GluonASTSource(fn=ts._fwd_ring_kernel, signature=sig, attrs={k: v for k, v in div16.items() if k[0] < 2},
-                         constexprs={"VEC": 8, "NCH": 8, "SLOTS": ts.RING_SLOTS, "EVEN": even})
+div16 = lambda n: {(i,): [["tt.divisibility", 16]] for i in range(n)}  # the first n pointers: 16-byte aligned
+if kernel == "fwd":  # the hybrid forward: 65536 columns (12 shared vectors per thread), or 49152 (8) and partial
+    sig = {"X": f"*{dtype}", "Y": f"*{dtype}", "XW": "*i32", "YW": "*i32", "n_vec": "i32", "stride_v": "i32",
+           "scale_log2e": "fp32", "zero": "i32", "NR": "constexpr", "NS": "constexpr", "EVEN": "constexpr", "BF16": "constexpr"}
+    src = GluonASTSource(fn=ts._fwd_hybrid_kernel, signature=sig, attrs=div16(4),
+                         constexprs={"NR": ts.HYBRID_REG_VECS, "NS": 12 if even else 8, "EVEN": even,
+                                     "BF16": dtype == "bf16"})
+    options = {"num_warps": ts.HYBRID_WARPS, "maxnreg": ts.HYBRID_MAX_REGS}
 else:
     sig = {"Y": f"*{dtype}", "DY": f"*{dtype}", "DX": f"*{dtype}", "XCH": "*i64", "n_rows": "i32", "n_vec": "i32",
            "stride_v": "i32", "scale": "fp32", "VEC": "constexpr", "NCH": "constexpr", "SLOTS": "constexpr"}
-    src = GluonASTSource(fn=ts._bwd_pair_ring_kernel, signature=sig, attrs=div16,
+    src = GluonASTSource(fn=ts._bwd_pair_ring_kernel, signature=sig, attrs=div16(3),
                          constexprs={"VEC": 8, "NCH": 4 if even else 3, "SLOTS": ts.RING_SLOTS})
-k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": ts.RING_WARPS})
+    options = {"num_warps": ts.RING_WARPS}
+k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 usage = ""
 cuobjdump = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
 if cuobjdump.exists():
@@ -208,32 +220,44 @@ print(json.dumps({"offsets": [int(o) for o in re.findall(r"@global_smem, i32 (\d
 
 @pytest.mark.parametrize("kernel,dtype,even", [("fwd", "bf16", True), ("fwd", "fp16", False), ("bwd", "bf16", True),
                                                ("bwd", "fp16", False)])
-def test_ring_kernel_compiles_for_sm90_with_the_ring_at_the_start_of_shared_memory(ts, kernel, dtype, even):
-    """The Gluon ring kernels (forward; backward over program pairs) compile for Hopper (sm_90;
-    ptxas ships with Triton) at the launch table's settings, fit the H200's shared memory, spill
-    nothing, and their ring lies at offset 0 of the kernel's shared memory, where their inline
-    cp.async addresses it: every constant offset into shared memory (the reductions' scratch) lies
-    past the ring. Compiled in a subprocess without TRITON_INTERPRET (the interpreter's stand-ins for
-    Triton's library functions do not compile)."""
+def test_gluon_kernels_compile_for_sm90_with_their_buffer_at_the_start_of_shared_memory(ts, kernel, dtype, even):
+    """The Gluon kernels (the hybrid forward; the ring backward over program pairs) compile for Hopper
+    (sm_90; ptxas ships with Triton) at the launch table's settings, spill nothing, and their buffer
+    (the hybrid's shared part, the ring) lies at offset 0 of the kernel's shared memory, where their
+    inline cp.async addresses it: every constant offset into shared memory is one of its slots or
+    (the reductions' scratch) lies past it. The ring fits the H200's shared memory; two hybrid programs fit one H200 SM (shared
+    memory, and at most 64 registers for 512 threads). Compiled in a subprocess without
+    TRITON_INTERPRET (the interpreter's stand-ins for Triton's library functions do not compile)."""
     import json
     import os
+    import re
     import subprocess
     import sys
 
     if ts._GLUON_ERROR:
         pytest.skip(ts._GLUON_ERROR)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _RING_COMPILE, kernel, dtype, str(int(even))], capture_output=True,
+    run = subprocess.run([sys.executable, "-c", _GLUON_COMPILE, kernel, dtype, str(int(even))], capture_output=True,
                          text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     k = json.loads(run.stdout.strip().splitlines()[-1])
-    ring_bytes = ts.RING_SLOTS * 16 * 32 * ts.RING_WARPS
-    assert k["offsets"] and min(k["offsets"]) >= ring_bytes, k["offsets"]
-    assert ring_bytes <= k["shared"] <= 227 * 1024
-    first_wait = ts.RING_SLOTS - (1 if kernel == "fwd" else 2)  # (backward: a y and a dy copy per chunk)
-    assert f"cp.async.wait_group {first_wait};" in k["ptx"] and "cp.async.cg.shared.global" in k["ptx"]
+    if kernel == "fwd":
+        buffer = (12 if even else 8) * 16 * 32 * ts.HYBRID_WARPS
+        assert buffer <= k["shared"] <= 227 * 1024 // 2
+        assert "cp.async.wait_group 0;" in k["ptx"] and "cvt.rn." in k["ptx"]
+    else:
+        buffer = ts.RING_SLOTS * 16 * 32 * ts.RING_WARPS
+        assert buffer <= k["shared"] <= 227 * 1024
+        assert f"cp.async.wait_group {ts.RING_SLOTS - 2};" in k["ptx"]  # (a y and a dy copy per chunk)
+    slot = 16 * 32 * (ts.HYBRID_WARPS if kernel == "fwd" else ts.RING_WARPS)
+    assert all(o % slot == 0 for o in k["offsets"] if o < buffer), k["offsets"]  # the buffer's own slots
+    assert any(o >= buffer for o in k["offsets"]), k["offsets"]  # the scratch, past the buffer
+    assert "cp.async.cg.shared.global" in k["ptx"]
     if k["usage"]:
         assert "LOCAL:0 " in k["usage"] or k["usage"].rstrip().endswith("LOCAL:0"), k["usage"]  # no spills
+        if kernel == "fwd":  # (and no stack frame: the shared part is not kept in registers across passes)
+            assert int(re.search(r"REG:(\d+)", k["usage"]).group(1)) <= ts.HYBRID_MAX_REGS, k["usage"]
+            assert "STACK:0 " in k["usage"], k["usage"]
 
 
 @pytest.mark.gpu
@@ -242,11 +266,14 @@ def test_ring_kernel_compiles_for_sm90_with_the_ring_at_the_start_of_shared_memo
     ((300, 65536), torch.bfloat16, 1.0, None), ((37, 40000), torch.float16, -0.5, None),
     ((5, 65536), torch.bfloat16, 0.3, None), ((200, 32776), torch.bfloat16, 2.0, None),
     ((140, 65536), torch.bfloat16, 1.0, "strided"), ((3, 65535), torch.bfloat16, 1.0, None),
+    ((64, 16392), torch.bfloat16, 0.7, None), ((50, 20000), torch.float16, -1.0, None),
+    ((9, 32768), torch.bfloat16, 1.0, None),
 ])
-def test_ring_path_on_the_gpu(ts, shape, dtype, scale, view, seeded):
-    """The ring path against the float64 reference: whole and partial last chunks, fewer rows than
-    SMs, a negative scale, strided rows (a column slice), two equal maxima of 1e30 (fp16: 6e4), rows
-    with no finite score, and an unaligned row (65535 columns: the next-best plan)."""
+def test_hybrid_path_on_the_gpu(ts, shape, dtype, scale, view, seeded):
+    """The hybrid forward against the float64 reference: whole and partial shared parts, rows just past
+    the registers' part, fewer rows than SMs, a negative scale, strided rows (a column slice), two
+    equal maxima of 1e30 (fp16: 6e4; one in each part), rows with no finite score, and an unaligned
+    row (65535 columns: the next-best plan)."""
     if view == "strided":
         x = random_scores((shape[0], shape[1] + 64), dtype, DEVICE, gen=seeded)[:, 16:16 + shape[1]]
     else:
@@ -255,7 +282,7 @@ def test_ring_path_on_the_gpu(ts, shape, dtype, scale, view, seeded):
     big = (1e30 if dtype == torch.bfloat16 else 6e4) * (1 if scale > 0 else -1)  # (fp16 tops out at 65504)
     x[1, 7], x[1, -3] = big, big
     p = ts.plan(shape[1], x.element_size())
-    assert p.ring and (ts.ring_unusable(x, False, p) is None) == (shape[1] % 8 == 0)
+    assert p.hybrid and (ts.gluon_unusable(x, False, p) is None) == (shape[1] % 8 == 0)
     y = ts.launch_fwd(x, scale, False)
     ref = kernels.reference_softmax(x, scale=scale)
     assert torch.equal(y[0].cpu(), torch.zeros(shape[1], dtype=dtype))
@@ -284,7 +311,7 @@ def test_ring_backward_on_the_gpu(ts, shape, dtype, view, seeded):
     else:
         dy = random_scores(shape, dtype, DEVICE, gen=seeded)
     p = ts.plan(shape[1], y.element_size(), backward=True)
-    assert p.ring and (ts.ring_unusable(y, False, p, dy) is None) == (shape[1] % 8 == 0)
+    assert p.ring and (ts.gluon_unusable(y, False, p, dy) is None) == (shape[1] % 8 == 0)
     dx = ts.launch_bwd(y, dy, 0.7, False)
     dref = kernels.reference_softmax_backward(y, dy, scale=0.7)
     assert kernels.relative_error(dx, dref) <= BWD_TOL[dtype]

@@ -8,18 +8,24 @@ For causal scores of shape (..., Tq, Tk), row r is query i = r mod Tq and keeps 
 * Tile path (N up to ``MAX_TILE_N``): a program holds ROWS whole rows in registers (several rows per
   program when N is short, so short rows do not underuse the GPU). Forward reads each element once and
   writes it once: max, exp2, sum and the normalisation happen on chip, in fp32. For 16-bit rows of
-  16K-32K columns the persistent variant: one program per SM loops over rows, and Triton's software
+  16K-32K columns (backward; forward where the hybrid path below cannot run) the persistent variant:
+  one program per SM loops over rows, and Triton's software
   pipelining prefetches the next rows into shared memory (cp.async) while this one is reduced, so the
   one long row an SM holds does not leave its memory pipe idle between rows.
-* Ring path (16-bit rows of ``MAX_TILE_N`` + 1 up to ``RING_MAX_N`` columns, not causal, on a GPU):
-  such a row fits in shared memory but not in registers. A Gluon kernel (Triton's lower-level
-  dialect: explicit layouts and shared memory), one program per SM, streams its rows as chunks through
-  a ring of shared-memory slots with asynchronous copies (cp.async): pass 1 takes each chunk's max and
-  rescaled sum as it lands, pass 2 writes the outputs from shared memory and refills each emptied slot
-  with a chunk of the next rows, so loads stay in flight across rows; one read and one write per
-  element. The backward splits each row over a pair of programs (y and dy of a row do not fit one
-  SM), which trade their halves' partial sum(dy * y) through one atomic per row. Rows it cannot take
-  (not 16-byte aligned; Triton's interpreter) get the plan below it.
+* Hybrid path (forward, 16-bit rows of ``HYBRID_MIN_N`` + 1 up to ``RING_MAX_N`` columns, not causal,
+  on a GPU): a Gluon kernel (Triton's lower-level dialect: explicit layouts and shared memory), one
+  program per row, keeps the row's first ``HYBRID_MIN_N`` columns in registers as packed 32-bit words
+  (two elements each, converted to fp32 again in each pass) and copies the rest into shared memory
+  with asynchronous copies (cp.async). A 64K-column row then takes 32 KB of registers and 96 KB of
+  shared memory, so two programs (two rows) fit an SM and one's reductions overlap the other's loads
+  and stores, which one program per SM looping over rows could not do; one read and one write per
+  element.
+* Ring path (backward, 16-bit rows of ``MAX_TILE_N`` + 1 up to ``RING_MAX_N`` columns, not causal, on a
+  GPU): y and dy of such a row do not fit one SM, so a Gluon kernel splits each row over a pair of
+  programs (one per SM), each streaming its half of its rows as chunks through a ring of shared-memory
+  slots (cp.async), the next rows' chunks in flight while this row is reduced; the pair trades its
+  halves' partial sum(dy * y) through one atomic per row. Rows the Gluon paths cannot take (not 16-byte
+  aligned; Triton's interpreter) get the plan below them.
 * Split path (N above ``SPLIT_ABOVE_N``, at most ``MAX_SPLITS`` chunks): a row is cut into chunks of
   BLOCK_N columns, one program per chunk, each holding its chunk in registers (small programs, several
   per SM, where one program per long row would leave one row in flight per SM). Each program publishes
@@ -87,11 +93,19 @@ LONG_BLOCK_N = 8192
 #: it later in one direction), up to MAX_SPLITS chunks.
 SPLIT_ABOVE_N = 16384
 MAX_SPLITS = 128
-#: Ring path (forward, 16-bit rows of MAX_TILE_N + 1 .. RING_MAX_N columns, not causal, on a GPU): warps
+#: Ring path (backward, 16-bit rows of MAX_TILE_N + 1 .. RING_MAX_N columns, not causal, on a GPU): warps
 #: per program and ring slots (chunks of 8 x 32 x warps elements, 16 KB at 32 warps).
 RING_MAX_N = 65536
 RING_WARPS = 32
 RING_SLOTS = 13
+#: Hybrid path (forward, 16-bit rows of HYBRID_MIN_N + 1 .. RING_MAX_N columns, not causal, on a GPU):
+#: warps per program and the 16-byte vectors each thread keeps in registers (the rest of the row goes
+#: to shared memory: at most 96 KB at 65536 columns, so two programs fit an H200 SM), at most 64
+#: registers per thread (two programs of 512 threads per SM).
+HYBRID_WARPS = 16
+HYBRID_REG_VECS = 4
+HYBRID_MIN_N = HYBRID_REG_VECS * 8 * 32 * HYBRID_WARPS  # 16384: the registers' part, always inside the row
+HYBRID_MAX_REGS = 64
 _RING_MAX_WAIT = 64  # copy groups a thread may have in flight (one wait instruction per count, below)
 
 
@@ -389,7 +403,8 @@ if triton is not None:
 
 
 # ------------------------------------------------------------------------------------------------
-# ring path (Gluon): long 16-bit rows streamed through a ring of shared-memory chunks
+# Gluon paths: the hybrid forward (a row in registers and shared memory) and the ring backward (rows
+# streamed through a ring of shared-memory chunks), long 16-bit rows
 # ------------------------------------------------------------------------------------------------
 if gluon is not None:
     # cp.async.wait_group takes its count as an immediate: one asm string per count
@@ -416,7 +431,7 @@ if gluon is not None:
     def _ring_start(X, SLOTS: gl.constexpr, VEC: gl.constexpr, T: gl.constexpr, L2: gl.constexpr):
         """The ring (SLOTS chunk slots of T threads x 16 bytes, the kernel's first shared allocation), this
         thread's index in the chunk, its first column (tv), its chunk offsets and its shared address in
-        slot 0 (the ring sits at the start of the kernel's shared memory; see _fwd_ring_kernel)."""
+        slot 0 (the ring sits at the start of the kernel's shared memory; see _bwd_pair_ring_kernel)."""
         LT: gl.constexpr = gl.SliceLayout(1, L2)
         ring = gl.allocate_shared_memory(X.dtype.element_ty, [SLOTS, T, VEC], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         tid = gl.arange(0, T, layout=LT)
@@ -432,74 +447,118 @@ if gluon is not None:
         slot = gl.where(pos >= SLOTS, pos - SLOTS, pos)
         return slot, ring.index(slot).load(layout).to(gl.float32)
 
-    @gluon.jit
-    def _fwd_ring_kernel(
-        X, Y, n_rows, n_vec, stride_v, scale_log2e,
-        VEC: gl.constexpr, NCH: gl.constexpr, SLOTS: gl.constexpr, EVEN: gl.constexpr,
-    ):
-        """Persistent forward for rows that fit in shared memory but not in registers (16-bit, up to
-        64K columns). Each program streams its rows (pid, pid + G, ...) as chunks of CHUNK columns into
-        a ring of SLOTS chunk slots in shared memory (SLOTS >= NCH, the chunks of one row): pass 1 takes
-        each chunk's max and rescaled sum as it lands (per thread, online), pass 2 reads the chunks
-        again, writes the outputs and, as each slot empties, starts the copy of the chunk SLOTS ahead in
-        the stream (the next rows'), so loads stay in flight through every row and each element is read
-        from and written to global memory once. Column widths are passed in VEC-element vectors (n_vec,
-        stride_v) so the compiler knows every row is 16-byte aligned.
+    # a word of two 16-bit elements as two fp32 values (lo, hi), and two fp32 values back as a word
+    # (round to nearest even, hi in the upper half)
+    _UNPACK_BF16 = gl.constexpr("shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000;")
+    _UNPACK_F16 = gl.constexpr("{ .reg .b16 l, h; mov.b32 {l, h}, $2; cvt.f32.f16 $0, l; cvt.f32.f16 $1, h; }")
+    _PACK_BF16 = gl.constexpr("cvt.rn.bf16x2.f32 $0, $2, $1;")
+    _PACK_F16 = gl.constexpr("cvt.rn.f16x2.f32 $0, $2, $1;")
 
-        The copies are cp.async issued by inline PTX, each thread copying and later reading only its
-        own 16 bytes of each chunk: no block barrier is needed between them (Gluon's own async copies
-        would make the compiler put one before and after every chunk). The PTX addresses the ring from
-        the start of the kernel's shared memory: the ring is its first allocation, the reductions'
-        scratch lies after it (checked by tests/test_triton_softmax.py on the compiled kernel)."""
+    @gluon.jit
+    def _unpack(w, BF16: gl.constexpr):
+        """(lo, hi) of the words w as fp32. Not pure: each pass converts the words again instead of the
+        compiler keeping fp32 copies of the registers' part alive (twice the registers)."""
+        if BF16:
+            return gl.inline_asm_elementwise(_UNPACK_BF16, "=f,=f,r", [w], dtype=(gl.float32, gl.float32),
+                                             is_pure=False, pack=1)
+        else:
+            return gl.inline_asm_elementwise(_UNPACK_F16, "=f,=f,r", [w], dtype=(gl.float32, gl.float32),
+                                             is_pure=False, pack=1)
+
+    @gluon.jit
+    def _pack(lo, hi, BF16: gl.constexpr):
+        if BF16:
+            return gl.inline_asm_elementwise(_PACK_BF16, "=r,f,f", [lo, hi], dtype=gl.int32, is_pure=True, pack=1)
+        else:
+            return gl.inline_asm_elementwise(_PACK_F16, "=r,f,f", [lo, hi], dtype=gl.int32, is_pure=True, pack=1)
+
+    @gluon.jit
+    def _hybrid_keys(buf, i, z, offs, n_cols, sgn, S0: gl.constexpr, T: gl.constexpr, VEC: gl.constexpr,
+                     EVEN: gl.constexpr, L2: gl.constexpr):
+        """Shared vector i of every thread as keys x * sign(c) in fp32, -inf past the row end. z: a zero
+        the compiler cannot see through, different in each pass (see _fwd_hybrid_kernel)."""
+        key = buf.index(i + z).load(L2).to(gl.float32) * sgn
+        if not EVEN:
+            key = gl.where(offs < n_cols - (S0 + i * T * VEC), key, float("-inf"))
+        return key
+
+    @gluon.jit
+    def _fwd_hybrid_kernel(
+        X, Y, XW, YW, n_vec, stride_v, scale_log2e, zero,
+        NR: gl.constexpr, NS: gl.constexpr, EVEN: gl.constexpr, BF16: gl.constexpr,
+    ):
+        """Forward for 16-bit rows too long for one program's registers (HYBRID_MIN_N + 1 .. 64K
+        columns), one program per row. Thread t keeps vectors t, t + T, ... (NR of them, 16 bytes each)
+        in registers as 32-bit words (XW, YW: the same rows viewed as int32) and copies its next NS
+        vectors into shared memory with cp.async, issued by inline PTX: each thread reads back only
+        what it copied, so no block barrier separates the copies from the reads (Gluon's own async
+        copies would put them in). The buffer is the kernel's first shared allocation, at the start of
+        its shared memory, where the PTX addresses it (checked by tests/test_triton_softmax.py on the
+        compiled kernel). Three passes over the on-chip row: the max of the keys x * sign(c), the sum of
+        exp2((key - max) * |c|), the outputs; two block reductions. Each pass reads the shared part
+        again, at slot i + k * zero in pass k (zero: a run-time 0): a compiler that saw the same slot
+        read three times, and nothing writing it, could keep it in registers across passes instead. At most 96 KB of shared memory and
+        64 registers per thread (launched with maxnreg), so two programs share an SM and one's
+        reductions overlap the other's memory traffic. Global memory is read and written once per
+        element. Column counts come in VEC-element vectors (n_vec, stride_v), so the compiler knows
+        every row is 16-byte aligned."""
         W: gl.constexpr = gl.num_warps()
         T: gl.constexpr = 32 * W
-        CHUNK: gl.constexpr = VEC * T
-        SLOT_BYTES: gl.constexpr = 16 * T
-        L2: gl.constexpr = gl.BlockedLayout([1, VEC], [32, 1], [W, 1], [1, 0])  # thread t: 16 bytes
+        VEC: gl.constexpr = 8
+        S0: gl.constexpr = NR * T * VEC  # first column of the shared part
+        L2: gl.constexpr = gl.BlockedLayout([1, VEC], [32, 1], [W, 1], [1, 0])  # thread t: one 16-byte vector
         LT: gl.constexpr = gl.SliceLayout(1, L2)
+        L3: gl.constexpr = gl.BlockedLayout([1, NR, 4], [32, 1, 1], [W, 1, 1], [2, 1, 0])  # thread t: NR x 4 words
+        LR: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, L3))
+        buf, tid, tv, offs, mine = _ring_start(X, NS, VEC, T, L2)  # NS slots: this row's shared part
+        row = gl.program_id(0).to(gl.int64)
         n_cols = n_vec * VEC
-        stride_xr = stride_v * VEC
-        ring, tid, tv, offs, mine = _ring_start(X, SLOTS, VEC, T, L2)
-        pid = gl.program_id(0)
-        G = gl.num_programs(0)
+        x_row = X + row * (stride_v * VEC)
+        for i in gl.static_range(NS):  # the shared part: one commit group (zero-filled past the row end)
+            c0 = S0 + i * T * VEC + tv
+            if EVEN:
+                src = x_row + c0
+                nbytes = gl.full([T], 16, gl.int32, LT)
+            else:
+                src = x_row + gl.where(c0 < n_cols, c0, 0)
+                nbytes = gl.where(c0 < n_cols, 16, 0)
+            gl.inline_asm_elementwise("cp.async.cg.shared.global [$1], [$2], 16, $3; mov.u32 $0, 0;", "=r,r,l,r",
+                                      [mine + i * T * 16, src, nbytes], dtype=gl.int32, is_pure=False, pack=1)
+        gl_async.commit_group()
+        # the registers' part (always inside the row: n_cols > S0), as words
+        t3 = gl.arange(0, T, layout=LR)
+        i3 = gl.arange(0, NR, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+        j3 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+        offw = t3[:, None, None] * 4 + i3[None, :, None] * (T * 4) + j3[None, None, :]
+        w = gl.load(XW + row * (stride_v * 4) + offw)
         a = gl.abs(scale_log2e)
         sgn = gl.where(scale_log2e < 0, -1.0, 1.0)  # keys x * sign(c): see _signed
-        for q in gl.static_range(SLOTS):  # the first SLOTS chunks of this program's stream
-            _ring_copy(mine + q * SLOT_BYTES, X, pid + (q // NCH) * G, n_rows, n_cols, stride_xr, tv, q % NCH, CHUNK)
-        for k in range(0, gl.cdiv(n_rows - pid, G)):
-            row = pid + k * G
-            base = (k * NCH) % SLOTS  # this row's first slot
-            m_t = gl.full([T], -3.4028234663852886e38, gl.float32, LT)  # finite: no -inf - -inf
-            s_t = gl.zeros([T], gl.float32, LT)
-            for i in gl.static_range(NCH):  # pass 1; groups in flight: this row's chunks i.. and the next's
-                _ring_wait(tid, SLOTS - 1 - i)
-                slot, key = _ring_load(ring, base + i, SLOTS, L2)
-                key = key * sgn
-                if EVEN:
-                    m_new = gl.maximum(m_t, gl.max(key, axis=1))
-                    e = gl.exp2((key - m_new[:, None]) * a)
-                else:
-                    ok = offs < n_cols - i * CHUNK
-                    m_new = gl.maximum(m_t, gl.max(gl.where(ok, key, float("-inf")), axis=1))
-                    e = gl.where(ok, gl.exp2((key - m_new[:, None]) * a), 0.0)
-                s_t = s_t * gl.exp2((m_t - m_new) * a) + gl.sum(e, axis=1)
-                m_t = m_new
-            m = gl.max(m_t, axis=0)
-            s = gl.sum(s_t * gl.exp2((m_t - m) * a), axis=0)
-            inv = 1.0 / gl.where(s == 0.0, 1.0, s)  # s == 0: no finite key (all -inf): zeros; NaN stays
-            y_row = Y + row.to(gl.int64) * n_cols
-            for i in gl.static_range(NCH):  # pass 2: outputs, then refill the slot SLOTS chunks ahead
-                slot, key = _ring_load(ring, base + i, SLOTS, L2)
-                key = key * sgn
-                y = (gl.exp2((key - m) * a) * inv).to(Y.dtype.element_ty)
-                if EVEN:
-                    gl.store(y_row + i * CHUNK + offs, y)
-                else:
-                    gl.store(y_row + i * CHUNK + offs, y, mask=offs < n_cols - i * CHUNK)
-                _ring_copy(mine + slot * SLOT_BYTES, X, row + ((i + SLOTS) // NCH) * G, n_rows, n_cols, stride_xr,
-                           tv, (i + SLOTS) % NCH, CHUNK)
+        lo, hi = _unpack(w, BF16)
+        m_t = gl.convert_layout(gl.max(gl.max(gl.maximum(lo * sgn, hi * sgn), axis=2), axis=1), LT)
         _ring_wait(tid, 0)
-
+        for i in gl.static_range(NS):
+            m_t = gl.maximum(m_t, gl.max(_hybrid_keys(buf, i, 0, offs, n_cols, sgn, S0, T, VEC, EVEN, L2), axis=1))
+        m = gl.max(m_t, axis=0)
+        ref = gl.where(m == float("-inf"), 0.0, m)  # no finite key: every exponential below is 0
+        lo, hi = _unpack(w, BF16)
+        s_t = gl.convert_layout(gl.sum(gl.sum(gl.exp2((lo * sgn - ref) * a) + gl.exp2((hi * sgn - ref) * a), axis=2),
+                                       axis=1), LT)
+        for i in gl.static_range(NS):
+            key = _hybrid_keys(buf, i, zero, offs, n_cols, sgn, S0, T, VEC, EVEN, L2)
+            s_t = s_t + gl.sum(gl.exp2((key - ref) * a), axis=1)
+        s = gl.sum(s_t, axis=0)
+        inv = 1.0 / gl.where(s == 0.0, 1.0, s)  # s == 0: no finite key (all -inf): zeros; NaN stays NaN
+        lo, hi = _unpack(w, BF16)
+        gl.store(YW + row * (n_vec * 4) + offw,
+                 _pack(gl.exp2((lo * sgn - ref) * a) * inv, gl.exp2((hi * sgn - ref) * a) * inv, BF16))
+        y_row = Y + row * n_cols + S0
+        for i in gl.static_range(NS):
+            key = _hybrid_keys(buf, i, 2 * zero, offs, n_cols, sgn, S0, T, VEC, EVEN, L2)
+            y = (gl.exp2((key - ref) * a) * inv).to(Y.dtype.element_ty)
+            if EVEN:
+                gl.store(y_row + i * T * VEC + offs, y)
+            else:
+                gl.store(y_row + i * T * VEC + offs, y, mask=offs < n_cols - (S0 + i * T * VEC))
 
     @gluon.jit
     def _ring_issue2(dst, Yh, DYh, row0, P, n_rows, rest, n_cols, stride_dy, tv, QN: gl.constexpr, Q: gl.constexpr,
@@ -520,8 +579,9 @@ if gluon is not None:
         """Persistent backward for the ring path's rows: y and dy of a row (256 KB at 64K 16-bit columns)
         do not fit in one SM's shared memory, so a row is split over a pair of programs (2j: the first
         HALF = NCH x CHUNK columns, 2j + 1: the rest), each streaming its half of rows j, j + P, ... (P
-        pairs) as y and dy chunks through a ring as in _fwd_ring_kernel. Pass 1 takes the half's
-        sum(y * dy); the pair then trades partials through XCH (int64 per row and half, zeroed before
+        pairs) as y and dy chunks through a ring of SLOTS chunk slots in shared memory (cp.async, as the
+        hybrid forward's copies; the next rows' chunks in flight while this row is reduced). Pass 1
+        takes the half's sum(y * dy); the pair then trades partials through XCH (int64 per row and half, zeroed before
         the launch: bit 32 set plus the float's bits, one atomic exchange, the partner's read in a loop;
         the value travels in the atomic itself, so relaxed ordering suffices); pass 2 writes dx =
         scale * y * (dy - dot) from shared memory and refills the slots with the next rows' chunks. One
@@ -596,8 +656,9 @@ class Plan:
     split: bool = False  # split path: each row in chunks of block_n columns, one program per chunk
     stages: int = 0  # > 0: persistent tile path (rows = 1), rows pipelined `stages` deep (see _fwd_persist_kernel)
     programs_per_sm: int = 1  # persistent path: grid = SMs x this
-    ring: bool = False  # ring path (Gluon, GPU only; see _fwd_ring_kernel): a program per SM, num_warps warps
+    ring: bool = False  # ring path (backward; Gluon, GPU only; see _bwd_pair_ring_kernel): a program per SM
     slots: int = 0  # ring path: chunk slots in shared memory (at most; fewer where the GPU has less)
+    hybrid: bool = False  # hybrid path (forward; Gluon, GPU only; see _fwd_hybrid_kernel): a program per row
 
 
 def _next_pow2(n: int) -> int:
@@ -625,18 +686,22 @@ _SPLIT_FROM = {False: 65537, True: 32769}
 # Persistent tile path (rows pipelined through shared memory), 16-bit rows: BLOCK_N -> (warps, stages),
 # by direction (forward: two rows prefetched, 128 KB of shared memory; backward: y and dy of one row).
 # Measured on an H200 at N = 32768: forward 0.89 of copy vs 0.77 for the plain tile, backward 0.87 vs
-# 0.78; at 16384 the plain tile is as fast, at 65536 a row does not fit twice in shared memory.
+# 0.78; at 16384 the plain tile is as fast, at 65536 a row does not fit twice in shared memory. (On a
+# GPU the forward takes the hybrid path instead: 0.935 at 32768; this plan is its fallback.)
 _PERSIST = {False: {32768: (32, 3)}, True: {32768: (32, 2)}}
 _CAUSAL_BWD_TILE = {1024: (1, 4, True)}
 
 
-def plan(n_cols: int, elem_bytes: int, backward: bool = False, causal: bool = False, ring: bool = True) -> Plan:
-    """Launch settings by row length (a table measured on an H200; heuristics outside it). ring=False:
-    the plan for where the ring path cannot run (see ring_unusable)."""
+def plan(n_cols: int, elem_bytes: int, backward: bool = False, causal: bool = False, gluon: bool = True) -> Plan:
+    """Launch settings by row length (a table measured on an H200; heuristics outside it). gluon=False:
+    the plan for where the Gluon paths (hybrid forward, ring backward) cannot run (see gluon_unusable)."""
     block_n = _next_pow2(n_cols)
     split_from = max(SPLIT_ABOVE_N + 1, _SPLIT_FROM[backward])
-    if ring and not causal and elem_bytes == 2 and MAX_TILE_N < n_cols <= RING_MAX_N:
-        return Plan(False, block_n, 1, RING_WARPS, ring=True, slots=RING_SLOTS)
+    if gluon and not causal and elem_bytes == 2:
+        if not backward and HYBRID_MIN_N < n_cols <= RING_MAX_N:
+            return Plan(False, block_n, 1, HYBRID_WARPS, hybrid=True)
+        if backward and MAX_TILE_N < n_cols <= RING_MAX_N:
+            return Plan(False, block_n, 1, RING_WARPS, ring=True, slots=RING_SLOTS)
     if n_cols >= split_from and -(-n_cols // SPLIT_BLOCK_N) <= MAX_SPLITS:
         return Plan(False, SPLIT_BLOCK_N, 1, SPLIT_WARPS[backward], split=True)
     if not causal and elem_bytes == 2 and block_n in _PERSIST[backward]:
@@ -720,12 +785,12 @@ def _launch_split(kernel, p: Plan, n_rows: int, n_cols: int, device, tensors: tu
         kernel[(programs,)](*tensors, cnt, stat, n_cols, splits, *args, PHASE=0, **meta)
 
 
-def _ring_shape(x2: torch.Tensor, p: Plan, backward: bool = False) -> tuple[int, int, int]:
-    """(elements per 16-byte vector, chunk length, chunks per program and row) of the ring path (the
-    backward: chunks of half a row, each a y and a dy copy)."""
-    vec = 16 // x2.element_size()
+def _ring_shape(y2: torch.Tensor, p: Plan) -> tuple[int, int, int]:
+    """(elements per 16-byte vector, chunk length, chunks per program and row) of the ring path: chunks
+    of half a row, each a y and a dy copy."""
+    vec = 16 // y2.element_size()
     chunk = vec * 32 * p.num_warps
-    cols = -(-x2.shape[1] // 2) if backward else x2.shape[1]  # columns per program and row
+    cols = -(-y2.shape[1] // 2)  # columns per program and row
     return vec, chunk, -(-cols // chunk)
 
 
@@ -736,34 +801,55 @@ def ring_slots(device: torch.device, p: Plan) -> int:
     return min(p.slots, _RING_MAX_WAIT, (smem - 1024) // (16 * 32 * p.num_warps))
 
 
-def ring_unusable(x2: torch.Tensor, causal: bool, p: Plan, dy2: Optional[torch.Tensor] = None) -> Optional[str]:
-    """Why the ring path cannot take these rows (None: it can): it is a Gluon kernel (GPU only, not in
-    Triton's interpreter), copies 16-byte vectors (rows and their stride must be 16-byte aligned) and
-    keeps a whole row (forward; backward, with dy2: half a row of y and of dy) in shared memory."""
+def _hybrid_shape(x2: torch.Tensor, p: Plan) -> tuple[int, int, bool]:
+    """(vectors per thread in registers, in shared memory, whether they cover the row exactly) of the
+    hybrid path."""
+    threads, n_vec = 32 * p.num_warps, x2.shape[1] // 8
+    nr = HYBRID_REG_VECS
+    ns = max(1, -(-(n_vec - nr * threads) // threads))
+    return nr, ns, n_vec == (nr + ns) * threads
+
+
+def gluon_unusable(x2: torch.Tensor, causal: bool, p: Plan, dy2: Optional[torch.Tensor] = None) -> Optional[str]:
+    """Why the plan's Gluon path (hybrid forward; ring backward, with dy2) cannot take these rows (None:
+    it can): they are Gluon kernels (GPU only, not in Triton's interpreter), copy 16-byte vectors (rows
+    and their stride must be 16-byte aligned) and keep part of a row (hybrid) or half a row of y and of
+    dy (ring) in shared memory."""
+    name = "the ring path" if p.ring else "the hybrid path"
     if causal:
-        return "the ring path does not take causal rows"
+        return f"{name} does not take causal rows"
     if _GLUON_ERROR:
         return _GLUON_ERROR
     if not x2.is_cuda:
-        return "the ring path runs on a GPU only (not in Triton's interpreter)"
+        return f"{name} runs on a GPU only (not in Triton's interpreter)"
     if torch.cuda.get_device_capability(x2.device) < (8, 0):
-        return "the ring path needs cp.async (compute capability 8.0 or newer)"
-    vec, _, nch = _ring_shape(x2, p, backward=dy2 is not None)
+        return f"{name} needs cp.async (compute capability 8.0 or newer)"
+    vec = 16 // x2.element_size()
     for t in (x2,) if dy2 is None else (x2, dy2):
         if t.stride(1) != 1 or t.shape[1] % vec or t.stride(0) % vec or t.data_ptr() % 16:
-            return "the ring path needs 16-byte aligned rows (column count and row stride multiples of 16 bytes)"
-    slots = nch if dy2 is None else 2 * nch
-    if slots > ring_slots(x2.device, p):
-        return f"a row of {x2.shape[1]} columns does not fit in this GPU's shared memory as {slots} ring slots"
+            return f"{name} needs 16-byte aligned rows (column count and row stride multiples of 16 bytes)"
+    if x2.element_size() != 2:
+        return f"{name} takes 16-bit rows"
+    if p.ring:
+        slots = 2 * _ring_shape(x2, p)[2]
+        if slots > ring_slots(x2.device, p):
+            return f"a row of {x2.shape[1]} columns does not fit in this GPU's shared memory as {slots} ring slots"
+    else:
+        if x2.shape[1] <= HYBRID_REG_VECS * vec * 32 * p.num_warps:
+            return "the hybrid path takes rows longer than the part its registers hold"
+        smem = getattr(_device_props(x2.device), "shared_memory_per_block_optin", 0) or 48 * 1024
+        need = _hybrid_shape(x2, p)[1] * 16 * 32 * p.num_warps
+        if need > smem - 1024:
+            return f"the hybrid path's {need // 1024} KB of shared memory per row exceed this GPU's {smem // 1024} KB"
     return None
 
 
-def _launch_ring(x2: torch.Tensor, y: torch.Tensor, scale: float, p: Plan) -> None:
+def _launch_hybrid(x2: torch.Tensor, y: torch.Tensor, scale: float, p: Plan) -> None:
     n_rows, n_cols = x2.shape
-    vec, chunk, nch = _ring_shape(x2, p)
-    _fwd_ring_kernel[(_persistent_grid(n_rows, x2.device, p),)](
-        x2, y, n_rows, n_cols // vec, x2.stride(0) // vec, scale * LOG2E,
-        VEC=vec, NCH=nch, SLOTS=ring_slots(x2.device, p), EVEN=n_cols % chunk == 0, num_warps=p.num_warps,
+    nr, ns, even = _hybrid_shape(x2, p)
+    _fwd_hybrid_kernel[(n_rows,)](
+        x2, y, x2.view(torch.int32), y.view(torch.int32), n_cols // 8, x2.stride(0) // 8, scale * LOG2E, 0,
+        NR=nr, NS=ns, EVEN=even, BF16=x2.dtype == torch.bfloat16, num_warps=p.num_warps, maxnreg=HYBRID_MAX_REGS,
     )
 
 
@@ -775,7 +861,7 @@ def ring_pairs(n_rows: int, device: torch.device, p: Plan) -> int:
 
 def _launch_ring_bwd(y2: torch.Tensor, dy2: torch.Tensor, dx: torch.Tensor, scale: float, p: Plan) -> None:
     n_rows, n_cols = y2.shape
-    vec, _, nch = _ring_shape(y2, p, backward=True)
+    vec, _, nch = _ring_shape(y2, p)
     pairs = ring_pairs(n_rows, y2.device, p)
     xch = torch.zeros(2 * n_rows, dtype=torch.int64, device=y2.device)  # the pairs' partials (zeroed per call)
     _bwd_pair_ring_kernel[(2 * pairs,)](
@@ -791,12 +877,14 @@ def launch_fwd(x: torch.Tensor, scale: float, causal: bool, p: Optional[Plan] = 
     if n_rows == 0:
         return y.view(x.shape)
     p = p or plan(n_cols, x.element_size(), causal=causal)
-    if p.ring and ring_unusable(x2, causal, p):  # (unaligned rows, the interpreter): the next-best plan
-        p = plan(n_cols, x.element_size(), causal=causal, ring=False)
+    if p.ring:
+        raise ValueError("the ring path is a backward path (the forward's Gluon path is the hybrid one)")
+    if p.hybrid and gluon_unusable(x2, causal, p):  # (unaligned rows, the interpreter): the next-best plan
+        p = plan(n_cols, x.element_size(), causal=causal, gluon=False)
     tq, diag = _causal_geometry(x.shape, causal)
     with _device_guard(x):
-        if p.ring:
-            _launch_ring(x2, y, scale, p)
+        if p.hybrid:
+            _launch_hybrid(x2, y, scale, p)
         elif p.split:
             _launch_split(_fwd_split_kernel, p, n_rows, n_cols, x.device,
                           (x2, y), (x2.stride(0), x2.stride(1), tq, diag, scale * LOG2E), causal)
@@ -829,8 +917,10 @@ def launch_bwd(
     if n_rows == 0:
         return dx.view(y.shape)
     p = p or plan(n_cols, y.element_size(), backward=True, causal=causal)
-    if p.ring and ring_unusable(y2, causal, p, dy2):  # (unaligned rows, the interpreter): the next-best plan
-        p = plan(n_cols, y.element_size(), backward=True, causal=causal, ring=False)
+    if p.hybrid:
+        raise ValueError("the hybrid path is a forward path (the backward's Gluon path is the ring)")
+    if p.ring and gluon_unusable(y2, causal, p, dy2):  # (unaligned rows, the interpreter): the next-best plan
+        p = plan(n_cols, y.element_size(), backward=True, causal=causal, gluon=False)
     tq, diag = _causal_geometry(y.shape, causal)
     with _device_guard(y):
         if p.ring:
