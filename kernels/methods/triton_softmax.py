@@ -473,12 +473,13 @@ if gluon is not None:
             return gl.inline_asm_elementwise(_PACK_F16, "=r,f,f", [lo, hi], dtype=gl.int32, is_pure=True, pack=1)
 
     @gluon.jit
-    def _hybrid_keys(buf, i, z, offs, n_cols, sgn, S0: gl.constexpr, T: gl.constexpr, VEC: gl.constexpr,
-                     EVEN: gl.constexpr, L2: gl.constexpr):
-        """Shared vector i of every thread as keys x * sign(c) in fp32, -inf past the row end. z: a zero
-        the compiler cannot see through, different in each pass (see _fwd_hybrid_kernel)."""
+    def _hybrid_keys(buf, i: gl.constexpr, z, offs, n_cols, sgn, S0: gl.constexpr, T: gl.constexpr,
+                     VEC: gl.constexpr, NS: gl.constexpr, EVEN: gl.constexpr, L2: gl.constexpr):
+        """Shared vector i of every thread as keys x * sign(c) in fp32, -inf past the row end (only the
+        last vector, i = NS - 1, can reach past it). z: a zero the compiler cannot see through, different
+        in each pass (see _fwd_hybrid_kernel)."""
         key = buf.index(i + z).load(L2).to(gl.float32) * sgn
-        if not EVEN:
+        if not EVEN and i == NS - 1:
             key = gl.where(offs < n_cols - (S0 + i * T * VEC), key, float("-inf"))
         return key
 
@@ -516,7 +517,7 @@ if gluon is not None:
         x_row = X + row * (stride_v * VEC)
         for i in gl.static_range(NS):  # the shared part: one commit group (zero-filled past the row end)
             c0 = S0 + i * T * VEC + tv
-            if EVEN:
+            if EVEN or i < NS - 1:  # (vectors before the last lie inside the row)
                 src = x_row + c0
                 nbytes = gl.full([T], 16, gl.int32, LT)
             else:
@@ -537,14 +538,15 @@ if gluon is not None:
         m_t = gl.convert_layout(gl.max(gl.max(gl.maximum(lo * sgn, hi * sgn), axis=2), axis=1), LT)
         _ring_wait(tid, 0)
         for i in gl.static_range(NS):
-            m_t = gl.maximum(m_t, gl.max(_hybrid_keys(buf, i, 0, offs, n_cols, sgn, S0, T, VEC, EVEN, L2), axis=1))
+            key = _hybrid_keys(buf, i, 0, offs, n_cols, sgn, S0, T, VEC, NS, EVEN, L2)
+            m_t = gl.maximum(m_t, gl.max(key, axis=1))
         m = gl.max(m_t, axis=0)
         ref = gl.where(m == float("-inf"), 0.0, m)  # no finite key: every exponential below is 0
         lo, hi = _unpack(w, BF16)
         s_t = gl.convert_layout(gl.sum(gl.sum(gl.exp2((lo * sgn - ref) * a) + gl.exp2((hi * sgn - ref) * a), axis=2),
                                        axis=1), LT)
         for i in gl.static_range(NS):
-            key = _hybrid_keys(buf, i, zero, offs, n_cols, sgn, S0, T, VEC, EVEN, L2)
+            key = _hybrid_keys(buf, i, zero, offs, n_cols, sgn, S0, T, VEC, NS, EVEN, L2)
             s_t = s_t + gl.sum(gl.exp2((key - ref) * a), axis=1)
         s = gl.sum(s_t, axis=0)
         inv = 1.0 / gl.where(s == 0.0, 1.0, s)  # s == 0: no finite key (all -inf): zeros; NaN stays NaN
@@ -553,9 +555,9 @@ if gluon is not None:
                  _pack(gl.exp2((lo * sgn - ref) * a) * inv, gl.exp2((hi * sgn - ref) * a) * inv, BF16))
         y_row = Y + row * n_cols + S0
         for i in gl.static_range(NS):
-            key = _hybrid_keys(buf, i, 2 * zero, offs, n_cols, sgn, S0, T, VEC, EVEN, L2)
+            key = _hybrid_keys(buf, i, 2 * zero, offs, n_cols, sgn, S0, T, VEC, NS, EVEN, L2)
             y = (gl.exp2((key - ref) * a) * inv).to(Y.dtype.element_ty)
-            if EVEN:
+            if EVEN or i < NS - 1:
                 gl.store(y_row + i * T * VEC + offs, y)
             else:
                 gl.store(y_row + i * T * VEC + offs, y, mask=offs < n_cols - (S0 + i * T * VEC))
