@@ -28,12 +28,17 @@
 //    barrier for the staging. The first row is loaded straight into registers. Full rows (exactly the
 //    tile, not causal) run a copy of the loop without per-vector checks. C > 1: the row over a
 //    cluster of C CTAs, one exchange per row (as above).
+//  * hybrid: a 16-bit row too long for one block's registers, a block per row: part of it in registers
+//    (packed), the rest copied into shared memory with cp.async by the thread that reads it back (no
+//    barrier for the staging); two blocks per SM, so one's reduction overlaps the other's memory
+//    traffic. One pass over memory each way.
 //  * stream: rows of any length (no cap) and unaligned rows: a block per row, two passes over global
 //    memory, the second walking backwards so the chunks read last (still in L2) come first.
-// Register and cluster paths need 16-byte alignment (cols and the row stride multiples of the vector
-// width, aligned base pointers). Causal rows load only their unmasked prefix and write zeros after it;
-// on the forward's register, cluster, split and persistent paths the masked columns read as a fill
-// whose scaled score is -inf (see fill_word), so the math after the loads carries no per-element mask.
+// Register, cluster, split, persist and hybrid paths need 16-byte alignment (cols and the row stride
+// multiples of the vector width, aligned base pointers). Causal rows load only their unmasked prefix
+// and write zeros after it; on the forward's register, cluster, split, persistent and hybrid paths the
+// masked columns read as a fill whose scaled score is -inf (see fill_word), so the math after the
+// loads carries no per-element mask.
 // Math in fp32 with exp2; maxima on the keys x * sign(c), exponents (x - max * sign(c)) * c, exactly
 // 0 at the max at any magnitude (see sign_of); NaN propagates within its row; a row with no unmasked
 // key (or all -inf) gives zeros.
