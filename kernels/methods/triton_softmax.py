@@ -498,10 +498,10 @@ if gluon is not None:
         compiled kernel). Three passes over the on-chip row: the max of the keys x * sign(c), the sum of
         exp2((key - max) * |c|), the outputs; two block reductions. Each pass reads the shared part
         again, at slot i + k * zero in pass k (zero: a run-time 0): a compiler that saw the same slot
-        read three times, and nothing writing it, could keep it in registers across passes instead. At most 96 KB of shared memory and
-        64 registers per thread (launched with maxnreg), so two programs share an SM and one's
-        reductions overlap the other's memory traffic. Global memory is read and written once per
-        element. Column counts come in VEC-element vectors (n_vec, stride_v), so the compiler knows
+        read three times, and nothing writing it, could keep it in registers across passes instead.
+        At most 96 KB of shared memory and 64 registers per thread (launched with maxnreg), so two
+        programs share an SM and one's reductions overlap the other's memory traffic. Global memory
+        is read and written once per element. Column counts come in VEC-element vectors (n_vec, stride_v), so the compiler knows
         every row is 16-byte aligned."""
         W: gl.constexpr = gl.num_warps()
         T: gl.constexpr = 32 * W
