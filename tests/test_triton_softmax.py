@@ -182,6 +182,19 @@ def test_ring_launch_arithmetic_on_an_h200_sized_gpu(ts, monkeypatch):
     assert ts.ring_slots(gpu, ts.Plan(False, 65536, 1, 32, ring=True, slots=20)) == 14  # (227 - 1) KB // 16 KB
 
 
+def test_hybrid_launch_arithmetic(ts):
+    """The hybrid path's split of a row: 4 vectors per thread in registers (16384 columns at 16 warps),
+    the rest in shared memory, partial only in its last vector; none left for rows the registers hold
+    alone (gluon_unusable turns those away); the longest row's shared part lets two programs share a
+    227 KB SM."""
+    p = ts.plan(ts.RING_MAX_N, 2)
+    assert ts._hybrid_shape(65536, p) == (4, 12, True) and ts._hybrid_shape(49152, p) == (4, 8, True)
+    assert ts._hybrid_shape(40000, p) == (4, 6, False) and ts._hybrid_shape(16392, p) == (4, 1, False)
+    assert ts._hybrid_shape(ts.HYBRID_MIN_N, p)[1] == 0
+    nr, ns, _ = ts._hybrid_shape(ts.RING_MAX_N, p)
+    assert 2 * (ns * 16 * 32 * p.num_warps + 1024) <= 227 * 1024
+
+
 _GLUON_COMPILE = r"""
 import json, re, subprocess, sys, tempfile
 from pathlib import Path

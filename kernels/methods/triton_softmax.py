@@ -501,8 +501,8 @@ if gluon is not None:
         read three times, and nothing writing it, could keep it in registers across passes instead.
         At most 96 KB of shared memory and 64 registers per thread (launched with maxnreg), so two
         programs share an SM and one's reductions overlap the other's memory traffic. Global memory
-        is read and written once per element. Column counts come in VEC-element vectors (n_vec, stride_v), so the compiler knows
-        every row is 16-byte aligned."""
+        is read and written once per element. Column counts come in VEC-element vectors (n_vec,
+        stride_v), so the compiler knows every row is 16-byte aligned."""
         W: gl.constexpr = gl.num_warps()
         T: gl.constexpr = 32 * W
         VEC: gl.constexpr = 8
@@ -762,6 +762,11 @@ def _device_props(device: torch.device):
     return _DEVICE_PROPS[device]
 
 
+def _smem_per_block(device: torch.device) -> int:
+    """Shared memory one program may opt in to on this GPU (48 KB where the property is missing)."""
+    return getattr(_device_props(device), "shared_memory_per_block_optin", 0) or 48 * 1024
+
+
 def _persistent_grid(n_rows: int, device: torch.device, p: Plan) -> int:
     if device.type != "cuda":
         return min(n_rows, 4)  # the interpreter: a few programs, each looping over rows
@@ -799,16 +804,16 @@ def _ring_shape(y2: torch.Tensor, p: Plan) -> tuple[int, int, int]:
 def ring_slots(device: torch.device, p: Plan) -> int:
     """Ring slots for this GPU: the plan's, or as many as its shared memory per block holds (1 KB kept
     for the reductions' scratch)."""
-    smem = getattr(_device_props(device), "shared_memory_per_block_optin", 0) or 48 * 1024
-    return min(p.slots, _RING_MAX_WAIT, (smem - 1024) // (16 * 32 * p.num_warps))
+    return min(p.slots, _RING_MAX_WAIT, (_smem_per_block(device) - 1024) // (16 * 32 * p.num_warps))
 
 
-def _hybrid_shape(x2: torch.Tensor, p: Plan) -> tuple[int, int, bool]:
-    """(vectors per thread in registers, in shared memory, whether they cover the row exactly) of the
-    hybrid path."""
-    threads, n_vec = 32 * p.num_warps, x2.shape[1] // 8
+def _hybrid_shape(n_cols: int, p: Plan) -> tuple[int, int, bool]:
+    """(16-byte vectors per thread in registers, in shared memory, whether they cover the row exactly)
+    of the hybrid path for 16-bit rows of n_cols columns; shared memory <= 0: the registers alone hold
+    the row, which the hybrid kernel does not take."""
+    threads, n_vec = 32 * p.num_warps, n_cols // 8
     nr = HYBRID_REG_VECS
-    ns = max(1, -(-(n_vec - nr * threads) // threads))
+    ns = -(-(n_vec - nr * threads) // threads)
     return nr, ns, n_vec == (nr + ns) * threads
 
 
@@ -837,10 +842,10 @@ def gluon_unusable(x2: torch.Tensor, causal: bool, p: Plan, dy2: Optional[torch.
         if slots > ring_slots(x2.device, p):
             return f"a row of {x2.shape[1]} columns does not fit in this GPU's shared memory as {slots} ring slots"
     else:
-        if x2.shape[1] <= HYBRID_REG_VECS * vec * 32 * p.num_warps:
+        ns = _hybrid_shape(x2.shape[1], p)[1]
+        if ns <= 0:
             return "the hybrid path takes rows longer than the part its registers hold"
-        smem = getattr(_device_props(x2.device), "shared_memory_per_block_optin", 0) or 48 * 1024
-        need = _hybrid_shape(x2, p)[1] * 16 * 32 * p.num_warps
+        smem, need = _smem_per_block(x2.device), ns * 16 * 32 * p.num_warps
         if need > smem - 1024:
             return f"the hybrid path's {need // 1024} KB of shared memory per row exceed this GPU's {smem // 1024} KB"
     return None
@@ -848,7 +853,7 @@ def gluon_unusable(x2: torch.Tensor, causal: bool, p: Plan, dy2: Optional[torch.
 
 def _launch_hybrid(x2: torch.Tensor, y: torch.Tensor, scale: float, p: Plan) -> None:
     n_rows, n_cols = x2.shape
-    nr, ns, even = _hybrid_shape(x2, p)
+    nr, ns, even = _hybrid_shape(n_cols, p)
     _fwd_hybrid_kernel[(n_rows,)](
         x2, y, x2.view(torch.int32), y.view(torch.int32), n_cols // 8, x2.stride(0) // 8, scale * LOG2E, 0,
         NR=nr, NS=ns, EVEN=even, BF16=x2.dtype == torch.bfloat16, num_warps=p.num_warps, maxnreg=HYBRID_MAX_REGS,
