@@ -470,14 +470,14 @@ def triton_candidates(n: int, causal: bool = False) -> list:
             rows = tile // block
             if rows < 1 or rows > 64:
                 continue
-            for warps in ((1, 2, 4, 8) if causal else (4, 8, 16, 32)):
+            for warps in ((1, 2, 4, 8, 16, 32) if causal else (4, 8, 16, 32)):
                 per_thread = tile // (32 * warps)
-                if 8 <= per_thread <= 32:
+                if 8 <= per_thread <= (64 if causal else 32):
                     plans.append(Plan(False, block, rows, warps))
-                    if causal:  # exact-prefix loads as well as whole-vector ones; zeros stored first or last
+                    if causal:  # exact-prefix loads as well as whole-vector ones (backward; forward: the
+                        # tile kernel's, what scales the fill cannot take run), and the forward's fill kernel
                         plans.append(Plan(False, block, rows, warps, round_mask=False))
-                        plans.append(Plan(False, block, rows, warps, zeros_first=True))
-                        plans.append(Plan(False, block, rows, warps, round_mask=False, zeros_first=True))
+                        plans.append(Plan(False, block, rows, warps, fill=True))
     if block >= 8192:
         for chunk in (4096, 8192):
             for warps in (8, 16):
@@ -503,14 +503,13 @@ def triton_candidates(n: int, causal: bool = False) -> list:
     return plans
 
 
-def run_triton_sweep(sizes: list[int], elements: int, dtype: str, out: Path, causal_shape: Optional[tuple]) -> list[dict]:
+def run_triton_sweep(sizes: list[int], elements: int, dtype: str, out: Path, causal_shapes: list[tuple],
+                     match: str = "") -> list[dict]:
     from kernels.methods import triton_softmax as ts
 
     dt = DTYPES[dtype]
     device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: Triton's interpreter, for tests
-    cases = [((max(1, elements // n), n), False) for n in sizes]
-    if causal_shape:
-        cases.append((causal_shape, True))
+    cases = [((max(1, elements // n), n), False) for n in sizes] + [(shape, True) for shape in causal_shapes]
     results = []
     for shape, causal in cases:
         n = shape[-1]
@@ -520,6 +519,8 @@ def run_triton_sweep(sizes: list[int], elements: int, dtype: str, out: Path, cau
         default = ts.plan(n, x.element_size(), causal=causal)
         mine = []
         for p in triton_candidates(n, causal):
+            if match not in str(p):
+                continue
             row = {"n": n, "causal": causal, "plan": str(p), "default": p == default}
             for d, run, want, tol, moved in (
                 ("fwd", lambda: ts.launch_fwd(x, 1.0, causal, p), ref, kernels.FWD_TOL[dt], 2 * nbytes),
@@ -680,7 +681,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     t.add_argument("--sizes", default=DEFAULT_SIZES)
     t.add_argument("--elements", type=int, default=2**27)
     t.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
-    t.add_argument("--causal", default="8,12,1024,1024", help="causal case B,H,T,T ('' to skip)")
+    t.add_argument("--causal", default="8,12,1024,1024",
+                   help="causal cases B,H,T,T, several separated by ';' ('' to skip)")
+    t.add_argument("--match", default="", help="only the candidates whose plan text holds this, e.g. 'fill=True'")
     t.add_argument("--out", default="outputs/bench", type=Path)
     c = sub.add_parser("cuda-sweep", help="time the CUDA kernels' launch variants per N (GPU + nvcc only)")
     c.add_argument("--sizes", default=DEFAULT_SIZES)
@@ -690,7 +693,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     ints = lambda s: [int(v) for v in s.split(",") if v.strip()]  # noqa: E731
     if a.cmd == "triton-sweep":
         a.out.mkdir(parents=True, exist_ok=True)
-        run_triton_sweep(ints(a.sizes), a.elements, a.dtype, a.out, tuple(ints(a.causal)) if a.causal else None)
+        causal = [tuple(ints(c)) for c in a.causal.split(";") if c.strip()]
+        if any(len(c) < 2 for c in causal):
+            p.error(f"--causal takes shapes like 8,12,1024,1024 separated by ';' (got {a.causal!r})")
+        run_triton_sweep(ints(a.sizes), a.elements, a.dtype, a.out, causal, a.match)
         return
     if a.cmd == "cuda-sweep":
         a.out.mkdir(parents=True, exist_ok=True)

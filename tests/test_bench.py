@@ -84,10 +84,13 @@ def test_sweep_candidates_cover_the_launch_tables():
     for n in (32768, 65536, 262144):  # every table choice for long rows is a sweep candidate
         assert ts.plan(n, 2) in triton_candidates(n) and ts.plan(n, 2, backward=True) in triton_candidates(n)
 
+    for t in (128, 256, 512, 1024, 2048, 4096, 8192, 16384):  # every causal table choice too, both directions
+        causal = triton_candidates(t, causal=True)
+        assert ts.plan(t, 2, causal=True) in causal and ts.plan(t, 2, backward=True, causal=True) in causal
     causal = triton_candidates(1024, causal=True)
-    assert ts.plan(1024, 2, causal=True) in causal
     assert ts.plan(1024, 2, causal=True) != ts.plan(1024, 2)  # causal rows have their own entry
-    assert any(p.zeros_first for p in causal) and any(not p.round_mask for p in causal)
+    assert ts.plan(1024, 2, causal=True).fill and not ts.plan(1024, 2, backward=True, causal=True).fill
+    assert any(p.fill for p in causal) and any(not p.round_mask for p in causal)
 
 
 @pytest.mark.skipif("triton" not in kernels.runnable_methods(), reason="triton cannot run here")
@@ -105,7 +108,7 @@ def test_triton_sweep_checks_every_candidate(monkeypatch, tmp_path):
         return good[n] + [bad]
 
     monkeypatch.setattr(bench, "triton_candidates", candidates)
-    rows = bench.run_triton_sweep([128], 128 * 8, "bf16", tmp_path, (1, 2, 16, 16))
+    rows = bench.run_triton_sweep([128], 128 * 8, "bf16", tmp_path, [(1, 2, 16, 16)])
     assert [(r["n"], r["causal"]) for r in rows] == [(128, False), (128, False), (16, True), (16, True)]
     for good_row, bad_row in (rows[0:2], rows[2:4]):
         assert good_row["fwd_ok"] and good_row["bwd_ok"] and good_row["fwd_gbs"] > 0

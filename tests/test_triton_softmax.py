@@ -65,14 +65,14 @@ def test_split_path_extremes(forced_path, seeded):
     assert y[0, 3].item() == 0.5 and y[0, 17].item() == 0.5 and y[0].sum().item() == 1.0
 
 
-@pytest.mark.parametrize("path", ["tile", "persistent", "long", "split", "hybrid"])
+@pytest.mark.parametrize("path", ["tile", "fill", "persistent", "long", "split", "hybrid"])
 @pytest.mark.parametrize("scale", [1.0, -0.5])
 def test_every_forward_path_takes_huge_scores(ts, path, scale):
     """Scores of 1e30 (two equal maxima in different chunks) and of 1e4: every forward kernel takes
     its exponents relative to the row's max score exactly (on a GPU, exp2(fma(x, c, -round(max * c)))
     would shift them all by the max's rounding error, which overflows exp2 at this magnitude). The
     hybrid path (GPU only, longer rows) falls back to the tile path here; the GPU tests below take it."""
-    plan = {"tile": ts.Plan(False, 64, 2, 1), "persistent": ts.Plan(False, 64, 1, 1, stages=2),
+    plan = {"tile": ts.Plan(False, 64, 2, 1), "fill": ts.Plan(False, 64, 2, 1, fill=True), "persistent": ts.Plan(False, 64, 1, 1, stages=2),
             "long": ts.Plan(True, 16, 1, 1), "split": ts.Plan(False, 16, 1, 1, split=True),
             "hybrid": ts.Plan(False, 64, 1, 1, hybrid=True)}[path]
     x = torch.full((3, 64), -float("inf") if scale > 0 else float("inf"), device=DEVICE)  # x * scale = -inf
@@ -98,19 +98,53 @@ def test_persistent_path_matches_reference(ts, shape, causal, seeded):
     assert kernels.relative_error(dx, dref) <= BWD_TOL[torch.bfloat16]
 
 
-@pytest.mark.parametrize("round_mask", [True, False])
-@pytest.mark.parametrize("zeros_first", [True, False])
-@pytest.mark.parametrize("shape", [(2, 20, 20), (2, 9, 30), (2, 30, 9)])
-def test_causal_tile_variants_match_reference(ts, shape, round_mask, zeros_first, seeded):
-    """Every causal launch variant the sweep may pick (exact or whole-vector prefix loads, the masked
-    tail's zeros stored first or last) gives the reference result, fully masked rows included."""
+@pytest.mark.parametrize("variant", ["whole-vector loads", "exact loads", "fill", "fill, 2 warps"])
+@pytest.mark.parametrize("shape", [(2, 20, 20), (2, 9, 30), (2, 30, 9), (3, 7, 13)])
+def test_causal_tile_variants_match_reference(ts, shape, variant, seeded):
+    """Every causal forward variant the sweep may pick (the tile kernel's exact or whole-vector prefix
+    loads; the fill kernel, rows per program not dividing the rows, a row over two warps) gives the
+    reference result, fully masked rows included."""
     x = random_scores(shape, torch.bfloat16, DEVICE, gen=seeded)
-    p = ts.Plan(False, 32, 2, 1, round_mask=round_mask, zeros_first=zeros_first)
+    p = {"whole-vector loads": ts.Plan(False, 32, 2, 1), "exact loads": ts.Plan(False, 32, 2, 1, round_mask=False),
+         "fill": ts.Plan(False, 32, 4, 1, fill=True), "fill, 2 warps": ts.Plan(False, 32, 1, 2, fill=True)}[variant]
     y = ts.launch_fwd(x, 0.5, True, p)
     ref = kernels.reference_softmax(x, scale=0.5, causal=True)
     assert kernels.relative_error(y, ref) <= FWD_TOL[torch.bfloat16]
     masked = torch.ones(shape[-2], shape[-1], dtype=torch.bool).triu(shape[-1] - shape[-2] + 1)
     assert (y.cpu()[..., masked] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_fill_kernel_scales_and_special_values(ts, dtype):
+    """The fill kernel (causal forward rows) reads masked columns as -inf (positive scale) or +inf
+    (negative): right for any finite nonzero scale; scale 0 takes the tile kernel (masked element by
+    element). Special values keep their meaning: -inf scores get 0, a row whose kept scores are all
+    -inf gives zeros, a NaN or a +inf score makes its row NaN, a NaN past the prefix changes nothing."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(2, 12, 21, generator=g) * 3).to(dtype)  # Tk - Tq = 9: row i keeps i + 10 keys
+    x[0, 5, :3] = float("-inf")
+    x[0, 2, :12] = float("-inf")  # every kept key
+    x[1, 4, 1] = float("nan")
+    x[1, 7, 0] = float("inf")
+    x[1, 3, 20] = float("nan")  # masked (row 3 keeps 13 keys; 21 columns: prefixes end mid-vector)
+    p = ts.plan(21, x.element_size(), causal=True)
+    assert p.fill
+    masked = torch.ones(12, 21, dtype=torch.bool).triu(21 - 12 + 1)
+    for scale in (0.3, -0.7, 1e-30, 0.0):
+        y = ts.launch_fwd(x.to(DEVICE), scale, True, p).cpu()
+        ref = kernels.reference_softmax(x, scale=scale, causal=True).to(dtype)
+        assert torch.equal(y.isnan(), ref.isnan()), scale
+        ok = ~ref.isnan()
+        assert kernels.relative_error(y[ok], ref[ok]) <= FWD_TOL[dtype], scale
+        finite_rows = ~ref.isnan().any(-1, keepdim=True)
+        assert (y[finite_rows & masked] == 0).all(), scale
+    y = ts.launch_fwd(x.to(DEVICE), 0.3, True, p).cpu()
+    assert torch.equal(y[0, 2], torch.zeros(21, dtype=dtype))  # kept keys all -inf: zeros
+    assert y[1, 4].isnan().all() and y[1, 7].isnan().all() and not y[1, 3].isnan().any()
+    assert y[0, 5, :3].eq(0).all() and y[0, 5].sum().item() == pytest.approx(1.0, rel=1e-2)
+    assert ts.fill_scale_ok(1e-30 * ts.LOG2E) and not ts.fill_scale_ok(0.0) and not ts.fill_scale_ok(float("inf"))
+    with pytest.raises(ValueError, match="forward path"):
+        ts.launch_bwd(y, y, 0.3, True, p)
 
 
 def test_plan_packs_short_rows_splits_long_ones_and_streams_longer_ones(ts):

@@ -11,7 +11,10 @@ For causal scores of shape (..., Tq, Tk), row r is query i = r mod Tq and keeps 
   16K-32K columns (backward; forward where the hybrid path below cannot run) the persistent variant:
   one program per SM loops over rows, and Triton's software
   pipelining prefetches the next rows into shared memory (cp.async) while this one is reduced, so the
-  one long row an SM holds does not leave its memory pipe idle between rows.
+  one long row an SM holds does not leave its memory pipe idle between rows. Causal forward rows take
+  the fill variant (``_fwd_fill_kernel``): masked columns are read as -inf keys, so the max, the
+  exponentials, the sum and the stores need no per-element mask (about 30% fewer instructions; the
+  tile kernel still takes scales the fill cannot, 0 and non-finite ones).
 * Hybrid path (forward, 16-bit rows of ``HYBRID_MIN_N`` + 1 up to ``RING_MAX_N`` columns, not causal,
   on a GPU): a Gluon kernel (Triton's lower-level dialect: explicit layouts and shared memory), one
   program per row, keeps the row's first ``HYBRID_MIN_N`` columns in registers as packed 32-bit words
@@ -56,6 +59,7 @@ interpreter, for tests), float32/float16/bfloat16, a non-empty last dimension.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -179,7 +183,6 @@ if triton is not None:
     def _fwd_tile_kernel(
         X, Y, n_rows, n_cols, stride_xr, stride_xc, tq, diag, scale_log2e,
         BLOCK_N: tl.constexpr, ROWS: tl.constexpr, CAUSAL: tl.constexpr, ROUND_MASK: tl.constexpr,
-        ZEROS_FIRST: tl.constexpr,
     ):
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
@@ -187,11 +190,6 @@ if triton is not None:
         lim = _row_limit(rows, n_cols, tq, diag, CAUSAL)
         keep = row_ok[:, None] & (cols[None, :] < lim[:, None])
         rows64 = rows.to(tl.int64)
-        out_ok = row_ok[:, None] & (cols[None, :] < n_cols)
-        y_ptrs = Y + rows64[:, None] * n_cols + cols[None, :]
-        if CAUSAL and ZEROS_FIRST:  # the masked tail needs no statistics: write its zeros before loading
-            tl.store(y_ptrs, tl.zeros([ROWS, BLOCK_N], Y.dtype.element_ty), mask=out_ok & ~keep)
-            out_ok = keep
         ld = row_ok[:, None] & (cols[None, :] < _vector_limit(lim, n_cols, CAUSAL, ROUND_MASK)[:, None])
         x = tl.load(X + rows64[:, None] * stride_xr + cols[None, :] * stride_xc, mask=ld, other=0.0)
         x = _signed(x.to(tl.float32), scale_log2e)
@@ -202,7 +200,40 @@ if triton is not None:
         s = tl.sum(e, axis=1)
         inv = 1.0 / tl.where(s == 0.0, 1.0, s)  # s == 0 only for rows with no unmasked key; NaN stays
         y = e * inv[:, None]
-        tl.store(y_ptrs, y.to(Y.dtype.element_ty), mask=out_ok)
+        out_ok = row_ok[:, None] & (cols[None, :] < n_cols)
+        tl.store(Y + rows64[:, None] * n_cols + cols[None, :], y.to(Y.dtype.element_ty), mask=out_ok)
+
+    @triton.jit
+    def _fwd_fill_kernel(
+        X, Y, n_rows, n_cols, stride_xr, stride_xc, tq, diag, c, fill,
+        BLOCK_N: tl.constexpr, ROWS: tl.constexpr, VEC: tl.constexpr, CAUSAL: tl.constexpr,
+    ):
+        """The tile kernel with masked columns read as a fill instead of masked element by element (the
+        path of causal forward rows): fill = -inf for c > 0, +inf for c < 0 (c = scale * log2(e),
+        finite and nonzero; else the tile kernel), so the row's reference r (the max of x, the min for
+        c < 0), the exponentials exp2((x - r) * c) (exactly 0 at the fill), the sum and the stores need
+        no mask. Loads are whole VEC-element (16-byte) vectors up to the prefix rounded up; the
+        columns of the vector that straddles the prefix's end get the fill after the load. Per element
+        that leaves a convert, a select, a min/max, the exponential and the normalisation: about 30%
+        fewer instructions than the tile kernel, which masks, signs and predicates every element."""
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        cols = tl.arange(0, BLOCK_N)[None, :]
+        row_ok = rows < n_rows
+        lim = tl.where(row_ok, _row_limit(rows, n_cols, tq, diag, CAUSAL), 0)
+        rows64 = rows.to(tl.int64)
+        ld = cols < tl.minimum(((lim + VEC - 1) // VEC) * VEC, n_cols)[:, None]
+        x = tl.load(X + rows64[:, None] * stride_xr + cols * stride_xc, mask=ld, other=fill)
+        x = tl.where(cols < lim[:, None], x.to(tl.float32), fill)
+        if c > 0:
+            r = tl.max(x, axis=1)
+        else:
+            r = tl.min(x, axis=1)
+        r = tl.where(r == fill, 0.0, r)[:, None]  # no key above -inf (after the sign): every exponential is 0
+        e = tl.exp2((x - r) * c)
+        s = tl.sum(e, axis=1)
+        inv = 1.0 / tl.where(s == 0.0, 1.0, s)  # NaN stays NaN
+        tl.store(Y + rows64[:, None] * n_cols + cols, (e * inv[:, None]).to(Y.dtype.element_ty),
+                 mask=row_ok[:, None] & (cols < n_cols))
 
     @triton.jit
     def _fwd_persist_kernel(
@@ -654,7 +685,7 @@ class Plan:
     rows: int
     num_warps: int
     round_mask: bool = True  # causal rows: load whole 8-column vectors up to the prefix (see _vector_limit)
-    zeros_first: bool = False  # causal forward: store the masked tail's zeros before loading the prefix
+    fill: bool = False  # forward: masked columns read as a fill (see _fwd_fill_kernel); the causal rows' path
     split: bool = False  # split path: each row in chunks of block_n columns, one program per chunk
     stages: int = 0  # > 0: persistent tile path (rows = 1), rows pipelined `stages` deep (see _fwd_persist_kernel)
     programs_per_sm: int = 1  # persistent path: grid = SMs x this
@@ -675,12 +706,12 @@ _BWD_TILE = {128: (32, 8), 256: (16, 8), 512: (8, 4), 1024: (4, 16), 2048: (2, 1
              8192: (1, 16), 16384: (1, 16), 32768: (1, 32)}
 
 
-# Causal rows (the attention shape B=8, H=12, T=1024, from the same sweep): (rows per program, warps,
-# round_mask). Causal rows do uneven work (row i loads i + 1 keys and writes N): small programs win
-# (forward: one row per warp, loads stopping at the exact prefix). Storing the masked tail's zeros
-# first (Plan.zeros_first) was swept too and lost, and so did pairing queries i and Tq - 1 - i in one
-# program (equal work per program; docs/perf.md).
-_CAUSAL_FWD_TILE = {1024: (1, 1, False)}
+# Causal forward rows: the fill kernel's (rows per program, warps) by BLOCK_N, from `python -m harness.bench
+# triton-sweep --match fill=True` on an H200 with causal scores of 2^27 elements (bf16, B x 1 x T x T,
+# T = BLOCK_N; 16384: 2^28). Causal rows do uneven work (row i loads i + 1 keys and writes N): small
+# programs win, one row per program from 1024 columns. Elsewhere: see _causal_fwd_heuristic.
+_CAUSAL_FWD_TILE = {128: (16, 2), 256: (8, 1), 512: (4, 1), 1024: (1, 1), 2048: (1, 2), 4096: (1, 4),
+                    8192: (1, 4), 16384: (1, 16)}
 # Split path: chunk length, warps, and the shortest row that takes it, by direction (forward, backward).
 SPLIT_BLOCK_N = 8192
 SPLIT_WARPS = {False: 8, True: 8}
@@ -692,6 +723,14 @@ _SPLIT_FROM = {False: 65537, True: 32769}
 # GPU the forward takes the hybrid path instead: 0.935 at 32768; this plan is its fallback.)
 _PERSIST = {False: {32768: (32, 3)}, True: {32768: (32, 2)}}
 _CAUSAL_BWD_TILE = {1024: (1, 4, True)}
+
+
+def _causal_fwd_heuristic(block_n: int) -> tuple[int, int]:
+    """(rows per program, warps) of the fill kernel outside its table: 32 elements per thread, one row
+    per program from 1024 columns, shorter rows packed one warp's worth (1024 elements) per program."""
+    if block_n >= 1024:
+        return 1, min(32, block_n // 1024)
+    return 1024 // block_n, 1
 
 
 def plan(n_cols: int, elem_bytes: int, backward: bool = False, causal: bool = False, gluon: bool = True) -> Plan:
@@ -712,9 +751,11 @@ def plan(n_cols: int, elem_bytes: int, backward: bool = False, causal: bool = Fa
     if block_n > MAX_TILE_N:
         block = min(LONG_BLOCK_N, block_n)
         return Plan(True, block, 1, 16 if block >= 4096 else max(4, block // 256))
-    causal_table = _CAUSAL_BWD_TILE if backward else _CAUSAL_FWD_TILE
-    if causal and block_n in causal_table:
-        rows, warps, round_mask = causal_table[block_n]
+    if causal and not backward:
+        rows, warps = _CAUSAL_FWD_TILE.get(block_n) or _causal_fwd_heuristic(block_n)
+        return Plan(False, block_n, rows, warps, fill=True)
+    if causal and block_n in _CAUSAL_BWD_TILE:
+        rows, warps, round_mask = _CAUSAL_BWD_TILE[block_n]
         return Plan(False, block_n, rows, warps, round_mask)
     table = _BWD_TILE if backward else _FWD_TILE
     if block_n in table:
@@ -771,6 +812,12 @@ def _persistent_grid(n_rows: int, device: torch.device, p: Plan) -> int:
     if device.type != "cuda":
         return min(n_rows, 4)  # the interpreter: a few programs, each looping over rows
     return max(1, min(n_rows, _device_props(device).multi_processor_count * p.programs_per_sm))
+
+
+def fill_scale_ok(c: float) -> bool:
+    """Whether the fill kernel takes c = scale * log2(e): finite and nonzero (at c = 0 or +-inf the fill's
+    (fill - r) * c would be NaN, and so would (x - r) * c at the max for infinite c)."""
+    return math.isfinite(c) and c != 0.0
 
 
 def _launch_split(kernel, p: Plan, n_rows: int, n_cols: int, device, tensors: tuple, args: tuple,
@@ -905,11 +952,15 @@ def launch_fwd(x: torch.Tensor, scale: float, causal: bool, p: Optional[Plan] = 
                 x2, y, n_cols, x2.stride(0), x2.stride(1), tq, diag, scale * LOG2E,
                 BLOCK_N=p.block_n, CAUSAL=causal, num_warps=p.num_warps,
             )
-        else:
+        elif p.fill and fill_scale_ok(c := scale * LOG2E):
+            _fwd_fill_kernel[(triton.cdiv(n_rows, p.rows),)](
+                x2, y, n_rows, n_cols, x2.stride(0), x2.stride(1), tq, diag, c, -math.inf if c > 0 else math.inf,
+                BLOCK_N=p.block_n, ROWS=p.rows, VEC=16 // x.element_size(), CAUSAL=causal, num_warps=p.num_warps,
+            )
+        else:  # (a fill plan whose scale the fill cannot take: the same tile, masked element by element)
             _fwd_tile_kernel[(triton.cdiv(n_rows, p.rows),)](
                 x2, y, n_rows, n_cols, x2.stride(0), x2.stride(1), tq, diag, scale * LOG2E,
-                BLOCK_N=p.block_n, ROWS=p.rows, CAUSAL=causal, ROUND_MASK=p.round_mask,
-                ZEROS_FIRST=p.zeros_first, num_warps=p.num_warps,
+                BLOCK_N=p.block_n, ROWS=p.rows, CAUSAL=causal, ROUND_MASK=p.round_mask, num_warps=p.num_warps,
             )
     return y.view(x.shape)
 
@@ -924,8 +975,8 @@ def launch_bwd(
     if n_rows == 0:
         return dx.view(y.shape)
     p = p or plan(n_cols, y.element_size(), backward=True, causal=causal)
-    if p.hybrid:
-        raise ValueError("the hybrid path is a forward path (the backward's Gluon path is the ring)")
+    if p.hybrid or p.fill:
+        raise ValueError(f"the {'hybrid' if p.hybrid else 'fill'} path is a forward path")
     if p.ring and gluon_unusable(y2, causal, p, dy2):  # (unaligned rows, the interpreter): the next-best plan
         p = plan(n_cols, y.element_size(), backward=True, causal=causal, gluon=False)
     tq, diag = _causal_geometry(y.shape, causal)
