@@ -963,6 +963,8 @@ __global__ void __launch_bounds__(L, persist_min_blocks(L, PACKED))
 // mask_tail computed another way: a select for each vector wholly at or past lim, then fill_from for
 // the one vector that straddles lim, if this thread has it (found by division, not by testing every
 // vector). The same result; the hybrid kernel needs it to stay within 64 registers without spilling.
+// Not the only form: with it, the 16-bit split forward (512 x 32 packed, capped at 32 registers) spills
+// 12 bytes, and with mask_tail the hybrid kernel does, so each keeps the form that fits its cap.
 template <typename T, int VEC, int NV, int L>
 __device__ __forceinline__ void mask_tail_once(uint4* w, int first, int lim, unsigned fill) {
   const int d = lim - first;  // vector i lies wholly at or past lim iff i * L * VEC >= d
