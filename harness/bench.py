@@ -474,8 +474,8 @@ def triton_candidates(n: int, causal: bool = False) -> list:
                 per_thread = tile // (32 * warps)
                 if 8 <= per_thread <= (64 if causal else 32):
                     plans.append(Plan(False, block, rows, warps))
-                    if causal:  # exact-prefix loads as well as whole-vector ones (backward; forward: the
-                        # tile kernel's, what scales the fill cannot take run), and the forward's fill kernel
+                    if causal:  # the tile kernel's exact-prefix loads as well as whole-vector ones (the
+                        # backward; the forward's fallback for scales the fill cannot take), and the fill kernel
                         plans.append(Plan(False, block, rows, warps, round_mask=False))
                         plans.append(Plan(False, block, rows, warps, fill=True))
     if block >= 8192:

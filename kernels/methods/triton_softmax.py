@@ -206,14 +206,14 @@ if triton is not None:
     @triton.jit
     def _fwd_fill_kernel(
         X, Y, n_rows, n_cols, stride_xr, stride_xc, tq, diag, c, fill,
-        BLOCK_N: tl.constexpr, ROWS: tl.constexpr, VEC: tl.constexpr, CAUSAL: tl.constexpr,
+        BLOCK_N: tl.constexpr, ROWS: tl.constexpr, CAUSAL: tl.constexpr,
     ):
         """The tile kernel with masked columns read as a fill instead of masked element by element (the
         path of causal forward rows): fill = -inf for c > 0, +inf for c < 0 (c = scale * log2(e),
         finite and nonzero; else the tile kernel), so the row's reference r (the max of x, the min for
         c < 0), the exponentials exp2((x - r) * c) (exactly 0 at the fill), the sum and the stores need
-        no mask. Loads are whole VEC-element (16-byte) vectors up to the prefix rounded up; the
-        columns of the vector that straddles the prefix's end get the fill after the load. Per element
+        no mask. Loads are whole vectors up to the prefix rounded up (_vector_limit); the columns
+        of the vector that straddles the prefix's end get the fill after the load. Per element
         that leaves a convert, a select, a min/max, the exponential and the normalisation: about 30%
         fewer instructions than the tile kernel, which masks, signs and predicates every element."""
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -221,7 +221,7 @@ if triton is not None:
         row_ok = rows < n_rows
         lim = tl.where(row_ok, _row_limit(rows, n_cols, tq, diag, CAUSAL), 0)
         rows64 = rows.to(tl.int64)
-        ld = cols < tl.minimum(((lim + VEC - 1) // VEC) * VEC, n_cols)[:, None]
+        ld = cols < _vector_limit(lim, n_cols, CAUSAL, True)[:, None]
         x = tl.load(X + rows64[:, None] * stride_xr + cols * stride_xc, mask=ld, other=fill)
         x = tl.where(cols < lim[:, None], x.to(tl.float32), fill)
         if c > 0:
@@ -722,6 +722,8 @@ _SPLIT_FROM = {False: 65537, True: 32769}
 # 0.78; at 16384 the plain tile is as fast, at 65536 a row does not fit twice in shared memory. (On a
 # GPU the forward takes the hybrid path instead: 0.935 at 32768; this plan is its fallback.)
 _PERSIST = {False: {32768: (32, 3)}, True: {32768: (32, 2)}}
+# Causal backward rows (the attention shape B=8, H=12, T=1024, from the sweep): (rows per program, warps,
+# round_mask); other lengths use _BWD_TILE.
 _CAUSAL_BWD_TILE = {1024: (1, 4, True)}
 
 
@@ -955,7 +957,7 @@ def launch_fwd(x: torch.Tensor, scale: float, causal: bool, p: Optional[Plan] = 
         elif p.fill and fill_scale_ok(c := scale * LOG2E):
             _fwd_fill_kernel[(triton.cdiv(n_rows, p.rows),)](
                 x2, y, n_rows, n_cols, x2.stride(0), x2.stride(1), tq, diag, c, -math.inf if c > 0 else math.inf,
-                BLOCK_N=p.block_n, ROWS=p.rows, VEC=16 // x.element_size(), CAUSAL=causal, num_warps=p.num_warps,
+                BLOCK_N=p.block_n, ROWS=p.rows, CAUSAL=causal, num_warps=p.num_warps,
             )
         else:  # (a fill plan whose scale the fill cannot take: the same tile, masked element by element)
             _fwd_tile_kernel[(triton.cdiv(n_rows, p.rows),)](
