@@ -34,62 +34,10 @@ import torch
 
 import kernels
 from harness.results import atomic_write_text, write_json
+from kernels.timing import bench_graph_ms, bench_ms, copy_bandwidth, error_on_device, sweep_references, write_bandwidth
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_SIZES = "128,256,512,1024,2048,4096,8192,16384,32768,65536,262144"
-
-
-def bench_ms(fn: Callable[[], object], rep_ms: int = 100) -> float:
-    """Median time of fn in ms: CUDA events via triton.testing.do_bench on a GPU, wall clock on a CPU."""
-    if torch.cuda.is_available():
-        import triton.testing
-
-        return float(triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
-    fn()
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        fn()
-        times.append(1000 * (time.perf_counter() - t0))
-    return statistics.median(times)
-
-
-def bench_graph_ms(fn: Callable[[], object], rep_ms: int = 100) -> tuple[float, bool]:
-    """Median time of fn's GPU work: captured once in a CUDA graph and timed by replaying it, so the
-    host-side cost of launching (Python, autograd, dispatch) does not hide inside kernel times.
-    Falls back to timing fn directly (second value False) where capture is not possible."""
-    if not torch.cuda.is_available():
-        return bench_ms(fn, rep_ms), False
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            fn()
-    except Exception:
-        torch.cuda.synchronize()
-        return bench_ms(fn, rep_ms), False
-    return bench_ms(graph.replay, rep_ms), True
-
-
-def copy_bandwidth(device: str, nbytes: int = 2**30, rep_ms: int = 200) -> float:
-    """Device-to-device copy in GB/s counting bytes read + written (the memory ceiling)."""
-    n = nbytes // 2
-    src = torch.randn(n, device=device).to(torch.bfloat16)
-    dst = torch.empty_like(src)
-    ms = bench_ms(lambda: dst.copy_(src), rep_ms)
-    return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
-
-
-def write_bandwidth(device: str, nbytes: int = 2**30, rep_ms: int = 200) -> float:
-    """Write-only bandwidth (fill) in GB/s: the floor for a kernel that must write its whole output."""
-    dst = torch.empty(nbytes // 2, device=device, dtype=torch.bfloat16)
-    ms = bench_ms(lambda: dst.fill_(1.0), rep_ms)
-    return dst.numel() * dst.element_size() / (ms * 1e-3) / 1e9
 
 
 @dataclass
@@ -112,24 +60,9 @@ class KernelRow:
     error: str = ""
 
 
-def _error_on_device(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref|| in float64 on the tensors' device (benchmark tensors are GBs: no host copy)."""
-    ref = ref.to(torch.float64)
-    return ((out.to(torch.float64) - ref).norm() / ref.norm()).item()
-
-
 def _check_forward(y: torch.Tensor, x: torch.Tensor, scale: float, causal: bool, dtype: torch.dtype) -> bool:
     ref = kernels.reference_softmax(x, scale=scale, causal=causal)  # float64 on the device
-    return _error_on_device(y, ref) <= kernels.FWD_TOL[dtype]
-
-
-def _sweep_references(x: torch.Tensor, causal: bool) -> tuple:
-    """For a sweep at scale 1: the float64 forward reference, the output y in x's dtype (the backward's
-    input), a random dy, and the float64 backward reference for (y, dy)."""
-    ref = kernels.reference_softmax(x, causal=causal)
-    y = ref.to(x.dtype)
-    dy = torch.randn_like(x)
-    return ref, y, dy, kernels.reference_softmax_backward(y, dy)
+    return error_on_device(y, ref) <= kernels.FWD_TOL[dtype]
 
 
 def measure_method(
@@ -514,7 +447,7 @@ def run_triton_sweep(sizes: list[int], elements: int, dtype: str, out: Path, cau
     for shape, causal in cases:
         n = shape[-1]
         x = torch.randn(shape, device=device, dtype=torch.float32).mul_(2).to(dt)
-        ref, y, dy, dref = _sweep_references(x, causal)
+        ref, y, dy, dref = sweep_references(x, causal)
         nbytes = x.numel() * x.element_size()
         default = ts.plan(n, x.element_size(), causal=causal)
         mine = []
@@ -527,7 +460,7 @@ def run_triton_sweep(sizes: list[int], elements: int, dtype: str, out: Path, cau
                 ("bwd", lambda: ts.launch_bwd(y, dy, 1.0, causal, p), dref, kernels.BWD_TOL[dt], 3 * nbytes),
             ):  # each direction on its own: a candidate may fit one (e.g. shared memory) and not the other
                 try:
-                    row[f"{d}_ok"] = _error_on_device(run(), want) <= tol
+                    row[f"{d}_ok"] = error_on_device(run(), want) <= tol
                     row[f"{d}_gbs"] = moved / (bench_graph_ms(run, 50)[0] * 1e-3) / 1e9
                 except Exception as exc:
                     row[f"{d}_error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
@@ -616,7 +549,7 @@ def run_cuda_sweep(sizes: list[int], elements: int, out: Path, rep_ms: int = 50)
     results = []
     for n in sizes:
         x = torch.randn((max(1, elements // n), n), device="cuda").mul_(2).to(torch.bfloat16)
-        ref, y, dy, dref = _sweep_references(x, causal=False)
+        ref, y, dy, dref = sweep_references(x, causal=False)
         nbytes = x.numel() * x.element_size()
         for v in cuda_variants(n, x.shape[0]):
             row = {"n": n, **v}
@@ -632,7 +565,7 @@ def run_cuda_sweep(sizes: list[int], elements: int, out: Path, rep_ms: int = 50)
                 got = run()
                 if got.numel() == 0:
                     continue
-                row["ok"] = _error_on_device(got, want) <= tol
+                row["ok"] = error_on_device(got, want) <= tol
                 ms, _ = bench_graph_ms(run, rep_ms)
                 row["gbs"] = moved / (ms * 1e-3) / 1e9
             except Exception as exc:

@@ -1,13 +1,18 @@
-"""Softmax implementations behind one contract (see :mod:`kernels.registry`).
+"""Acceleration methods behind one contract per op (see :mod:`kernels.contract`).
 
 Public entry points::
 
     kernels.softmax(scores, *, scale=1.0, causal=False, method="torch")
-    kernels.available_methods()   # name -> Availability(available, reason, summary)
+    kernels.attention(q, k, v, *, scale=None, causal=True, dropout_p=0.0, method="torch")
+    kernels.cross_entropy(logits, targets, *, method="torch", ignore_index=-100, reduction="mean")
+    kernels.linear_cross_entropy(hidden, weight, targets, *, method="torch", ...)
+    kernels.bind(method, op)      # the checked hot-path function of one op (cached)
+    kernels.available_methods()   # name -> Availability(available, reason, summary, exact, ops)
 
 This package knows nothing of Lightning, Hydra or W&B.
 """
 
+from kernels.contract import REDUCTIONS, SUPPORTED_DTYPES
 from kernels.reference import (
     BWD_TOL,
     FWD_TOL,
@@ -18,14 +23,19 @@ from kernels.reference import (
     tolerance,
 )
 from kernels.registry import (
-    SUPPORTED_DTYPES,
+    OPS,
     Availability,
+    Method,
     MethodUnavailableError,
-    SoftmaxMethod,
+    OpNotImplementedError,
     UnknownMethodError,
+    attention,
     available_methods,
     bind,
+    cross_entropy,
     get_method,
+    linear_cross_entropy,
+    refresh,
     register,
     runnable_methods,
     softmax,
@@ -35,21 +45,28 @@ from kernels.registry import (
 __all__ = [
     "BWD_TOL",
     "FWD_TOL",
-    "rounding_floor",
-    "tolerance",
+    "OPS",
+    "REDUCTIONS",
     "SUPPORTED_DTYPES",
     "Availability",
+    "Method",
     "MethodUnavailableError",
-    "SoftmaxMethod",
+    "OpNotImplementedError",
     "UnknownMethodError",
+    "attention",
     "available_methods",
     "bind",
+    "cross_entropy",
     "get_method",
+    "linear_cross_entropy",
     "reference_softmax",
     "reference_softmax_backward",
+    "refresh",
     "register",
     "relative_error",
+    "rounding_floor",
     "runnable_methods",
     "softmax",
+    "tolerance",
     "unregister",
 ]

@@ -1,17 +1,15 @@
-"""The softmax contract and the registry of methods that implement it.
+"""The registry of acceleration methods and the ops each implements.
 
-Contract (the same for every method), for ``softmax(scores, scale=s, causal=c)``:
+A method is one module in ``kernels/methods/`` that calls :func:`register` at import time with a
+:class:`Method`, plus one file in ``conf/accel/``. Nothing else changes when a method is added: the
+modules are discovered by :func:`load_methods`, and studies and benchmarks list every method that
+can run here.
 
-* softmax over the last dimension of ``s * scores``; any number of leading dimensions;
-* with ``causal=True`` and scores of shape (..., Tq, Tk), key j is masked for query i when
-  ``j > i + (Tk - Tq)``; masked entries get probability exactly 0 and gradient exactly 0; a row with
-  no unmasked key (possible when Tq > Tk) gives all zeros and zero gradient, never NaN;
-* output in the input dtype (float32, float16, bfloat16), accumulation in float32;
-* differentiable (forward and backward).
-
-A method is one module in ``kernels/methods/`` that calls :func:`register` at import time, plus one
-file in ``conf/accel/``. Nothing else changes when a method is added: the modules are discovered by
-:func:`load_methods`.
+A method implements one or more ops (:data:`OPS`); the contracts are in :mod:`kernels.contract`.
+An op it lacks is composed from the ones it has (:mod:`kernels.compose`): ``attention`` from its
+``softmax`` (q k^T -> softmax -> v), ``linear_cross_entropy`` from its ``cross_entropy``
+(linear -> cross_entropy). :func:`bind` returns the checked hot-path function of one op, cached per
+(method, op, options); availability is computed once per process (:func:`refresh` asks again).
 """
 
 from __future__ import annotations
@@ -19,14 +17,20 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-#: A softmax implementation: ``fn(scores, scale, causal) -> probabilities``.
-SoftmaxFn = Callable[[torch.Tensor, float, bool], torch.Tensor]
+from kernels import compose, contract
 
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: The ops a method may implement, in the order they are listed.
+OPS = ("softmax", "attention", "cross_entropy", "linear_cross_entropy")
+#: How an op a method lacks is built from one it has.
+COMPOSED_FROM = {"attention": "softmax", "linear_cross_entropy": "cross_entropy"}
+_COMPOSE = {"attention": compose.attention_from_softmax, "linear_cross_entropy": compose.linear_from_cross_entropy}
+
+SUPPORTED_DTYPES = contract.SUPPORTED_DTYPES
 
 
 class UnknownMethodError(ValueError):
@@ -37,24 +41,66 @@ class MethodUnavailableError(RuntimeError):
     """Raised for a registered method that cannot run on this machine (the message says why)."""
 
 
+class OpNotImplementedError(ValueError):
+    """Raised for an op a method neither implements nor can compose from the ops it has."""
+
+
+def _runs_everywhere() -> Optional[str]:
+    return None
+
+
 @dataclass(frozen=True)
-class SoftmaxMethod:
-    """One registered softmax implementation.
+class Method:
+    """One registered acceleration method.
+
+    Op functions take their arguments positionally, already checked against the op's contract
+    (:mod:`kernels.contract`): ``softmax(scores, scale, causal)``, ``attention(q, k, v, scale, causal,
+    dropout_p)``, ``cross_entropy(logits (N, V), targets (N,), ignore_index, reduction)``,
+    ``linear_cross_entropy(hidden (N, C), weight (V, C), targets (N,), ignore_index, reduction)``;
+    each also receives the method's ``options`` as keywords.
 
     ``unavailable_reason`` returns None when the method can run here, else a sentence saying why not.
-    ``validate`` (optional) rejects inputs the method cannot take with a clear error.
-    ``prepare`` (optional) does one-time work such as building an extension and returns what it cost.
-    ``exact=False`` marks a timing-only stand-in that does not compute a softmax (never reported as a
-    speedup, never listed as a user-facing method).
+    ``validate`` (optional) rejects an op's main input that the method cannot take (a CPU tensor for
+    a GPU method) with a clear error. ``prepare`` (optional) does one-time work such as building an
+    extension and returns what it cost. ``exact=False`` marks a timing-only stand-in that does not
+    compute what its ops promise (never reported as a speedup). ``options``: option name -> the
+    accepted values, the first being the default (``sdpa``'s ``backend``, say).
     """
 
     name: str
-    fn: SoftmaxFn
     summary: str
-    unavailable_reason: Callable[[], Optional[str]] = field(default=lambda: None)
+    softmax: Optional[Callable[..., torch.Tensor]] = None
+    attention: Optional[Callable[..., torch.Tensor]] = None
+    cross_entropy: Optional[Callable[..., torch.Tensor]] = None
+    linear_cross_entropy: Optional[Callable[..., torch.Tensor]] = None
+    unavailable_reason: Callable[[], Optional[str]] = _runs_everywhere
     validate: Optional[Callable[[torch.Tensor], None]] = None
+    prepare: Optional[Callable[[], dict]] = None
     exact: bool = True
-    prepare: Optional[Callable[[], dict]] = None  # one-time setup (a build), timed apart by callers
+    options: Mapping[str, tuple] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not any(getattr(self, op) for op in OPS):
+            raise ValueError(f"method {self.name!r} implements no op; it needs at least one of {', '.join(OPS)}")
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+    def native_ops(self) -> tuple[str, ...]:
+        """The ops this method implements itself."""
+        return tuple(op for op in OPS if getattr(self, op) is not None)
+
+    def provides(self, op: str) -> Optional[str]:
+        """'native' when the method implements ``op``, 'composed' when it can build it from an op it
+        implements, None when it can do neither."""
+        if getattr(self, op, None) is not None:
+            return "native"
+        base = COMPOSED_FROM.get(op)
+        if base and getattr(self, base) is not None:
+            return "composed"
+        return None
+
+    def ops(self) -> dict[str, str]:
+        """op -> 'native' | 'composed', for every op this method provides."""
+        return {op: how for op in OPS if (how := self.provides(op))}
 
 
 @dataclass(frozen=True)
@@ -63,23 +109,38 @@ class Availability:
     available: bool
     reason: str  # why it cannot run here ("" when it can)
     summary: str
+    exact: bool = True
+    ops: Mapping[str, str] = field(default_factory=dict)  # op -> native | composed
 
 
-_REGISTRY: dict[str, SoftmaxMethod] = {}
+_REGISTRY: dict[str, Method] = {}
 _LOADED = False
+_AVAILABILITY: dict[str, Availability] = {}
+_BOUND: dict[tuple, Callable] = {}
 
 
-def register(method: SoftmaxMethod) -> SoftmaxMethod:
+def register(method: Method) -> Method:
     """Add a method to the registry (called by each module in ``kernels/methods/`` at import)."""
+    if not isinstance(method, Method):
+        raise TypeError(f"register() takes a kernels.Method, got {type(method).__name__}")
     if method.name in _REGISTRY and _REGISTRY[method.name] is not method:
-        raise ValueError(f"softmax method {method.name!r} is registered twice")
+        raise ValueError(f"method {method.name!r} is registered twice")
     _REGISTRY[method.name] = method
+    refresh()
     return method
 
 
 def unregister(name: str) -> None:
     """Remove a method (tests register throw-away methods and remove them again)."""
     _REGISTRY.pop(name, None)
+    refresh()
+
+
+def refresh() -> None:
+    """Forget the cached availability and bound functions (a method that failed to build, a method
+    registered later): the next call asks every method again."""
+    _AVAILABILITY.clear()
+    _BOUND.clear()
 
 
 def load_methods() -> None:
@@ -87,88 +148,133 @@ def load_methods() -> None:
     global _LOADED
     if _LOADED:
         return
+    _LOADED = True
     import kernels.methods as pkg
 
     for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
-        importlib.import_module(f"{pkg.__name__}.{info.name}")
-    _LOADED = True
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{pkg.__name__}.{info.name}")
 
 
-def available_methods(include_timing_only: bool = False) -> dict[str, Availability]:
-    """Every registered method with whether it can run here and, if not, why."""
+def _availability(m: Method) -> Availability:
+    a = _AVAILABILITY.get(m.name)
+    if a is None:
+        reason = m.unavailable_reason() or ""
+        a = Availability(m.name, not reason, reason, m.summary, m.exact, MappingProxyType(m.ops()))
+        _AVAILABILITY[m.name] = a
+    return a
+
+
+def available_methods(include_timing_only: bool = False, op: Optional[str] = None) -> dict[str, Availability]:
+    """Every registered method with whether it can run here and, if not, why (computed once per
+    process: :func:`refresh` asks again). ``op``: only the methods that provide that op."""
     load_methods()
     out = {}
     for name, m in _REGISTRY.items():
         if not m.exact and not include_timing_only:
             continue
-        reason = m.unavailable_reason() or ""
-        out[name] = Availability(name, not reason, reason, m.summary)
+        if op is not None and not m.provides(op):
+            continue
+        out[name] = _availability(m)
     return out
 
 
-def runnable_methods() -> list[str]:
-    return [n for n, a in available_methods().items() if a.available]
+def runnable_methods(op: Optional[str] = None, include_timing_only: bool = False) -> list[str]:
+    """The methods that can run here (that provide ``op``, when given)."""
+    return [n for n, a in available_methods(include_timing_only, op).items() if a.available]
 
 
-def get_method(name: str) -> SoftmaxMethod:
+def _runnable_text() -> str:
+    names = runnable_methods(include_timing_only=True)
+    return ", ".join(names) or "none"
+
+
+def get_method(name: str) -> Method:
     """Look a method up; unknown or not runnable here raises an error that says why and what can run."""
     load_methods()
     method = _REGISTRY.get(name)
-    runnable = ", ".join(runnable_methods()) or "none"
     if method is None:
         known = ", ".join(sorted(_REGISTRY))
         raise UnknownMethodError(
-            f"unknown softmax method {name!r}; registered methods: {known}; runnable here: {runnable}"
+            f"unknown method {name!r}; registered methods: {known}; runnable here: {_runnable_text()}"
         )
-    reason = method.unavailable_reason()
-    if reason:
+    a = _availability(method)
+    if not a.available:
         raise MethodUnavailableError(
-            f"softmax method {name!r} cannot run here: {reason}. Methods that can run here: {runnable}"
+            f"method {name!r} cannot run here: {a.reason}. Methods that can run here: {_runnable_text()}"
         )
     return method
 
 
-def check_scores(scores: torch.Tensor, causal: bool) -> None:
-    """The input checks shared by every method (dtype, shape)."""
-    if not isinstance(scores, torch.Tensor):
-        raise TypeError(f"softmax expects a torch.Tensor, got {type(scores).__name__}")
-    if scores.dtype not in SUPPORTED_DTYPES:
-        names = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
-        raise TypeError(f"softmax got scores of dtype {scores.dtype}; supported dtypes: {names}")
-    if scores.dim() == 0:
-        raise ValueError("softmax needs at least one dimension (got a 0-d tensor)")
-    if scores.shape[-1] == 0:
-        raise ValueError(
-            f"softmax over an empty last dimension is undefined (scores shape {tuple(scores.shape)})"
+def _check_options(m: Method, options: dict) -> dict:
+    for key, value in options.items():
+        accepted = m.options.get(key)
+        if accepted is None:
+            have = ", ".join(m.options) or "none"
+            raise ValueError(f"method {m.name!r} takes no option {key!r} (its options: {have})")
+        if value not in accepted:
+            raise ValueError(
+                f"method {m.name!r}: option {key}={value!r} is not accepted: one of {', '.join(map(str, accepted))}"
+            )
+    return options
+
+
+def op_function(m: Method, op: str, options: dict) -> Callable:
+    """The unchecked op function of ``m`` (native, or composed from the op it is built from)."""
+    how = m.provides(op)
+    if how is None:
+        raise OpNotImplementedError(
+            f"method {m.name!r} does not implement {op} and cannot compose it (it implements: "
+            f"{', '.join(m.native_ops())}); methods that provide {op} here: "
+            f"{', '.join(runnable_methods(op=op, include_timing_only=True)) or 'none'}"
         )
-    if causal and scores.dim() < 2:
-        raise ValueError(
-            f"causal softmax needs scores of shape (..., Tq, Tk); got shape {tuple(scores.shape)}"
-        )
+    fn = getattr(m, op) if how == "native" else _COMPOSE[op](getattr(m, COMPOSED_FROM[op]))
+    return (lambda *a: fn(*a, **options)) if options else fn
 
 
-def bind(method: str) -> SoftmaxFn:
-    """Look ``method`` up once and return ``fn(scores, scale, causal)`` that checks its input and runs
-    it (what a model calls in its hot loop: no registry lookup per call, traceable by torch.compile)."""
-    m = get_method(method)
-
-    def bound(scores: torch.Tensor, scale: float = 1.0, causal: bool = False) -> torch.Tensor:
-        check_scores(scores, causal)
-        if m.validate is not None:
-            m.validate(scores)
-        if scores.numel() == 0:  # empty leading dimensions: nothing to compute
-            return scores.clone()  # keeps the autograd graph of an empty input
-        return m.fn(scores, float(scale), bool(causal))
-
-    bound.__name__ = f"softmax[{m.name}]"
-    return bound
+def bind(method: str, op: str = "softmax", **options: Any) -> Callable:
+    """The checked hot-path function of ``op`` for ``method`` (what a model calls in its loop: the
+    registry is consulted once, traceable by torch.compile), with the op's positional signature (see
+    :class:`Method`). Cached: the same (method, op, options) returns the same function."""
+    key = (method, op, tuple(sorted(options.items())))
+    fn = _BOUND.get(key)
+    if fn is None:
+        if op not in OPS:
+            raise ValueError(f"unknown op {op!r}; ops: {', '.join(OPS)}")
+        m = get_method(method)
+        fn = contract.checked(op, m.name, op_function(m, op, _check_options(m, options)), m.validate)
+        _BOUND[key] = fn
+    return fn
 
 
-def softmax(
-    scores: torch.Tensor, *, scale: float = 1.0, causal: bool = False, method: str = "torch"
-) -> torch.Tensor:
-    """Softmax over the last dimension of ``scale * scores`` with an optional causal mask.
+def softmax(scores: torch.Tensor, *, scale: float = 1.0, causal: bool = False, method: str = "torch",
+            **options: Any) -> torch.Tensor:
+    """Softmax over the last dimension of ``scale * scores`` with an optional causal mask (see
+    :mod:`kernels.contract`)."""
+    fn = _BOUND.get((method, "softmax", tuple(sorted(options.items())))) or bind(method, "softmax", **options)
+    return fn(scores, scale, causal)
 
-    See the module docstring for the contract every method follows.
-    """
-    return bind(method)(scores, scale, causal)
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: Optional[float] = None,
+              causal: bool = True, dropout_p: float = 0.0, method: str = "torch", **options: Any) -> torch.Tensor:
+    """softmax(scale * q k^T, causal) v for q (B, H, Tq, d), k and v (B, H, Tk, d); scale None means
+    1/sqrt(d) (see :mod:`kernels.contract`)."""
+    fn = _BOUND.get((method, "attention", tuple(sorted(options.items())))) or bind(method, "attention", **options)
+    return fn(q, k, v, scale, causal, dropout_p)
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *, method: str = "torch", ignore_index: int = -100,
+                  reduction: str = "mean", **options: Any) -> torch.Tensor:
+    """Cross-entropy of logits (..., V) against integer targets (...) (see :mod:`kernels.contract`)."""
+    key = (method, "cross_entropy", tuple(sorted(options.items())))
+    fn = _BOUND.get(key) or bind(method, "cross_entropy", **options)
+    return fn(logits, targets, ignore_index, reduction)
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, method: str = "torch",
+                         ignore_index: int = -100, reduction: str = "mean", **options: Any) -> torch.Tensor:
+    """The cross-entropy of ``hidden @ weight.T`` without holding all the logits at once where the
+    method implements it natively (see :mod:`kernels.contract`)."""
+    key = (method, "linear_cross_entropy", tuple(sorted(options.items())))
+    fn = _BOUND.get(key) or bind(method, "linear_cross_entropy", **options)
+    return fn(hidden, weight, targets, ignore_index, reduction)

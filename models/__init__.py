@@ -1,25 +1,32 @@
-"""The transformer (GPT-style decoder) with a softmax seam; knows nothing of the softmax methods."""
+"""The transformer (GPT-style decoder) with its two seams, attention core and loss; knows nothing of
+the acceleration methods."""
 
 from models.gpt import (
     GPT,
+    LOSS_FORMS,
+    AttentionCore,
+    AttentionFn,
     CausalSelfAttention,
     GPTConfig,
-    MaterializedAttention,
-    SDPAttention,
-    SoftmaxFn,
+    LossFn,
     attention_cores,
-    eager_softmax,
+    eager_attention,
+    set_attention,
+    set_loss,
     swap_attention_cores,
 )
 
 __all__ = [
     "GPT",
+    "LOSS_FORMS",
+    "AttentionCore",
+    "AttentionFn",
     "CausalSelfAttention",
     "GPTConfig",
-    "MaterializedAttention",
-    "SDPAttention",
-    "SoftmaxFn",
+    "LossFn",
     "attention_cores",
-    "eager_softmax",
+    "eager_attention",
+    "set_attention",
+    "set_loss",
     "swap_attention_cores",
 ]

@@ -1,14 +1,17 @@
-"""A GPT-style decoder whose attention hands its materialized scores to a swappable softmax.
+"""A GPT-style decoder with two seams: its attention core and its loss.
 
 Token + position embeddings, pre-LayerNorm blocks (causal multi-head attention, GELU MLP), a final
 LayerNorm and an LM head tied to the token embedding (as in GPT-2 / nanoGPT).
 
-The softmax seam: ``MaterializedAttention`` computes ``scores = q @ k^T`` (B, nh, T, T) and calls
-``softmax_fn(scores, scale, causal)`` with ``scale = 1/sqrt(head_dim)`` and ``causal=True``; any
-function with that signature can be plugged in. ``SDPAttention`` is the reference core that calls
-``torch.nn.functional.scaled_dot_product_attention`` (flash attention: the scores never exist in
-memory), the upper bound beside any softmax. :func:`swap_attention_cores` replaces the core in every
-block and returns a function that undoes it. This module knows nothing of the softmax methods.
+The attention seam: every block's ``AttentionCore`` calls ``attention_fn(q, k, v, scale, causal,
+dropout_p)`` with q, k, v of shape (B, nh, T, hs), ``scale = 1/sqrt(hs)``, ``causal=True`` and the
+attention dropout (0 outside training); any function with that signature can be plugged in
+(:func:`set_attention`). The loss seam: the model's loss is ``loss_fn(logits (B*T, V), targets
+(B*T,))``, or, in the ``linear`` form, ``loss_fn(hidden (B*T, C), lm_head.weight, targets)`` so that a
+fused linear cross-entropy never holds all the logits (:func:`set_loss`; weight tying is kept: the
+weight handed over is the tied one). The defaults are the model's own eager PyTorch (scale, mask,
+``torch.softmax``; ``F.cross_entropy``), so the model runs standalone. This module knows nothing of
+the acceleration methods.
 """
 
 from __future__ import annotations
@@ -21,14 +24,17 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-#: ``softmax_fn(scores, scale, causal) -> probabilities`` (the contract of ``kernels.softmax``)
-SoftmaxFn = Callable[[torch.Tensor, float, bool], torch.Tensor]
+#: ``attention_fn(q, k, v, scale, causal, dropout_p) -> (B, nh, Tq, hs)`` (the contract of ``kernels.attention``)
+AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, bool, float], torch.Tensor]
+#: ``loss_fn(logits (N, V), targets (N,)) -> mean loss`` or, linear form, ``loss_fn(hidden (N, C), weight (V, C), targets)``
+LossFn = Callable[..., torch.Tensor]
+LOSS_FORMS = ("logits", "linear")
 
 
 @dataclass
 class GPTConfig:
     vocab_size: int = 50304
-    block_size: int = 1024  # the longest context the position embedding supports
+    context: int = 1024  # the longest sequence the position embedding supports
     n_layer: int = 12
     n_head: int = 12
     n_embd: int = 768
@@ -40,44 +46,36 @@ class GPTConfig:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
 
 
-def eager_softmax(scores: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
-    """The model's own default softmax (so the model runs standalone): scale, mask, torch.softmax."""
+def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool,
+                    dropout_p: float) -> torch.Tensor:
+    """The model's own default attention (so the model runs standalone): scores in memory, scale,
+    mask, torch.softmax, dropout, @ v."""
+    scores = q @ k.transpose(-2, -1)  # (B, nh, Tq, Tk)
     x = scores * scale
     if causal:
         tq, tk = x.shape[-2], x.shape[-1]
         mask = torch.ones(tq, tk, dtype=torch.bool, device=x.device).triu(tk - tq + 1)
         x = x.masked_fill(mask, float("-inf"))
-    return torch.softmax(x, dim=-1).to(scores.dtype)
+    att = torch.softmax(x, dim=-1).to(scores.dtype)
+    if dropout_p:
+        att = F.dropout(att, dropout_p, training=True)
+    return att @ v  # (B, nh, Tq, hs)
 
 
-class MaterializedAttention(nn.Module):
-    """softmax(q k^T / sqrt(d)) v with the (B, nh, T, T) scores in memory and a pluggable softmax."""
+class AttentionCore(nn.Module):
+    """softmax(q k^T / sqrt(hs)) v, causal, computed by a pluggable ``attention_fn``."""
 
-    def __init__(self, softmax_fn: SoftmaxFn = eager_softmax, dropout: float = 0.0):
+    def __init__(self, attention_fn: AttentionFn = eager_attention, dropout: float = 0.0):
         super().__init__()
-        self.softmax_fn = softmax_fn
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        scale = 1.0 / math.sqrt(q.size(-1))
-        scores = q @ k.transpose(-2, -1)  # (B, nh, T, T)
-        att = self.softmax_fn(scores, scale, True)  # (B, nh, T, T), rows sum to 1
-        return self.dropout(att) @ v  # (B, nh, T, hs)
-
-    def extra_repr(self) -> str:
-        return f"softmax_fn={getattr(self.softmax_fn, '__name__', repr(self.softmax_fn))}"
-
-
-class SDPAttention(nn.Module):
-    """Reference core: fused flash attention; the scores are never materialized."""
-
-    def __init__(self, dropout: float = 0.0):
-        super().__init__()
+        self.attention_fn = attention_fn
         self.dropout_p = dropout
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        p = self.dropout_p if self.training else 0.0
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        scale = 1.0 / math.sqrt(q.size(-1))
+        return self.attention_fn(q, k, v, scale, True, self.dropout_p if self.training else 0.0)
+
+    def extra_repr(self) -> str:
+        return f"attention_fn={getattr(self.attention_fn, '__name__', repr(self.attention_fn))}"
 
 
 class CausalSelfAttention(nn.Module):
@@ -87,7 +85,7 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.resid_dropout = nn.Dropout(cfg.dropout)
-        self.core: nn.Module = MaterializedAttention(dropout=cfg.dropout)
+        self.core: nn.Module = AttentionCore(dropout=cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -130,12 +128,14 @@ class GPT(nn.Module):
         super().__init__()
         self.config = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.context, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying
+        self.loss_fn: LossFn = F.cross_entropy  # the loss seam (see set_loss)
+        self.loss_form = "logits"
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2: scaled init of the residual projections
             if name.endswith("c_proj.weight"):
@@ -150,19 +150,23 @@ class GPT(nn.Module):
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(logits (B, T, vocab), loss); with targets in the ``linear`` loss form the logits are never
+        built and None is returned in their place."""
         B, T = idx.shape
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds the model's block_size {self.config.block_size}")
+        if T > self.config.context:
+            raise ValueError(f"sequence length {T} exceeds the model's context {self.config.context}")
         pos = torch.arange(T, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
         for block in self.blocks:
             x = block(x)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
-        return logits, loss
+        h = self.ln_f(x)  # (B, T, C)
+        if targets is None:
+            return self.lm_head(h), None
+        if self.loss_form == "linear":  # the loss reads the hidden states and the (tied) head weight
+            return None, self.loss_fn(h.view(B * T, -1), self.lm_head.weight, targets.reshape(-1))
+        logits = self.lm_head(h)  # (B, T, vocab)
+        return logits, self.loss_fn(logits.view(B * T, -1), targets.reshape(-1))
 
     def matmul_params(self) -> int:
         """Parameters that take part in a matmul per token: every weight except the position
@@ -203,5 +207,25 @@ def swap_attention_cores(model: nn.Module, make_core: Callable[[], nn.Module]) -
     def undo() -> None:
         for a, core in zip(attns, old):
             a.core = core
+
+    return undo
+
+
+def set_attention(model: nn.Module, attention_fn: AttentionFn) -> Callable[[], None]:
+    """Every block's attention computed by ``attention_fn`` (same dropout); returns the undo."""
+    dropout = model.config.dropout if isinstance(model, GPT) else 0.0
+    return swap_attention_cores(model, lambda: AttentionCore(attention_fn, dropout=dropout))
+
+
+def set_loss(model: "GPT", loss_fn: LossFn, form: str = "logits") -> Callable[[], None]:
+    """The model's loss computed by ``loss_fn`` in ``form`` (``logits``: ``loss_fn(logits, targets)``;
+    ``linear``: ``loss_fn(hidden, weight, targets)``); returns the undo."""
+    if form not in LOSS_FORMS:
+        raise ValueError(f"loss form {form!r} is not accepted: one of {', '.join(LOSS_FORMS)}")
+    old = (model.loss_fn, model.loss_form)
+    model.loss_fn, model.loss_form = loss_fn, form
+
+    def undo() -> None:
+        model.loss_fn, model.loss_form = old
 
     return undo

@@ -79,7 +79,7 @@ def test_compile_matches_float64_reference(case, dtype, seeded):
 
 @pytest.mark.skipif("compile" not in RUNNABLE, reason="torch.compile unavailable")
 def test_compile_compiles_once_per_signature():
-    from kernels.methods.compiled import compiled_signatures
+    from kernels.methods.compile import compiled_signatures
 
     x = torch.randn(4, 24, device=DEVICE)
     kernels.softmax(x, method="compile")
@@ -186,7 +186,7 @@ def test_rejects_empty_last_dim_and_0d(method):
 
 
 def test_registering_a_method_is_one_call_and_undoable():
-    m = kernels.SoftmaxMethod(name="_test_double", fn=lambda x, s, c: 2 * x, summary="test")
+    m = kernels.Method(name="_test_double", softmax=lambda x, s, c: 2 * x, summary="test")
     kernels.register(m)
     try:
         assert "_test_double" in kernels.available_methods()

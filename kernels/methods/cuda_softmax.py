@@ -37,7 +37,7 @@ from typing import Optional
 
 import torch
 
-from kernels.registry import SoftmaxMethod, register
+from kernels.registry import Method, register
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
 SOURCES = [CSRC / "softmax_binding.cpp", CSRC / "softmax_kernels.cu"]
@@ -147,9 +147,9 @@ def code_path(dtype: torch.dtype, backward: bool, cols: int, aligned: bool = Tru
 
 
 register(
-    SoftmaxMethod(
+    Method(
         name="cuda",
-        fn=cuda_softmax,
+        softmax=cuda_softmax,
         summary="fused CUDA C++ extension: scale + causal mask + softmax, forward and backward, any N",
         unavailable_reason=unavailable_reason,
         validate=validate,

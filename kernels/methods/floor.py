@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.registry import SoftmaxMethod, register
+from kernels.registry import Method, register
 
 
 def scale_only(scores: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
@@ -17,9 +17,9 @@ def scale_only(scores: torch.Tensor, scale: float, causal: bool) -> torch.Tensor
 
 
 register(
-    SoftmaxMethod(
+    Method(
         name="floor",
-        fn=scale_only,
+        softmax=scale_only,
         summary="timing only: scores scaled, not normalized (the no-softmax floor)",
         exact=False,
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from kernels.common import causal_mask
-from kernels.registry import SoftmaxMethod, register
+from kernels.registry import Method, register
 
 
 def naive_softmax(scores: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
@@ -28,9 +28,9 @@ def naive_softmax(scores: torch.Tensor, scale: float, causal: bool) -> torch.Ten
 
 
 register(
-    SoftmaxMethod(
+    Method(
         name="naive",
-        fn=naive_softmax,
+        softmax=naive_softmax,
         summary="unfused eager chain (scale, mask, max, sub, exp, sum, div) in fp32: the baseline",
     )
 )

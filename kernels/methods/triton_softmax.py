@@ -66,7 +66,7 @@ from typing import Optional
 
 import torch
 
-from kernels.registry import SoftmaxMethod, register
+from kernels.registry import Method, register
 
 try:
     import triton
@@ -1010,7 +1010,7 @@ def launch_bwd(
 # torch ops (custom_op + fake + autograd) and registration
 # ------------------------------------------------------------------------------------------------
 def _check_op_input(x: torch.Tensor, causal: bool) -> None:
-    from kernels.registry import check_scores
+    from kernels.contract import check_scores
 
     check_scores(x, causal)
     validate(x)
@@ -1056,9 +1056,9 @@ def triton_softmax(scores: torch.Tensor, scale: float, causal: bool) -> torch.Te
 
 
 register(
-    SoftmaxMethod(
+    Method(
         name="triton",
-        fn=triton_softmax,
+        softmax=triton_softmax,
         summary="fused Triton kernels: scale + causal mask + softmax, forward and backward, any N",
         unavailable_reason=unavailable_reason,
         validate=validate,

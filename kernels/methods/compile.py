@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from kernels.methods.naive import naive_softmax
-from kernels.registry import SoftmaxMethod, register
+from kernels.registry import Method, register
 
 _COMPILED: dict[tuple, Callable] = {}
 
@@ -46,9 +46,9 @@ def compiled_signatures() -> int:
 
 
 register(
-    SoftmaxMethod(
+    Method(
         name="compile",
-        fn=compiled_softmax,
+        softmax=compiled_softmax,
         summary="the naive chain through torch.compile (Inductor-fused), one compile per signature",
     )
 )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from kernels.common import causal_mask, fully_masked_rows
-from kernels.registry import SoftmaxMethod, register
+from kernels.registry import Method, register
 
 
 def torch_softmax(scores: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
@@ -27,9 +27,9 @@ def torch_softmax(scores: torch.Tensor, scale: float, causal: bool) -> torch.Ten
 
 
 register(
-    SoftmaxMethod(
+    Method(
         name="torch",
-        fn=torch_softmax,
+        softmax=torch_softmax,
         summary="scale + masked_fill + torch.softmax (PyTorch's native kernel)",
     )
 )

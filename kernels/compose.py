@@ -1,0 +1,36 @@
+"""Ops built from the ones a method implements (see :mod:`kernels.registry`).
+
+* ``attention`` from a ``softmax``: the materialized rung, exactly what the model's attention did
+  before fused attention existed: scores = q k^T (B, H, Tq, Tk) in memory, the method's softmax (scale
+  and causal mask fused into it), dropout on the probabilities, then @ v.
+* ``linear_cross_entropy`` from a ``cross_entropy``: the logits ``hidden @ weight.T`` in memory, then
+  the method's cross-entropy.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+def attention_from_softmax(softmax: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def attention(q, k, v, scale: float, causal: bool, dropout_p: float, **options) -> torch.Tensor:
+        scores = q @ k.transpose(-2, -1)  # (B, H, Tq, Tk)
+        p = softmax(scores, scale, causal, **options)  # rows sum to 1
+        if dropout_p:
+            p = F.dropout(p, dropout_p, training=True)
+        return p @ v  # (B, H, Tq, dv)
+
+    attention.__name__ = f"attention_from[{getattr(softmax, '__name__', 'softmax')}]"
+    return attention
+
+
+def linear_from_cross_entropy(cross_entropy: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def linear_cross_entropy(hidden, weight, targets, ignore_index: int, reduction: str, **options) -> torch.Tensor:
+        logits = F.linear(hidden, weight)  # (N, V): every logit in memory
+        return cross_entropy(logits, targets, ignore_index, reduction, **options)
+
+    linear_cross_entropy.__name__ = f"linear_from[{getattr(cross_entropy, '__name__', 'cross_entropy')}]"
+    return linear_cross_entropy

@@ -1,0 +1,57 @@
+"""`sdpa`: PyTorch's fused attention (``scaled_dot_product_attention``); the scores never exist in
+memory. The vendor references of the fused-attention rung: option ``backend`` picks SDPA's kernel
+(``auto``: PyTorch's own choice, flash on an H200 under bf16; ``flash``, ``cudnn``, ``efficient``
+(memory-efficient), ``math`` (the unfused reference)). A backend that cannot take the inputs raises
+PyTorch's own error naming why. Implements ``attention`` only (no softmax over stored scores).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+from kernels.registry import Method, register
+
+BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
+
+
+def _backend_context(backend: str):
+    if backend == "auto":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    kind = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[backend]
+    return sdpa_kernel(kind)
+
+
+def _causal_mask(tq: int, tk: int, device) -> torch.Tensor:
+    """Boolean (Tq, Tk) mask, True where a key is kept (the contract's rule for Tq != Tk)."""
+    i = torch.arange(tq, device=device)[:, None]
+    j = torch.arange(tk, device=device)[None, :]
+    return j <= i + (tk - tq)
+
+
+def sdpa_attention(q, k, v, scale: float, causal: bool, dropout_p: float, backend: str = "auto") -> torch.Tensor:
+    tq, tk = q.shape[-2], k.shape[-2]
+    with _backend_context(backend):
+        if not causal or tq == tk:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale)
+        # SDPA's is_causal aligns the mask to the top left for Tq != Tk; the contract aligns it to the
+        # bottom right (key j kept for query i when j <= i + Tk - Tq), and a query with no key gets zeros
+        keep = _causal_mask(tq, tk, q.device)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p, scale=scale)
+        empty = ~keep.any(dim=-1)  # rows with no key (Tq > Tk): SDPA gives NaN there
+        return out.masked_fill(empty[:, None], 0.0) if bool(tq > tk) else out
+
+
+register(
+    Method(
+        name="sdpa",
+        attention=sdpa_attention,
+        summary="PyTorch's fused attention (scaled_dot_product_attention; backend auto|flash|cudnn|efficient|math)",
+        options={"backend": BACKENDS},
+    )
+)
