@@ -316,21 +316,20 @@ def run_kernel_bench(
 # ------------------------------------------------------------------------------------------------
 def bare_loop_tokens_per_s(cfg, steps: int, warmup: int) -> float:
     """Train the same model the same way as the harness does, with nothing around it."""
+    from harness.build import build_model, accel_applied, seq_len
     from harness.data import BatchStream, make_corpus
-    from harness.methods import apply_accel
     from harness.task import make_optimizer, warmup_cosine_lr
-    from harness.train import build_model
 
     torch.manual_seed(cfg.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    seq = int(cfg.data.seq_len or cfg.model.context)
+    seq = seq_len(cfg)
     model = build_model(cfg).to(device)
     vocab = model.config.vocab_size
-    apply_accel(model, cfg.accel.attention, cfg.accel.softmax)
+    accel_applied(model, cfg)
     opt = make_optimizer(model, cfg.trainer.lr, cfg.trainer.weight_decay, (cfg.trainer.beta1, cfg.trainer.beta2))
     corpus = make_corpus(cfg.data, seq)
     total = steps + warmup
-    stream = BatchStream(None if corpus is None else corpus.train, vocab, cfg.model.batch_size, seq,
+    stream = BatchStream(None if corpus is None else corpus.train, vocab, cfg.data.batch_size, seq,
                          cfg.seed, "train", 0, total)
     amp = torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda")
     t0 = None
@@ -352,14 +351,15 @@ def bare_loop_tokens_per_s(cfg, steps: int, warmup: int) -> float:
         opt.zero_grad(set_to_none=True)
     if device == "cuda":
         torch.cuda.synchronize()
-    return steps * cfg.model.batch_size * seq / (time.perf_counter() - t0)
+    return steps * cfg.data.batch_size * seq / (time.perf_counter() - t0)
 
 
 def run_overhead(overrides: list[str], steps: int, rounds: int, out: Path) -> dict:
     from hydra import compose, initialize_config_dir
 
     from harness.env import environment
-    from harness.train import CONF_DIR, run_training
+    from harness.config import CONF_DIR
+    from harness.train import run_training
 
     warmup = 5
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):

@@ -1,6 +1,7 @@
 """Where the time goes: one training step split into softmax forward, softmax backward and the rest.
 
-Identity autograd functions placed before and after the softmax in every attention block record CUDA
+Identity autograd functions placed before and after the softmax in every attention block (the
+method's softmax inside the attention composed from it, see kernels.compose) record CUDA
 events (wall-clock marks on a CPU): forward marks bracket the softmax's forward kernels; in backward the
 outer mark's backward runs first and the inner one's last, so they bracket exactly the softmax's
 backward nodes (autograd runs nodes in reverse creation order, and nothing else was created between
@@ -77,18 +78,14 @@ class Breakdown:
 
 def measure(model: torch.nn.Module, batches: list, softmax: Callable, steps: int = 5, warmup: int = 2) -> Breakdown:
     """Train ``model`` (already on its device) for warmup + steps on ``batches`` with the marked softmax
-    in every materialized attention core; medians over the measured steps."""
-    from models import MaterializedAttention, attention_cores
+    in every attention core (attention composed from it); medians over the measured steps."""
+    from kernels.compose import attention_from_softmax
+    from models import set_attention
 
     device = next(model.parameters()).device
     cuda = device.type == "cuda"
     marks = _Marks(cuda)
-    cores = [a.core for a in attention_cores(model) if isinstance(a.core, MaterializedAttention)]
-    if not cores:
-        raise ValueError("no materialized attention to time (sdpa has no separate softmax)")
-    originals = [c.softmax_fn for c in cores]
-    for c in cores:
-        c.softmax_fn = marked(softmax, marks)
+    undo = set_attention(model, attention_from_softmax(marked(softmax, marks)))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda)
     rows = []
@@ -125,8 +122,7 @@ def measure(model: torch.nn.Module, batches: list, softmax: Callable, steps: int
                     open_bwd = None
             rows.append((step, fwd, bwd))
     finally:
-        for c, f in zip(cores, originals):
-            c.softmax_fn = f
+        undo()
     step = statistics.median(r[0] for r in rows)
     fwd = statistics.median(r[1] for r in rows)
     bwd = statistics.median(r[2] for r in rows)

@@ -87,3 +87,11 @@ def precheck_overrides(
 def _fail(msg: str) -> None:
     print(f"error: {msg}", file=sys.stderr)
     sys.exit(2)
+
+
+def run_app(hydra_main: Callable[[], None], config_name: str, validate: Callable[[DictConfig], None] | None) -> None:
+    """The entry point of a Hydra app (train, study): clear errors for bad overrides first, then Hydra."""
+    from harness.config import CONF_DIR
+
+    precheck_overrides(sys.argv[1:], CONF_DIR, config_name, validate=validate)
+    hydra_main()

@@ -7,17 +7,24 @@ rejects out-of-range values before any work starts, naming the key, the bad valu
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 
+#: The Hydra configs (conf/ at the top of the repository).
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+
+
 @dataclass
 class AccelConfig:
-    name: str = MISSING  # the label of the method in results and W&B (naive, torch, triton, sdpa...)
-    attention: str = "materialized"  # materialized (scores in memory + softmax method) | sdpa
-    softmax: Optional[str] = None  # a kernels method name; required when attention == materialized
+    name: str = MISSING  # the label of this configuration in results and W&B (one file in conf/accel/)
+    method: str = MISSING  # the kernels method (kernels.available_methods()) that computes the softmaxes
+    patch: list = field(default_factory=lambda: ["attention", "loss"])  # which softmaxes it computes, where it can
+    loss_form: str = "logits"  # logits (cross-entropy on the logits) | linear (fused linear + cross-entropy)
+    options: dict = field(default_factory=dict)  # the method's options (sdpa: backend)
 
 
 @dataclass
@@ -26,8 +33,7 @@ class ModelConfig:
     n_layer: int = 2
     n_head: int = 2
     n_embd: int = 64
-    context: int = 64  # sequence length, and the longest the position embedding supports
-    batch_size: int = 8
+    context: int = 64  # the longest sequence the position embedding supports
     dropout: float = 0.0
     bias: bool = False
     vocab_size: Optional[int] = None  # None: the data's vocabulary
@@ -40,7 +46,8 @@ class DataConfig:
     vocab_size: Optional[int] = None  # synthetic tokens' vocabulary; byte-level corpora use 256
     max_bytes: int = 16_000_000  # cap on the stdlib corpus size
     val_fraction: float = 0.05
-    seq_len: Optional[int] = None  # None: the model's context
+    batch_size: int = 8  # sequences per step (per rank); each model file sets its own
+    seq_len: Optional[int] = None  # training sequence length; None: the model's context
     cache_dir: str = "~/.cache/softmax-harness"
 
 
@@ -92,11 +99,12 @@ class TrainConfig:
 
 @dataclass
 class StudyConfig:
-    methods: list = field(default_factory=lambda: ["naive", "torch", "compile", "triton", "cuda", "sdpa"])
+    methods: Optional[list] = None  # accel configs to run; None: every one whose method can run here
     compiled: list = field(default_factory=lambda: ["naive", "triton", "cuda"])  # also with compile_model
-    floor: bool = True  # time the no-softmax floor (scores only scaled; timing only, no speedup)
-    parity_steps: int = 20  # K: loss curves compared with the torch run over the first K steps
-    parity_tol: float = 0.02  # max |loss - torch loss| / torch loss over those steps
+    reference: str = "torch"  # the accel config every loss curve is compared with (parity)
+    baseline: str = "naive"  # the accel config speedups are given against
+    parity_steps: int = 20  # K: loss curves compared with the reference run over the first K steps
+    parity_tol: float = 0.02  # max |loss - reference loss| / reference loss over those steps
     profile: bool = False  # also split a step into softmax fwd / bwd / the rest (eager runs), Amdahl
 
 
@@ -108,7 +116,8 @@ class StudyAppConfig(TrainConfig):
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 ConfigStore.instance().store(name="study_schema", node=StudyAppConfig)
 
-ATTENTION_KINDS = ("materialized", "sdpa")
+PATCHABLE = ("attention", "loss")
+LOSS_FORMS = ("logits", "linear")
 DATA_KINDS = ("stdlib", "text", "synthetic")
 LOGGER_KINDS = ("wandb", "csv", "none")
 LOGGER_MODES = ("auto", "offline", "online", "disabled")
@@ -131,7 +140,7 @@ def validate(cfg: DictConfig | TrainConfig) -> None:
         "model.n_head": c.model.n_head,
         "model.n_embd": c.model.n_embd,
         "model.context": c.model.context,
-        "model.batch_size": c.model.batch_size,
+        "data.batch_size": c.data.batch_size,
         "trainer.max_steps": c.trainer.max_steps,
         "trainer.window": c.trainer.window,
         "trainer.val_batches": c.trainer.val_batches,
@@ -170,10 +179,11 @@ def validate(cfg: DictConfig | TrainConfig) -> None:
                 f"0 or a multiple of trainer.window ({c.trainer.window}), so that it never falls inside "
                 "a throughput window",
             )
-    if c.accel.attention not in ATTENTION_KINDS:
-        raise _bad("accel.attention", c.accel.attention, f"one of {', '.join(ATTENTION_KINDS)}")
-    if c.accel.attention == "materialized" and not c.accel.softmax:
-        raise _bad("accel.softmax", c.accel.softmax, "a softmax method name when accel.attention=materialized")
+    for part in c.accel.patch:
+        if part not in PATCHABLE:
+            raise _bad("accel.patch", list(c.accel.patch), f"a list of {', '.join(PATCHABLE)} (the softmaxes to patch)")
+    if c.accel.loss_form not in LOSS_FORMS:
+        raise _bad("accel.loss_form", c.accel.loss_form, f"one of {', '.join(LOSS_FORMS)}")
     if c.data.name not in DATA_KINDS:
         raise _bad("data.name", c.data.name, f"one of {', '.join(DATA_KINDS)}")
     if c.data.name == "text" and not c.data.path:

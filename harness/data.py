@@ -15,9 +15,7 @@ data position (the stream starts at the trainer's restored global step).
 from __future__ import annotations
 
 import hashlib
-import os
 import sysconfig
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
@@ -26,23 +24,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from harness.results import atomic_write_bytes
+
 BYTE_VOCAB = 256
 
 
 class DataError(ValueError):
     """A data problem the user can fix: the message says what and how."""
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def stdlib_sources() -> list[Path]:
@@ -70,7 +58,7 @@ def build_stdlib_corpus(cache_dir: Path, max_bytes: int) -> Path:
         total += len(b) + 2
         if total >= max_bytes:
             break
-    _atomic_write_bytes(out, b"".join(chunks)[:max_bytes])
+    atomic_write_bytes(out, b"".join(chunks)[:max_bytes])
     return out
 
 
@@ -83,7 +71,7 @@ def build_text_corpus(path: str, cache_dir: Path) -> Path:
     digest = hashlib.sha1(data).hexdigest()[:12]
     out = Path(cache_dir).expanduser() / f"text-{digest}.u8"
     if not out.exists():
-        _atomic_write_bytes(out, data)
+        atomic_write_bytes(out, data)
     return out
 
 

@@ -1,13 +1,25 @@
-"""Correctness gate: a softmax method checked against float64 on the shapes it will see, forward and
-backward, before any of its numbers are trusted (training start-up and speedup studies)."""
+"""Correctness gate: every softmax a method patched, checked against float64 on the shapes the run
+will see, forward and backward, before any of its numbers are trusted (training start-up and
+speedup studies).
+
+* attention composed from the method's softmax: the softmax itself on (1, heads, T, T) causal scores;
+* native attention: attention on (1, heads, T, head dim);
+* the loss: the method's cross-entropy on (rows, vocabulary) logits (linear form: on hidden states
+  and a head weight of the model's shapes), a few hundred rows, some targets ignored.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Optional
 
 import torch
 
 import kernels
+
+
+class GateError(RuntimeError):
+    """A patched op failed its correctness check: no training, no numbers."""
 
 
 @dataclass
@@ -19,9 +31,22 @@ class GateResult:
     shape: tuple
     dtype: str
     reason: str = ""
+    op: str = "softmax"
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def _errors(method: str, op: str, shape: tuple, name: str, got: list, want: list, ftol: float, btol: float) -> GateResult:
+    """got/want: [forward output, gradients...] of the method and the float64 reference."""
+    fwd = kernels.relative_error(got[0], want[0])
+    bwd = max((kernels.relative_error(g, w) for g, w in zip(got[1:], want[1:])), default=0.0)
+    reasons = []
+    if not fwd <= ftol:  # NaN fails too
+        reasons.append(f"forward error {fwd:.2e} > {ftol:.1e}")
+    if not bwd <= btol:
+        reasons.append(f"backward error {bwd:.2e} > {btol:.1e}")
+    return GateResult(method, not reasons, fwd, bwd, tuple(shape), name, "; ".join(reasons), op)
 
 
 def check_softmax(
@@ -43,15 +68,70 @@ def check_softmax(
     x64 = x.detach().to(torch.float64).requires_grad_(True)
     ref = kernels.reference_softmax(x64, scale=scale, causal=causal)
     ref.backward(dy.to(torch.float64))
-    fwd = kernels.relative_error(y, ref)
-    bwd = kernels.relative_error(x.grad, x64.grad)
-    ftol = kernels.tolerance("fwd", dtype, ref.detach())
-    btol = kernels.tolerance("bwd", dtype, x64.grad)
-    reasons = []
-    if not fwd <= ftol:  # NaN fails too
-        reasons.append(f"forward error {fwd:.2e} > {ftol:.1e}")
-    if not bwd <= btol:
-        reasons.append(f"backward error {bwd:.2e} > {btol:.1e}")
+    res = _errors(method, "softmax", shape, name, [y, x.grad], [ref, x64.grad],
+                  kernels.tolerance("fwd", dtype, ref.detach()), kernels.tolerance("bwd", dtype, x64.grad))
     if y.shape != x.shape or y.dtype != x.dtype:
-        reasons.append(f"output {tuple(y.shape)} {y.dtype} differs from input {tuple(x.shape)} {x.dtype}")
-    return GateResult(method, not reasons, fwd, bwd, tuple(shape), name, "; ".join(reasons))
+        res.passed = False
+        res.reason = "; ".join(filter(None, [res.reason, f"output {tuple(y.shape)} {y.dtype} differs from input "
+                                                         f"{tuple(x.shape)} {x.dtype}"]))
+    return res
+
+
+def check_attention(method: str, shape: tuple, dtype: torch.dtype, device: str, causal: bool = True,
+                    seed: int = 0, options: Optional[dict] = None) -> GateResult:
+    """q, k, v of ``shape`` (B, H, T, d); the output and the three input gradients against float64."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, dout = (torch.randn(shape, generator=g).to(device=device, dtype=dtype) for _ in range(4))
+    name = str(dtype).replace("torch.", "")
+    qkv = [t.requires_grad_(True) for t in (q, k, v)]
+    try:
+        out = kernels.attention(*qkv, causal=causal, method=method, **(options or {}))
+        out.backward(dout)
+    except Exception as exc:
+        return GateResult(method, False, float("nan"), float("nan"), tuple(shape), name,
+                          f"raised {type(exc).__name__}: {exc}", "attention")
+    ref_in = [t.detach().to(torch.float64).requires_grad_(True) for t in qkv]
+    ref = kernels.reference_attention(*ref_in, causal=causal)
+    ref.backward(dout.to(torch.float64))
+    return _errors(method, "attention", shape, name, [out] + [t.grad for t in qkv], [ref] + [t.grad for t in ref_in],
+                   kernels.ATTN_FWD_TOL[dtype], kernels.ATTN_BWD_TOL[dtype])
+
+
+@dataclass
+class RunShapes:
+    """The shapes a training run hands to the patched ops."""
+
+    heads: int
+    seq_len: int
+    head_dim: int
+    vocab: int
+    n_embd: int
+    tokens: int
+    dtype: torch.dtype
+    device: str
+    extra: dict = field(default_factory=dict)
+
+
+def run_gate(applied, shapes: RunShapes) -> dict:
+    """Check every op ``applied`` (harness.accel.Applied) patched; returns the record for results.json
+    and raises GateError on the first failure."""
+    m = kernels.get_method(applied.method)
+    if not m.exact:
+        return {"checked": False, "reason": "timing-only method (not what its ops promise)"}
+    results = []
+    if applied.attention == "composed":  # the method's own softmax, on the run's scores
+        results.append(check_softmax(applied.method, (1, shapes.heads, shapes.seq_len, shapes.seq_len), shapes.dtype,
+                                     shapes.device, scale=shapes.head_dim ** -0.5, causal=True))
+    elif applied.attention == "native":
+        results.append(check_attention(applied.method, (1, shapes.heads, shapes.seq_len, shapes.head_dim),
+                                       shapes.dtype, shapes.device, options=applied.options))
+    for r in results:
+        if not r.passed:
+            raise GateError(
+                f"method {applied.method!r} failed its {r.op} check against float64 on shape {r.shape} {r.dtype}: "
+                f"{r.reason}. Refusing to train (check_kernel=false skips the check, and is recorded in the results)."
+            )
+    if not results:
+        return {"checked": False, "reason": "nothing patched to check"}
+    first = results[0]
+    return {"checked": True, **first.as_dict(), "checks": [r.as_dict() for r in results]}

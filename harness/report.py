@@ -2,7 +2,7 @@
 
 It collects every ``results.json`` under the directory (a Hydra multirun sweep, a study, runs copied
 from a cluster), groups runs that are comparable (same model shape, batch, sequence length and data),
-checks each run's loss curve against the eager ``torch`` run of its group, and writes ``report.md``,
+checks each run's loss curve against the eager reference run of its group (``--reference``, default ``torch``), and writes ``report.md``,
 ``results.csv`` and the charts, exactly as ``harness.study`` does. Crashed and failed jobs appear with
 their error and no speedup. Nothing in the source directory is modified unless ``--out`` points there.
 """
@@ -16,7 +16,7 @@ from typing import Optional
 
 from omegaconf import OmegaConf
 
-from harness.study import StudyRow, finish, write_outputs
+from harness.study_report import StudyRow, finish, write_outputs
 
 STATUS = {"completed": "PASS", "failed": "FAIL", "crashed": "CRASH", "interrupted": "INTERRUPTED",
           "nonfinite": "FAIL"}
@@ -39,16 +39,17 @@ def collect(root: Path) -> list[dict]:
 def group_key(res: dict) -> tuple:
     m = res.get("model") or {}
     d = res.get("data") or {}
-    return (m.get("name"), m.get("n_layer"), m.get("n_embd"), m.get("n_head"), m.get("batch_size"),
+    return (m.get("name"), m.get("n_layer"), m.get("n_embd"), m.get("n_head"), d.get("batch_size"),
             d.get("seq_len") or m.get("context"), d.get("name"))
 
 
 def to_row(res: dict) -> StudyRow:
     status = STATUS.get(res.get("status", "crashed"), "CRASH")
     row = StudyRow(res.get("method", "?"), bool(res.get("compile_model")), status,
-                   reason=(res.get("error") or "") if status != "PASS" else "")
-    if res.get("method") == "floor":
-        row.status, row.reason = "TIMING-ONLY", "not a softmax: scores only scaled (the floor)"
+                   reason=(res.get("error") or "") if status != "PASS" else "", exact=res.get("exact", True) is not False)
+    if not row.exact and status == "PASS":
+        row.status, row.reason = "TIMING-ONLY", f"timing only ({res.get('kernels_method', row.method)})"
+    row.patched = res.get("patched")
     if status in ("PASS", "INTERRUPTED") or row.status == "TIMING-ONLY":
         row.tokens_per_s = res.get("tokens_per_s")
         row.step_ms_p50, row.step_ms_p90 = res.get("step_ms_p50"), res.get("step_ms_p90")
@@ -59,7 +60,8 @@ def to_row(res: dict) -> StudyRow:
     return row
 
 
-def build_report(root: Path, out: Optional[Path] = None, parity_steps: int = 20, parity_tol: float = 0.02) -> list[StudyRow]:
+def build_report(root: Path, out: Optional[Path] = None, parity_steps: int = 20, parity_tol: float = 0.02,
+                 reference: str = "torch", baseline: str = "naive") -> list[StudyRow]:
     runs = collect(root)
     if not runs:
         raise FileNotFoundError(f"no results.json under {root}")
@@ -70,7 +72,8 @@ def build_report(root: Path, out: Optional[Path] = None, parity_steps: int = 20,
     all_rows: list[StudyRow] = []
     for key, members in groups.items():
         rows = [to_row(r) for r in members]
-        study_cfg = OmegaConf.create({"study": {"parity_steps": parity_steps, "parity_tol": parity_tol}})
+        study_cfg = OmegaConf.create({"study": {"parity_steps": parity_steps, "parity_tol": parity_tol,
+                                                "reference": reference, "baseline": baseline}})
         finish(rows, study_cfg)
         for r in rows:
             r.reason = (r.reason + f" [group: {key[0]} batch {key[4]} seq {key[5]}]").strip() if len(groups) > 1 else r.reason
@@ -78,12 +81,12 @@ def build_report(root: Path, out: Optional[Path] = None, parity_steps: int = 20,
     first = runs[0]
     model = first.get("model") or {}
     cfg = OmegaConf.create({
-        "model": {k: model.get(k, "?") for k in ("name", "n_layer", "n_embd", "n_head", "context", "batch_size")},
-        "data": {"name": (first.get("data") or {}).get("name", "?")},
+        "model": {k: model.get(k, "?") for k in ("name", "n_layer", "n_embd", "n_head", "context")},
+        "data": {k: (first.get("data") or {}).get(k, "?") for k in ("name", "batch_size")},
         "trainer": {"max_steps": (first.get("config") or {}).get("trainer", {}).get("max_steps", "?"),
                     "warmup_steps": (first.get("config") or {}).get("trainer", {}).get("warmup_steps", "?")},
         "seed": first.get("seed", "?"),
-        "study": {"parity_steps": parity_steps, "parity_tol": parity_tol},
+        "study": {"parity_steps": parity_steps, "parity_tol": parity_tol, "reference": reference, "baseline": baseline},
     })
     write_outputs(all_rows, cfg, out, partial=False)
     return all_rows
@@ -95,8 +98,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--out", type=Path, default=None, help="where to write the report (default: root)")
     p.add_argument("--parity-steps", type=int, default=20)
     p.add_argument("--parity-tol", type=float, default=0.02)
+    p.add_argument("--reference", default="torch", help="the run every loss curve is compared with (default: torch)")
+    p.add_argument("--baseline", default="naive", help="the run speedups are given against (default: naive)")
     a = p.parse_args(argv)
-    build_report(a.root, a.out, a.parity_steps, a.parity_tol)
+    build_report(a.root, a.out, a.parity_steps, a.parity_tol, a.reference, a.baseline)
     print(((a.out or a.root) / "report.md").read_text())
 
 

@@ -14,8 +14,11 @@ This package knows nothing of Lightning, Hydra or W&B.
 
 from kernels.contract import REDUCTIONS, SUPPORTED_DTYPES
 from kernels.reference import (
+    ATTN_BWD_TOL,
+    ATTN_FWD_TOL,
     BWD_TOL,
     FWD_TOL,
+    reference_attention,
     reference_softmax,
     reference_softmax_backward,
     relative_error,
@@ -39,10 +42,13 @@ from kernels.registry import (
     register,
     runnable_methods,
     softmax,
+    unavailable_reason,
     unregister,
 )
 
 __all__ = [
+    "ATTN_BWD_TOL",
+    "ATTN_FWD_TOL",
     "BWD_TOL",
     "FWD_TOL",
     "OPS",
@@ -59,6 +65,7 @@ __all__ = [
     "cross_entropy",
     "get_method",
     "linear_cross_entropy",
+    "reference_attention",
     "reference_softmax",
     "reference_softmax_backward",
     "refresh",
@@ -68,5 +75,6 @@ __all__ = [
     "runnable_methods",
     "softmax",
     "tolerance",
+    "unavailable_reason",
     "unregister",
 ]

@@ -60,3 +60,19 @@ def tolerance(kind: str, dtype: torch.dtype, ref: torch.Tensor | None = None) ->
     rounding floor of ``ref`` (the exact result) when that is larger."""
     base = (FWD_TOL if kind == "fwd" else BWD_TOL)[dtype]
     return base if ref is None else max(base, 3 * rounding_floor(ref, dtype))
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
+                        causal: bool = True) -> torch.Tensor:
+    """The attention contract in float64 (differentiable): softmax(scale * q k^T, causal) v, queries
+    with no key get zeros."""
+    q64, k64, v64 = (t.to(torch.float64) for t in (q, k, v))
+    s = 1.0 / (q.shape[-1] ** 0.5) if scale is None else scale
+    p = reference_softmax(q64 @ k64.transpose(-2, -1), scale=s, causal=causal)
+    return p @ v64
+
+
+#: ||out - ref|| / ||ref|| bounds of attention by dtype (the probabilities are rounded to the dtype
+#: before the second matmul in every fused kernel): output, input gradients.
+ATTN_FWD_TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2.5e-2}
+ATTN_BWD_TOL = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}

@@ -64,7 +64,8 @@ class Method:
     a GPU method) with a clear error. ``prepare`` (optional) does one-time work such as building an
     extension and returns what it cost. ``exact=False`` marks a timing-only stand-in that does not
     compute what its ops promise (never reported as a speedup). ``options``: option name -> the
-    accepted values, the first being the default (``sdpa``'s ``backend``, say).
+    accepted values, the first being the default (``sdpa``'s ``backend``, say);
+    ``options_unavailable(options)`` (optional) says why the method cannot run here with those options.
     """
 
     name: str
@@ -78,6 +79,7 @@ class Method:
     prepare: Optional[Callable[[], dict]] = None
     exact: bool = True
     options: Mapping[str, tuple] = field(default_factory=dict)
+    options_unavailable: Optional[Callable[[Mapping[str, Any]], Optional[str]]] = None
 
     def __post_init__(self) -> None:
         if not any(getattr(self, op) for op in OPS):
@@ -206,7 +208,18 @@ def get_method(name: str) -> Method:
     return method
 
 
-def _check_options(m: Method, options: dict) -> dict:
+def unavailable_reason(method: str, **options: Any) -> Optional[str]:
+    """Why ``method`` with ``options`` cannot run here (None: it can); an unknown method or option
+    raises the same errors as :func:`bind`."""
+    try:
+        m = get_method(method)
+    except MethodUnavailableError:
+        return _availability(_REGISTRY[method]).reason
+    _check_options(m, options, raise_unavailable=False)
+    return m.options_unavailable(options) if (m.options_unavailable and options) else None
+
+
+def _check_options(m: Method, options: dict, raise_unavailable: bool = True) -> dict:
     for key, value in options.items():
         accepted = m.options.get(key)
         if accepted is None:
@@ -216,6 +229,10 @@ def _check_options(m: Method, options: dict) -> dict:
             raise ValueError(
                 f"method {m.name!r}: option {key}={value!r} is not accepted: one of {', '.join(map(str, accepted))}"
             )
+    if raise_unavailable and options and m.options_unavailable is not None:
+        reason = m.options_unavailable(options)
+        if reason:
+            raise MethodUnavailableError(f"method {m.name!r} with {options} cannot run here: {reason}")
     return options
 
 

@@ -1,4 +1,4 @@
-"""The model, its softmax seam, and applying / undoing a method."""
+"""The model, its two seams (attention core, loss), and applying / undoing a method."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import kernels
-from harness.methods import apply_accel
-from models import GPT, GPTConfig, MaterializedAttention, SDPAttention, attention_cores
+from harness.accel import AccelError, apply_accel
+from models import GPT, AttentionCore, GPTConfig, attention_cores, set_loss
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-CFG = GPTConfig(vocab_size=97, block_size=24, n_layer=2, n_head=2, n_embd=32)
+CFG = GPTConfig(vocab_size=97, context=24, n_layer=2, n_head=2, n_embd=32)
 
 
 def loss_and_grads(model, idx):
@@ -20,17 +20,14 @@ def loss_and_grads(model, idx):
     return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("method", [m for m in kernels.runnable_methods()] + ["sdpa"])
+@pytest.mark.parametrize("method", kernels.runnable_methods(op="attention"))
 def test_model_loss_and_grads_match_torch(method):
     torch.manual_seed(0)
     model = GPT(CFG).to(DEVICE)
     idx = torch.randint(0, CFG.vocab_size, (3, 24), device=DEVICE)
-    apply_accel(model, "materialized", "torch")
+    apply_accel(model, "torch")
     ref_loss, ref_grads = loss_and_grads(model, idx)
-    if method == "sdpa":
-        apply_accel(model, "sdpa", None)
-    else:
-        apply_accel(model, "materialized", method)
+    apply_accel(model, method)
     loss, grads = loss_and_grads(model, idx)
     assert abs(loss.item() - ref_loss.item()) <= 1e-5 * abs(ref_loss.item())
     for name, g in grads.items():
@@ -41,22 +38,33 @@ def test_model_loss_and_grads_match_torch(method):
 def test_swap_and_undo():
     model = GPT(CFG)
     originals = [a.core for a in attention_cores(model)]
-    undo = apply_accel(model, "sdpa", None)
-    assert all(isinstance(a.core, SDPAttention) for a in attention_cores(model))
-    undo()
+    applied = apply_accel(model, "sdpa")
+    assert applied.attention == "native" and applied.loss is None  # sdpa has no cross-entropy: loss untouched
+    assert all("sdpa" in a.core.attention_fn.__name__ for a in attention_cores(model))
+    applied.undo()
     assert [a.core for a in attention_cores(model)] == originals
-    undo = apply_accel(model, "materialized", "naive")
+    applied = apply_accel(model, "naive")
+    assert applied.attention == "composed"  # q k^T -> naive softmax -> v
     cores = [a.core for a in attention_cores(model)]
-    assert all(isinstance(c, MaterializedAttention) and "naive" in c.softmax_fn.__name__ for c in cores)
-    undo()
+    assert all(isinstance(c, AttentionCore) and "naive" in c.attention_fn.__name__ for c in cores)
+    applied.undo()
     assert [a.core for a in attention_cores(model)] == originals
 
 
 def test_apply_unknown_method_fails_clearly():
     with pytest.raises(kernels.UnknownMethodError, match="'nope'"):
-        apply_accel(GPT(CFG), "materialized", "nope")
-    with pytest.raises(ValueError, match="attention core"):
-        apply_accel(GPT(CFG), "flash9", None)
+        apply_accel(GPT(CFG), "nope")
+    with pytest.raises(AccelError, match="provides none"):
+        apply_accel(GPT(CFG), "sdpa", patch=["loss"])
+    with pytest.raises(AccelError, match="loss_form"):
+        apply_accel(GPT(CFG), "torch", loss_form="fused")
+
+
+def test_patch_narrows_to_the_attention_and_the_model_never_branches_on_a_name():
+    model = GPT(CFG)
+    default_loss = model.loss_fn
+    applied = apply_accel(model, "torch", patch=["attention"])
+    assert applied.attention == "composed" and applied.loss is None and model.loss_fn is default_loss
 
 
 def test_attention_hands_scaled_causal_scores_to_the_softmax():
@@ -66,11 +74,36 @@ def test_attention_hands_scaled_causal_scores_to_the_softmax():
         seen.update(shape=tuple(scores.shape), scale=scale, causal=causal)
         return kernels.softmax(scores, scale=scale, causal=causal, method="torch")
 
-    model = GPT(CFG)
-    for a in attention_cores(model):
-        a.core = MaterializedAttention(spy)
-    model(torch.randint(0, CFG.vocab_size, (2, 10)))
+    m = kernels.Method(name="_test_spy", softmax=spy, summary="test")
+    kernels.register(m)
+    try:
+        model = GPT(CFG)
+        apply_accel(model, "_test_spy")
+        model(torch.randint(0, CFG.vocab_size, (2, 10)))
+    finally:
+        kernels.unregister(m.name)
     assert seen == {"shape": (2, CFG.n_head, 10, 10), "scale": pytest.approx((32 // 2) ** -0.5), "causal": True}
+
+
+def test_loss_seam_takes_logits_or_the_hidden_states_and_the_tied_weight():
+    torch.manual_seed(0)
+    model = GPT(CFG)
+    idx = torch.randint(0, CFG.vocab_size, (2, 12))
+    _, ref = model(idx, idx.roll(-1, 1))
+    seen = {}
+
+    def linear_loss(hidden, weight, targets):
+        seen.update(hidden=tuple(hidden.shape), tied=weight is model.wte.weight)
+        return torch.nn.functional.cross_entropy(hidden @ weight.T, targets)
+
+    undo = set_loss(model, linear_loss, "linear")
+    logits, loss = model(idx, idx.roll(-1, 1))
+    assert logits is None and seen == {"hidden": (24, CFG.n_embd), "tied": True}
+    assert torch.allclose(loss, ref, rtol=1e-6)
+    undo()
+    assert model.loss_form == "logits"
+    with pytest.raises(ValueError, match="loss form"):
+        set_loss(model, linear_loss, "hidden")
 
 
 def test_flops_per_token_formula():
@@ -83,14 +116,14 @@ def test_flops_per_token_formula():
 
 
 def test_rejects_sequence_longer_than_context():
-    with pytest.raises(ValueError, match="block_size"):
-        GPT(CFG)(torch.zeros(1, CFG.block_size + 1, dtype=torch.long))
+    with pytest.raises(ValueError, match="context"):
+        GPT(CFG)(torch.zeros(1, CFG.context + 1, dtype=torch.long))
 
 
 def test_loss_falls_in_a_few_dozen_steps():
     torch.manual_seed(0)
     model = GPT(CFG)
-    apply_accel(model, "materialized", "torch")
+    apply_accel(model, "torch")
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     # a learnable stream: token t+1 = (token t + 1) mod V
     start = torch.randint(0, CFG.vocab_size, (8, 1))

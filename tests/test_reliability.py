@@ -11,7 +11,8 @@ import torch
 from lightning.pytorch import Callback
 
 from harness.reliability import NonFiniteLossError
-from harness.train import OutputDirError, load_resume, run_training
+from harness.resume import load_resume
+from harness.train import OutputDirError, run_training
 from tests.test_train import compose_cfg
 
 BASE = ["model=tiny", "trainer=cpu", "trainer.max_steps=30", "trainer.window=5", "trainer.val_every=0",

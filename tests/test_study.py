@@ -9,7 +9,9 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import kernels
-from harness.study import CONF_DIR, parity, run_study
+from harness.config import CONF_DIR
+from harness.study import run_study
+from harness.study_report import parity
 
 
 def study_cfg(*overrides):
@@ -24,7 +26,7 @@ def study_cfg(*overrides):
 @pytest.fixture
 def wrong_method():
     # forgets the scale: a plausible bug, caught by the gate
-    m = kernels.SoftmaxMethod("_test_wrong", lambda x, s, c: kernels.softmax(x, scale=1.0, causal=c), "wrong")
+    m = kernels.Method("_test_wrong", softmax=lambda x, s, c: kernels.softmax(x, scale=1.0, causal=c), summary="wrong")
     kernels.register(m)
     yield m.name
     kernels.unregister(m.name)
@@ -37,25 +39,24 @@ def test_study_writes_report_csv_and_charts_and_catches_a_wrong_method(tmp_path,
     from omegaconf import OmegaConf
 
     monkeypatch.setattr(study_mod, "accel_config", lambda name: (
-        OmegaConf.create({"name": name, "attention": "materialized", "softmax": name})
-        if name == wrong_method else real(name)))
-    cfg = study_cfg(f"study.methods=[naive,torch,{wrong_method},cuda]", "study.floor=true")
+        OmegaConf.create({"name": name, "method": name}) if name == wrong_method else real(name)))
+    cfg = study_cfg(f"study.methods=[naive,torch,{wrong_method},cuda,floor]")
     rows = run_study(cfg, tmp_path)
     by = {r.method: r for r in rows}
     assert by["torch"].status == "REFERENCE" and by["naive"].status == "PASS" and by["naive"].parity == "pass"
     assert by[wrong_method].status == "FAIL" and "forward error" in by[wrong_method].reason
-    assert by[wrong_method].speedup_vs_naive is None and by[wrong_method].tokens_per_s is None
-    assert by["floor"].status == "TIMING-ONLY" and by["floor"].speedup_vs_torch is None
+    assert by[wrong_method].speedup_vs_baseline is None and by[wrong_method].tokens_per_s is None
+    assert by["floor"].status == "TIMING-ONLY" and by["floor"].speedup_vs_reference is None
     if not torch.cuda.is_available():
         assert by["cuda"].status == "SKIPPED" and "GPU" in by["cuda"].reason
-    assert by["naive"].speedup_vs_torch and by["torch"].speedup_vs_naive
+    assert by["naive"].speedup_vs_reference and by["torch"].speedup_vs_baseline
     report = (tmp_path / "report.md").read_text()
     assert "FAIL" in report and "TIMING-ONLY" in report and "vs naive" in report
     with open(tmp_path / "results.csv") as f:
         assert [r["method"] for r in csv.DictReader(f)] == [r.method for r in rows]
     assert (tmp_path / "throughput.png").stat().st_size > 0 and (tmp_path / "loss.png").stat().st_size > 0
     # a second study into the same directory does not overwrite the first
-    run_study(study_cfg("study.methods=[torch]", "study.floor=false"), tmp_path)
+    run_study(study_cfg("study.methods=[torch]"), tmp_path)
     assert "FAIL" in (tmp_path / "report.md").read_text()
     assert len(list(tmp_path.glob("rerun-*/report.md"))) == 1
 

@@ -13,7 +13,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from harness.config import ConfigError, validate
-from harness.train import CONF_DIR, run_training
+from harness.config import CONF_DIR
+from harness.train import run_training
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["model=tiny", "trainer=cpu", "trainer.max_steps=20", "trainer.val_every=10"]
@@ -73,7 +74,7 @@ def test_csv_logger(tmp_path):
     "override,message",
     [
         ("trainer.max_steps=-3", "trainer.max_steps=-3"),
-        ("model.batch_size=0", "model.batch_size=0"),
+        ("data.batch_size=0", "data.batch_size=0"),
         ("data.seq_len=4096", "at most model.context"),
         ("trainer.val_every=7", "multiple of trainer.window"),
     ],

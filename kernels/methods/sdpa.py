@@ -47,11 +47,19 @@ def sdpa_attention(q, k, v, scale: float, causal: bool, dropout_p: float, backen
         return out.masked_fill(empty[:, None], 0.0) if bool(tq > tk) else out
 
 
+def backend_unavailable(options) -> str | None:
+    backend = options.get("backend", "auto")
+    if backend in ("flash", "cudnn", "efficient") and not torch.cuda.is_available():
+        return f"SDPA's {backend} backend needs a CUDA GPU and none was found"
+    return None
+
+
 register(
     Method(
         name="sdpa",
         attention=sdpa_attention,
         summary="PyTorch's fused attention (scaled_dot_product_attention; backend auto|flash|cudnn|efficient|math)",
         options={"backend": BACKENDS},
+        options_unavailable=backend_unavailable,
     )
 )

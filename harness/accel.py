@@ -1,0 +1,96 @@
+"""Apply an acceleration method to a built model: the only place where kernels/ and models/ meet.
+
+``accel.patch`` names the softmaxes the method computes (``attention``, ``loss``); each is patched
+where the method provides the op: the attention core from the method's ``attention`` (native, or
+composed from its softmax: q k^T -> softmax -> v), the loss from its ``cross_entropy`` (``loss_form:
+logits``) or ``linear_cross_entropy`` (``loss_form: linear``, native or composed). A softmax the method
+does not provide keeps the model's own eager PyTorch, and the record says so.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Optional
+
+import torch.nn as nn
+
+import kernels
+from models import set_attention, set_loss
+
+LOSS_OPS = {"logits": "cross_entropy", "linear": "linear_cross_entropy"}
+
+
+class AccelError(ValueError):
+    """An accel configuration that cannot be applied (the message says what and what is accepted)."""
+
+
+@dataclass
+class Applied:
+    """What a method patched: op -> 'native' | 'composed' for each softmax, None where the model keeps
+    its own eager PyTorch; ``undo()`` restores the model."""
+
+    method: str
+    attention: Optional[str] = None
+    loss: Optional[str] = None
+    loss_form: str = "logits"
+    options: dict = field(default_factory=dict)
+    _undo: list = field(default_factory=list, repr=False)
+
+    def undo(self) -> None:
+        for fn in reversed(self._undo):
+            fn()
+        self._undo.clear()
+
+    def as_dict(self) -> dict:
+        return {"method": self.method, "attention": self.attention, "loss": self.loss,
+                "loss_form": self.loss_form, "options": dict(self.options)}
+
+    def describe(self) -> str:
+        att = f"attention={self.attention or 'eager torch (not patched)'}"
+        loss = f"loss={self.loss + ' ' + self.loss_form if self.loss else 'eager F.cross_entropy (not patched)'}"
+        return f"{att}, {loss}"
+
+
+def apply_accel(model: nn.Module, method: str, patch: Iterable[str] = ("attention", "loss"),
+                loss_form: str = "logits", options: Optional[Mapping[str, Any]] = None) -> Applied:
+    """Patch the softmaxes ``patch`` names that ``method`` provides; unknown or unavailable methods
+    raise the registry's clear errors before anything is changed."""
+    m = kernels.get_method(method)
+    options = dict(options or {})
+    patch = list(patch)
+    if loss_form not in LOSS_OPS:
+        raise AccelError(f"accel.loss_form={loss_form!r} is not accepted: one of {', '.join(LOSS_OPS)}")
+    applied = Applied(method, loss_form=loss_form, options=options)
+    if "attention" in patch and m.provides("attention"):
+        fn = kernels.bind(method, "attention", **options)
+        applied._undo.append(set_attention(model, fn))
+        applied.attention = m.provides("attention")
+    op = LOSS_OPS[loss_form]
+    if "loss" in patch and m.provides(op):
+        fn = kernels.bind(method, op, **options)
+        applied._undo.append(set_loss(model, functools.partial(fn, ignore_index=-100, reduction="mean"), loss_form))
+        applied.loss = m.provides(op)
+    elif "loss" in patch and loss_form == "linear":
+        raise AccelError(
+            f"accel.loss_form=linear needs a method that provides linear_cross_entropy; {method!r} provides: "
+            f"{', '.join(m.ops())} (use loss_form=logits, or a method with a cross-entropy)"
+        )
+    if not (applied.attention or applied.loss) and patch:
+        applied.undo()
+        raise AccelError(
+            f"accel.patch={patch}: method {method!r} provides none of these softmaxes (it provides "
+            f"{', '.join(m.ops())}); patch accepts attention and loss"
+        )
+    return applied
+
+
+def patched_ops(applied: Applied) -> dict[str, Callable]:
+    """op -> the bound function a run's gate checks, for every softmax ``applied`` patched."""
+    out = {}
+    if applied.attention:
+        out["attention"] = kernels.bind(applied.method, "attention", **applied.options)
+    if applied.loss:
+        op = LOSS_OPS[applied.loss_form]
+        out[op] = kernels.bind(applied.method, op, **applied.options)
+    return out

@@ -1,0 +1,83 @@
+"""What a run is made of, built from its config: device and precision, data, the model with its
+method applied. Shared by training, the study's profile and the benchmarks, so each builds the same
+things the same way."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from omegaconf import DictConfig
+
+from harness.accel import Applied, apply_accel
+from harness.data import Corpus, data_vocab_size, make_corpus
+from models import GPT, GPTConfig
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16}
+
+
+def seq_len(cfg: DictConfig) -> int:
+    """The training sequence length: data.seq_len, or the model's context."""
+    return int(cfg.data.seq_len or cfg.model.context)
+
+
+def tokens_per_step(cfg: DictConfig) -> int:
+    """Tokens one rank trains on per step."""
+    return int(cfg.data.batch_size) * seq_len(cfg)
+
+
+def on_gpu(cfg: DictConfig) -> bool:
+    """Whether the run trains on a GPU (trainer.accelerator auto/gpu and one is there); gpu without
+    one is an error."""
+    want = cfg.trainer.accelerator in ("auto", "gpu", "cuda")
+    here = want and torch.cuda.is_available()
+    if cfg.trainer.accelerator in ("gpu", "cuda") and not here:
+        raise RuntimeError("trainer.accelerator=gpu but no CUDA GPU is available here (use auto or cpu)")
+    return here
+
+
+def resolve_precision(requested: str, gpu: bool) -> str:
+    if requested != "auto":
+        return requested
+    if gpu and torch.cuda.is_bf16_supported():
+        return "bf16-mixed"
+    return "32-true"
+
+
+def compute_dtype(precision: str) -> torch.dtype:
+    """The dtype the ops see under this precision (autocast's, or float32)."""
+    return AUTOCAST_DTYPES.get(precision.split("-")[0], torch.float32)
+
+
+def build_model(cfg: DictConfig) -> GPT:
+    """The GPT a config describes (vocabulary from the data unless model.vocab_size is set)."""
+    return GPT(GPTConfig(
+        vocab_size=int(cfg.model.vocab_size or data_vocab_size(cfg.data)),
+        context=int(cfg.model.context),
+        n_layer=int(cfg.model.n_layer),
+        n_head=int(cfg.model.n_head),
+        n_embd=int(cfg.model.n_embd),
+        dropout=float(cfg.model.dropout),
+        bias=bool(cfg.model.bias),
+    ))
+
+
+def accel_applied(model: GPT, cfg: DictConfig) -> Applied:
+    """The configured method applied to ``model`` (see harness.accel)."""
+    a = cfg.accel
+    return apply_accel(model, a.method, list(a.patch), a.loss_form, dict(a.options or {}))
+
+
+@dataclass
+class Built:
+    model: GPT
+    applied: Applied
+    corpus: Optional[Corpus]
+
+
+def build(cfg: DictConfig) -> Built:
+    """The corpus and the model with the method applied (CPU; Lightning moves it)."""
+    corpus = make_corpus(cfg.data, seq_len(cfg))
+    model = build_model(cfg)
+    return Built(model, accel_applied(model, cfg), corpus)
