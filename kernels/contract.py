@@ -100,14 +100,17 @@ def check_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_inde
         raise ValueError(f"cross_entropy needs logits and targets on one device; got {logits.device}, {targets.device}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"cross_entropy reduction={reduction!r} is not accepted: one of {', '.join(REDUCTIONS)}")
-    if targets.device.type == "cpu" and targets.numel():  # on a GPU: checked on the device (no sync here)
-        v = logits.shape[-1]
+    _check_target_range(targets, logits.shape[-1], ignore_index, "cross_entropy")
+
+
+def _check_target_range(targets: torch.Tensor, v: int, ignore_index: int, op: str) -> None:
+    """Targets in [0, V) or ignore_index; checked here for CPU tensors only (on a GPU the method checks
+    on the device: no host sync here)."""
+    if targets.device.type == "cpu" and targets.numel():
         bad = ((targets < 0) | (targets >= v)) & (targets != ignore_index)
         if bool(bad.any()):
             first = int(targets[bad].flatten()[0])
-            raise ValueError(
-                f"cross_entropy: target {first} is outside [0, {v}) and is not ignore_index ({ignore_index})"
-            )
+            raise ValueError(f"{op}: target {first} is outside [0, {v}) and is not ignore_index ({ignore_index})")
 
 
 def check_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -121,13 +124,20 @@ def check_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targe
         )
     if hidden.device != weight.device:
         raise ValueError(f"linear_cross_entropy needs hidden and weight on one device; got {hidden.device}, {weight.device}")
-    fake_logits = torch.empty((*hidden.shape[:-1], weight.shape[0]), device="meta", dtype=hidden.dtype)
-    try:
-        check_cross_entropy(fake_logits, targets.to("meta") if targets.device.type != "cpu" else targets,
-                            ignore_index, reduction)
-    except ValueError as exc:
-        raise ValueError(str(exc).replace("cross_entropy", "linear_cross_entropy", 1).replace(
-            "logits of shape", "hidden @ weight.T of shape")) from None
+    if not isinstance(targets, torch.Tensor) or targets.dtype not in TARGET_DTYPES:
+        got = targets.dtype if isinstance(targets, torch.Tensor) else type(targets).__name__
+        raise TypeError(f"linear_cross_entropy takes integer class targets (int64 or int32); got {got}")
+    if tuple(targets.shape) != tuple(hidden.shape[:-1]):
+        raise ValueError(
+            f"linear_cross_entropy: targets of shape {tuple(targets.shape)} do not match hidden of shape "
+            f"{tuple(hidden.shape)} (targets must have the hidden states' shape without the last dimension)"
+        )
+    if hidden.device != targets.device:
+        raise ValueError(f"linear_cross_entropy needs hidden and targets on one device; got {hidden.device}, "
+                         f"{targets.device}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"linear_cross_entropy reduction={reduction!r} is not accepted: one of {', '.join(REDUCTIONS)}")
+    _check_target_range(targets, weight.shape[0], ignore_index, "linear_cross_entropy")
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
