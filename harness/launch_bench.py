@@ -1,0 +1,138 @@
+"""Host cost per call: ``python -m harness.bench launch``.
+
+For every method and every op it implements natively, at a tiny shape where the GPU work takes a few
+microseconds and the host decides: microseconds of host time per call for the one-shot entry point
+(``kernels.softmax(x, method=m)``), the bound function (``kernels.bind(m)``, what a model calls), and
+the bound function forward + backward (``torch.autograd.grad``). Host time is the wall time of many
+calls in a row with the device synchronized only before and after (the tiny kernels keep up, so the
+queue never fills and the wall time is the host's). A median over repeats, with the spread.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+import kernels
+from harness.results import write_json
+
+#: op -> tiny inputs (built on the device), the one-shot call, the bound call's arguments
+TINY = {
+    "softmax": dict(shape=(2, 4, 64, 64)),
+    "attention": dict(shape=(1, 2, 64, 64)),
+    "cross_entropy": dict(shape=(64, 512)),
+}
+
+
+@dataclass
+class LaunchRow:
+    method: str
+    op: str
+    shape: tuple
+    one_shot_us: Optional[float] = None
+    bound_us: Optional[float] = None
+    bound_fwd_bwd_us: Optional[float] = None
+    one_shot_over_bound: Optional[float] = None
+    spread: Optional[float] = None  # p90 / p50 of the bound forward's repeats
+    error: str = ""
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def host_us(fn: Callable[[], object], calls: int = 200, repeats: int = 7) -> tuple[float, float]:
+    """(median, p90/p50) of the host microseconds per call of ``fn`` over ``repeats`` runs of ``calls``."""
+    for _ in range(20):
+        fn()
+    _sync()
+    per_call = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.perf_counter() - t0) * 1e6 / calls)
+        _sync()
+    per_call.sort()
+    p50 = statistics.median(per_call)
+    p90 = per_call[min(len(per_call) - 1, int(round(0.9 * (len(per_call) - 1))))]
+    return p50, p90 / p50
+
+
+def _calls(method: str, op: str, device: str):
+    """(one-shot, bound forward, bound forward + backward) for ``op`` of ``method`` on tiny inputs."""
+    g = torch.Generator().manual_seed(0)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    shape = TINY[op]["shape"]
+    if op == "softmax":
+        x = torch.randn(shape, generator=g).to(device, dtype).requires_grad_(True)
+        dy = torch.randn(shape, generator=g).to(device, dtype)
+        fn = kernels.bind(method, "softmax")
+        return (lambda: kernels.softmax(x.detach(), scale=0.125, causal=True, method=method),
+                lambda: fn(x.detach(), 0.125, True),
+                lambda: torch.autograd.grad(fn(x, 0.125, True), x, dy))
+    if op == "attention":
+        q, k, v = (torch.randn(shape, generator=g).to(device, dtype).requires_grad_(True) for _ in range(3))
+        do = torch.randn(shape, generator=g).to(device, dtype)
+        fn = kernels.bind(method, "attention")
+        return (lambda: kernels.attention(q.detach(), k.detach(), v.detach(), method=method),
+                lambda: fn(q.detach(), k.detach(), v.detach(), None, True, 0.0),
+                lambda: torch.autograd.grad(fn(q, k, v, None, True, 0.0), (q, k, v), do))
+    if op == "cross_entropy":
+        logits = torch.randn(shape, generator=g).to(device, dtype).requires_grad_(True)
+        t = torch.randint(0, shape[1], shape[:1], generator=g).to(device)
+        fn = kernels.bind(method, "cross_entropy")
+        return (lambda: kernels.cross_entropy(logits.detach(), t, method=method),
+                lambda: fn(logits.detach(), t, -100, "mean"),
+                lambda: torch.autograd.grad(fn(logits * 1, t, -100, "mean"), logits))
+    raise ValueError(op)
+
+
+def default_methods() -> list[str]:
+    """Every method that can run here (timing-only ones too: their host cost is real)."""
+    return kernels.runnable_methods(include_timing_only=True)
+
+
+def run_launch_bench(methods: Optional[list[str]], out: Path, calls: int = 200) -> list[LaunchRow]:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    rows = []
+    for method in methods or default_methods():
+        m = kernels.get_method(method)
+        if m.prepare is not None:
+            m.prepare()  # a build is not a launch cost
+        for op in TINY:
+            if getattr(m, op) is None:  # native ops only: a composed op's cost is its parts'
+                continue
+            row = LaunchRow(method, op, TINY[op]["shape"])
+            try:
+                one, bound, both = _calls(method, op, device)
+                row.one_shot_us, _ = host_us(one, calls)
+                row.bound_us, row.spread = host_us(bound, calls)
+                row.bound_fwd_bwd_us, _ = host_us(both, max(20, calls // 2))
+                row.one_shot_over_bound = row.one_shot_us / row.bound_us
+            except Exception as exc:  # one failing method must not stop the table
+                row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            rows.append(row)
+            print(f"  {method:10s} {op:14s} one-shot {row.one_shot_us or float('nan'):7.1f} us  bound "
+                  f"{row.bound_us or float('nan'):7.1f} us  fwd+bwd {row.bound_fwd_bwd_us or float('nan'):7.1f} us"
+                  f"  {row.error}", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    from harness.env import environment
+
+    write_json(out / "launch.json", {"env": environment(), "device": device, "rows": [asdict(r) for r in rows]})
+    lines = ["| method | op | shape | one-shot us | bound us | one-shot / bound | bound fwd+bwd us | p90/p50 |",
+             "|---|---|---|---|---|---|---|---|"]
+    f = lambda v, s=".1f": "-" if v is None else format(v, s)  # noqa: E731
+    for r in rows:
+        lines.append(f"| {r.method} | {r.op} | {'x'.join(map(str, r.shape))} | {f(r.one_shot_us)} | {f(r.bound_us)} | "
+                     f"{f(r.one_shot_over_bound, '.2f')} | {f(r.bound_fwd_bwd_us)} | {f(r.spread, '.2f')} |"
+                     + (f" error: {r.error}" if r.error else ""))
+    (out / "launch.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return rows
