@@ -536,7 +536,7 @@ def load_cuda_tuning() -> float:
          sources=[str(CSRC / "softmax_tuning_binding.cpp"), str(CSRC / "softmax_tuning.cu"),
                   str(CSRC / "softmax_tuning_persist.cu")],
          extra_cflags=["-O3"], extra_include_paths=[str(CSRC)],
-         extra_cuda_cflags=["-O3", headers_flag([CSRC / "softmax_device.cuh", CSRC / "softmax_tuning.h"])],
+         extra_cuda_cflags=["-O3", headers_flag([*sorted((CSRC / "softmax").glob("*.cuh")), CSRC / "softmax_tuning.h"])],
          is_python_module=False, verbose=False)
     return time.perf_counter() - t0
 

@@ -1,6 +1,7 @@
 """`cuda`: fused scale + causal mask + softmax as a CUDA C++ extension, forward and backward.
 
-The kernels (``csrc/softmax_device.cuh``, launched from ``csrc/softmax_kernels.cu`` by a launch table
+The kernels (``csrc/softmax/*.cuh``, paths listed in ``csrc/softmax/paths.cuh``; launched from
+``csrc/softmax_kernels.cu`` by a launch table
 measured with ``python -m harness.bench cuda-sweep``; no torch header) pick a code path by row length:
 rows kept in registers with 16-byte vector loads (several rows per warp for short rows, a block per
 row up to 32768 16-bit (kept packed past 16384) / 16384 fp32 columns forward and 8192 16-bit / 4096
@@ -41,7 +42,8 @@ from kernels.registry import Method, register
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
 SOURCES = [CSRC / "softmax_binding.cpp", CSRC / "softmax_kernels.cu"]
-HEADERS = [CSRC / "softmax_kernels.h", CSRC / "softmax_device.cuh"]
+# every header the sources include (the kernels: csrc/softmax/*.cuh), hashed into the flags (headers_flag)
+HEADERS = [CSRC / "softmax_kernels.h", *sorted((CSRC / "softmax").glob("*.cuh"))]
 _LOCK = threading.Lock()
 _STATE: dict = {"loaded": False, "error": None, "build_s": None}
 
