@@ -529,7 +529,7 @@ def load_cuda_tuning() -> float:
     """Build (or load) the extension of launch variants (csrc/softmax_tuning*.{cu,cpp}); returns seconds."""
     from torch.utils.cpp_extension import load
 
-    from kernels.methods.cuda_softmax import CSRC, headers_flag
+    from kernels.methods.cuda.build import CSRC, headers_flag
 
     t0 = time.perf_counter()
     load(name="softmax_harness_cuda_tuning",
