@@ -1,7 +1,7 @@
 // Thin PyTorch binding of the fused softmax kernels (csrc/softmax_kernels.cu): registers the ops
 // softmax_harness_cuda::softmax_fwd / softmax_bwd with TORCH_LIBRARY and their CUDA implementations
 // with TORCH_LIBRARY_IMPL, checks inputs with clear messages and launches on the current CUDA stream.
-// Fake (meta) implementations and autograd are registered from Python (kernels/methods/cuda_softmax.py).
+// Fake (meta) implementations and autograd are registered from Python (kernels/methods/cuda/op.py).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -110,7 +110,7 @@ std::string softmax_path(int64_t dtype, bool backward, int64_t rows, int64_t col
 
 TORCH_LIBRARY(softmax_harness_cuda, m) {
   // the fake implementations and autograd live in this Python module
-  m.set_python_module("kernels.methods.cuda_softmax");
+  m.set_python_module("kernels.methods.cuda.op");
   m.def("softmax_fwd(Tensor x, float scale, bool causal) -> Tensor");
   m.def("softmax_bwd(Tensor y, Tensor dy, float scale, bool causal) -> Tensor");
   m.def("softmax_path(int dtype, bool backward, int rows, int cols, bool aligned) -> str", &softmax_path);

@@ -1,27 +1,21 @@
 // Fused scale + causal mask + softmax, forward and backward (CUDA C++, no torch header): the launch
-// table and the dispatch. The kernels themselves are in softmax_device.cuh (see there for the code
-// paths); softmax_tuning.cu times the variants this table was chosen from.
+// table and the dispatch. The code paths are listed in softmax/paths.cuh (the kernels: softmax/*.cuh,
+// launched through softmax/launch.cuh); softmax_tuning*.cu time the variants this table was chosen from.
 //
 // Path by row length (N) and alignment (forward: for a normal, finite scale; any other takes the
 // stream path, see fill_scale_ok):
-//  * register (N <= reg_max): the row in registers, ITEMS elements per thread from the table below;
-//  * hybrid (16-bit forward, reg_max < N <= 2 * reg_max): a block per row, half of it in registers and
-//    the rest in shared memory (cp.async), two blocks per SM;
-//  * persist (fp32 forward over a cluster, below; backward rows of up to 32 KB): a block per SM loops
-//    over rows, the next row prefetched into shared memory (cp.async) while this one is reduced in
-//    registers;
-//  * cluster-persist (fp32 forward, N <= 2 * persist_max): the same over a thread-block cluster of two
-//    CTAs, half a row each, exchanging their (max, sum) partials once per row (distributed shared memory);
-//  * cluster (backward, N <= 8 slices of 32 KB): a row over a cluster of up to 8 CTAs, each holding
-//    its slice in registers, exchanging the dot-product partials once;
-//  * split (N <= kMaxSplits slices): long rows split over ordinary blocks that combine their partials
-//    through global memory (needs the caller's workspace, softmax_workspace_bytes());
-//  * stream: anything longer, and every unaligned row (two passes over global memory).
+//  * register: N <= reg_max, ITEMS elements per thread from the table below;
+//  * hybrid: 16-bit forward, reg_max < N <= 2 * reg_max;
+//  * persist: backward rows of up to 32 KB (persist_max);
+//  * cluster-persist: fp32 forward, N <= 2 * persist_max (a cluster of two CTAs, half a row each);
+//  * cluster: backward, N <= kBwdClusterMax slices of 32 KB;
+//  * split: N <= kMaxSplits slices (needs the caller's workspace, softmax_workspace_bytes());
+//  * stream: anything longer, and every unaligned row.
 // Bytes: forward reads x once (its prefix, when causal) and writes y; backward reads y and dy (prefix)
 // and writes dx into a fresh buffer (never into dy).
 #include "softmax_kernels.h"
 
-#include "softmax_device.cuh"
+#include "softmax/launch.cuh"
 
 #include <float.h>
 
@@ -36,8 +30,8 @@ using namespace detail;
 // (fp32 rows then use more 16-byte vectors per thread, same registers).
 // ---------------------------------------------------------------------------------------------
 // Forward register rows: up to 16384 columns 32 elements per thread (fewer when the row is shorter; 16
-// at 4097-8192 columns, 64 at 8193-16384), two reductions (max, then sum: within 1% of one merged
-// reduction), the exponentials kept in fp32; 16-bit rows of 16385-32768 columns: 1024 threads x 32
+// at 4097-8192 columns, 64 at 8193-16384), two reductions (max, then sum: as fast as one merged
+// reduction there, docs/perf.md), the exponentials kept in fp32; 16-bit rows of 16385-32768 columns: 1024 threads x 32
 // elements kept packed (the loaded words: half the registers, two blocks per SM), the exponential
 // computed twice, one merged reduction.
 constexpr bool fwd_packed(int block_n) { return block_n > 16384; }  // (packed rows: merged too)
@@ -55,8 +49,8 @@ constexpr int reg_max() {
 }
 // Hybrid path (16-bit forward rows of 32769-65536 columns): 512 threads x 64 elements in registers
 // (packed) and 32 (up to 49152 columns) or 64 more in shared memory, a block per row, two blocks per SM
-// (one's reduction overlaps the other's loads and stores). At 65536 it ran at 0.93 of copy where the
-// persistent path (1024 x 64 packed, the next row prefetched) ran at 0.88 (docs/perf.md, v13).
+// (one's reduction overlaps the other's loads and stores); it replaced the persistent path (1024 x 64
+// packed, the next row prefetched) for these rows (the measurements: docs/perf.md).
 constexpr int kHybridThreads = 512, kHybridRegItems = 64;
 // Persistent path, forward: fp32 rows over a cluster of two CTAs only (cluster-persist: 2 x 512
 // threads x 32 elements, 64 KB each; 16-bit rows take the hybrid path). Backward: rows of up to 32 KB,

@@ -1,7 +1,7 @@
 // The launch variants behind the table in softmax_kernels.cu (see softmax_tuning.h).
 #include "softmax_tuning.h"
 
-#include "softmax_device.cuh"
+#include "softmax/launch.cuh"
 
 namespace softmax_harness {
 namespace {

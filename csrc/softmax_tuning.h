@@ -15,7 +15,7 @@ namespace softmax_harness {
 // needs. path 2, split: the same slices over ordinary blocks meeting in global memory (<= 128 slices;
 // `workspace` of tuned_workspace_bytes(rows) bytes). Forward `merged` / `packed`: the reduction scheme
 // and the packed row storage of fwd_register_kernel (split and cluster: merged only). Backward `cap`: registers
-// capped for more blocks per SM (see min_blocks in softmax_device.cuh). path 3, persist: blocks of
+// capped for more blocks per SM (see min_blocks in softmax/register.cuh). path 3, persist: blocks of
 // `threads` threads x items elements looping over rows, `buffers` (1-3) rows prefetched into shared
 // memory, `ctas` (1, 2, 4, 8) CTAs per row (a cluster when > 1; forward then always merged); forward
 // `merged` / `packed` as above (64 elements per thread: packed only), backward `cap` unused.

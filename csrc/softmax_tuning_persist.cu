@@ -2,7 +2,7 @@
 // the sweep's extension compiles them in parallel with the others.
 #include "softmax_tuning.h"
 
-#include "softmax_device.cuh"
+#include "softmax/launch.cuh"
 
 namespace softmax_harness {
 namespace {

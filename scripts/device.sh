@@ -27,7 +27,7 @@ for stage in "$@"; do
   t0=$(date +%s)
   case $stage in
     tests)
-      python3 -c "from kernels.methods import cuda_softmax as c; print('cuda extension:', c.prepare())" 2>&1 | tail -30 | tee "$OUT/build.log"
+      python3 -c "from kernels.methods import cuda as c; print('cuda extension:', c.prepare())" 2>&1 | tail -30 | tee "$OUT/build.log"
       timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_methods.py tests/test_triton_softmax.py tests/test_properties.py \
         tests/test_kernels.py -k "${TEST_FILTER:-triton or cuda or gpu}" 2>&1 | tee "$OUT/tests.log" | tail -40
       summary+=("tests: $(tail -1 "$OUT/tests.log")")

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     x = (torch.randn(rows, a.n, device=device) * 2).to(dtype)
     dy = torch.randn_like(x)
     if a.method == "cuda":
-        from kernels.methods.cuda_softmax import code_path
+        from kernels.methods.cuda import code_path
 
         for bwd in (False, True):
             print(f"cuda {'backward' if bwd else 'forward'} path: {code_path(dtype, bwd, a.n, rows=rows)}")

@@ -43,7 +43,8 @@ def test_sweep_candidates_cover_the_launch_tables():
     """The sweeps time what the launch tables may pick: every CUDA table entry is among the variants,
     every variant is launchable (threads per row within a block, a cluster of 2-16 CTAs), and the
     Triton causal candidates include the table's causal choice."""
-    from harness.bench import cuda_variants, triton_candidates
+    from harness.bench import triton_candidates
+    from kernels.methods.cuda.sweep import cuda_variants
     from kernels.methods import triton_softmax as ts
 
     for n, items in ((128, {8, 16, 32, 64}), (1000, {8, 16, 32, 64}), (16384, {16, 32, 64})):

@@ -58,8 +58,23 @@ def test_tuning_variants_compile_for_sm90(builds, source):
     assert obj.stat().st_size > 0
 
 
+def _device_headers():
+    headers = sorted((CSRC / "softmax").glob("*.cuh"))
+    assert headers, "no headers in csrc/softmax"
+    return headers
+
+
 def test_kernel_sources_include_no_torch_header():
-    for name in ("softmax_kernels.cu", "softmax_kernels.h", "softmax_device.cuh", "softmax_tuning.cu",
-                 "softmax_tuning_persist.cu", "softmax_tuning.h"):
-        text = (CSRC / name).read_text()
-        assert not re.search(r"#include\s*[<\"](torch|ATen|c10)/", text), name
+    for path in [CSRC / name for name in ("softmax_kernels.cu", "softmax_kernels.h", "softmax_tuning.cu",
+                                          "softmax_tuning_persist.cu", "softmax_tuning.h")] + _device_headers():
+        text = path.read_text()
+        assert not re.search(r"#include\s*[<\"](torch|ATen|c10)/", text), path.name
+
+
+def test_device_headers_hold_no_host_launchers():
+    """Kernel launches, occupancy queries and kernel attributes live in softmax/launch.cuh (included by
+    the .cu files only); the other headers are device code."""
+    host = re.compile(r"<<<|cudaLaunch|cudaOccupancy|cudaFuncSetAttribute|cudaMemsetAsync|cudaGetDevice")
+    for path in _device_headers():
+        if path.name != "launch.cuh":
+            assert not host.search(path.read_text()), path.name

@@ -86,7 +86,7 @@ def test_backward_never_writes_into_incoming_gradient(method):
 
 
 def test_cuda_rejects_cpu_tensors_and_mixed_devices():
-    from kernels.methods.cuda_softmax import prepare
+    from kernels.methods.cuda import prepare
 
     prepare()
     with pytest.raises(ValueError, match="runs on CUDA tensors"):
@@ -99,7 +99,7 @@ def test_cuda_rejects_cpu_tensors_and_mixed_devices():
 
 
 def test_cuda_code_paths_by_row_length():
-    from kernels.methods.cuda_softmax import code_path
+    from kernels.methods.cuda import code_path
 
     expected = {  # (dtype, backward): {N: path}
         (torch.bfloat16, False): {1024: "register", 16384: "register", 16385: "register", 32768: "register",
@@ -132,7 +132,7 @@ def test_cuda_long_row_paths(shape, causal, dtype):
     and the split path (a row over several blocks meeting in global memory): odd lengths, causal rows
     (including slices that are entirely masked), many rows at once, twice in a row (the split
     workspace's counters restart from zero)."""
-    from kernels.methods.cuda_softmax import code_path
+    from kernels.methods.cuda import code_path
 
     rows = math.prod(shape[:-1])
     paths = {code_path(dtype, bwd, shape[-1], rows=rows) for bwd in (False, True)}

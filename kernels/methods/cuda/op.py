@@ -1,0 +1,53 @@
+"""The `cuda` method's ops: ``softmax_harness_cuda::softmax_fwd`` / ``softmax_bwd`` (registered in C++
+by ``csrc/softmax_binding.cpp``) get their fake implementations and autograd here, so
+``torch.compile(fullgraph=True)`` traces through them and ``torch.library.opcheck`` passes; and the
+Python entry points, which build the extension on first use."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.methods.cuda.build import STATE, prepare
+
+
+def register_python_side() -> None:
+    """Called once by :func:`kernels.methods.cuda.build.prepare`, after the extension has loaded."""
+
+    @torch.library.register_fake("softmax_harness_cuda::softmax_fwd")
+    def _fwd_fake(x, scale, causal):
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+    @torch.library.register_fake("softmax_harness_cuda::softmax_bwd")
+    def _bwd_fake(y, dy, scale, causal):
+        return torch.empty(y.shape, dtype=y.dtype, device=y.device)
+
+    def setup_context(ctx, inputs, output):
+        _, scale, causal = inputs
+        ctx.save_for_backward(output)  # only y is saved
+        ctx.scale, ctx.causal = scale, causal
+
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        return torch.ops.softmax_harness_cuda.softmax_bwd(y, dy, ctx.scale, ctx.causal), None, None
+
+    torch.library.register_autograd("softmax_harness_cuda::softmax_fwd", backward, setup_context=setup_context)
+
+
+def validate(x: torch.Tensor) -> None:
+    if x.device.type != "cuda":
+        raise ValueError(f"the cuda softmax runs on CUDA tensors; got a tensor on {x.device}")
+
+
+def cuda_softmax(scores: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+    if not STATE["loaded"]:
+        prepare()
+    return torch.ops.softmax_harness_cuda.softmax_fwd(scores, scale, causal)
+
+
+def code_path(dtype: torch.dtype, backward: bool, cols: int, aligned: bool = True, rows: int = 1) -> str:
+    """Which kernel path rows x cols take: 'register', 'hybrid', 'persist', 'cluster-persist', 'cluster',
+    'split' or 'stream' (needs the extension; the paths: csrc/softmax/paths.cuh)."""
+    if not STATE["loaded"]:
+        prepare()
+    code = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}[dtype]
+    return torch.ops.softmax_harness_cuda.softmax_path(code, backward, rows, cols, aligned)
