@@ -197,15 +197,15 @@ def test_opchecks():
 
 @pytest.mark.parametrize("method", FUSED)
 def test_fullgraph_compile_of_the_model(method):
-    from harness.methods import apply_accel
+    from harness.accel import apply_accel
     from models import GPT, GPTConfig
 
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=512, block_size=256, n_layer=2, n_head=4, n_embd=128)).cuda()
+    model = GPT(GPTConfig(vocab_size=512, context=256, n_layer=2, n_head=4, n_embd=128)).cuda()
     idx = torch.randint(0, 512, (4, 256), device="cuda")
     with torch.autocast("cuda", torch.bfloat16):
         ref, _ = model(idx)
-    apply_accel(model, "materialized", method)
+    apply_accel(model, method)
     compiled = torch.compile(model, fullgraph=True)
     with torch.autocast("cuda", torch.bfloat16):
         logits, loss = compiled(idx, idx)
@@ -217,7 +217,8 @@ def test_fullgraph_compile_of_the_model(method):
 def test_training_tracks_the_torch_loss_curve(method, tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from harness.train import CONF_DIR, run_training
+    from harness.config import CONF_DIR
+    from harness.train import run_training
 
     def run(accel):
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
