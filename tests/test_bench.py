@@ -6,9 +6,10 @@ import csv
 from pathlib import Path
 
 import pytest
+import torch
 
 import kernels
-from harness.bench import KernelRow, fill_ratios, run_kernel_bench
+from harness.bench.softmax import KernelRow, fill_ratios, run_kernel_bench
 
 
 def test_kernel_bench_writes_table_csv_and_chart(tmp_path):
@@ -17,6 +18,8 @@ def test_kernel_bench_writes_table_csv_and_chart(tmp_path):
     assert res.copy_gbs > 0
     assert len(res.rows) == 2 * len(methods) and all(r.correct for r in res.rows), res.rows
     assert all(r.fwd_gbs and r.bwd_gbs and r.fwd_frac_copy for r in res.rows)
+    # eager always; graph replay only where CUDA graphs exist (never a number made up for the CPU)
+    assert all((r.fwd_graph_gbs is not None) == torch.cuda.is_available() for r in res.rows)
     for name in ("kernels.md", "kernels.csv", "kernels.json", "kernels.png"):
         assert (tmp_path / name).stat().st_size > 0
     with open(tmp_path / "kernels.csv") as f:
@@ -130,3 +133,45 @@ def test_profile_script_runs_a_method(capsys):
     with pytest.raises(SystemExit):
         mod["main"](["--method", "torch", "--n", "256", "--elements", "100"])
 
+
+
+def test_default_benchmark_lists_are_every_method_that_provides_the_op():
+    from harness.bench import attention, launch, loss, softmax
+
+    assert set(softmax.default_methods()) == {
+        n for n, a in kernels.available_methods(op="softmax").items() if a.available and a.ops["softmax"] == "native"}
+    assert "sdpa" in attention.default_methods() and "torch" in attention.default_methods()  # native and composed
+    assert "floor" in launch.default_methods() and "floor" not in softmax.default_methods()  # timing-only: host cost only
+    assert set(loss.default_methods()) == set(kernels.runnable_methods(op="cross_entropy"))
+
+
+def test_attention_table_checks_and_skips(tmp_path):
+    from harness.bench.attention import run_attention_bench
+
+    rows = run_attention_bench(["torch", "sdpa"], [(1, 2, 16, 8)], tmp_path, rep_ms=5)
+    assert [r.method for r in rows] == ["torch", "sdpa"] and all(r.correct for r in rows), rows
+    assert all(r.fwd_tflops and r.fwd_bwd_tflops for r in rows)
+    assert rows[0].provided == "composed" and rows[1].provided == "native"
+    assert "TFLOP/s" in (tmp_path / "attention.md").read_text() and (tmp_path / "attention.csv").exists()
+
+
+def test_loss_table_runs_every_cross_entropy_method(tmp_path):
+    from harness.bench.loss import run_loss_bench
+
+    methods = kernels.runnable_methods(op="cross_entropy")
+    if not methods:
+        pytest.skip("no method implements cross_entropy here")
+    rows = run_loss_bench(methods, [33], 16, (8, 12, 33), tmp_path, rep_ms=5)
+    ce = [r for r in rows if r.op == "cross_entropy" and not r.autocast]
+    assert {r.method for r in ce} == set(methods) and all(r.correct for r in ce), ce
+    assert all(r.fwd_bwd_ms and r.ideal_ms and r.frac_ideal for r in ce)
+    assert "ideal" in (tmp_path / "loss.md").read_text()
+
+
+def test_launch_table_reports_host_time_per_call(tmp_path):
+    from harness.bench.launch import run_launch_bench
+
+    rows = run_launch_bench(["torch", "sdpa"], tmp_path, calls=5)
+    assert {(r.method, r.op) for r in rows} == {("torch", "softmax"), ("sdpa", "attention")}
+    assert all(r.one_shot_us > 0 and r.bound_us > 0 and r.bound_fwd_bwd_us > 0 and not r.error for r in rows), rows
+    assert "one-shot / bound" in (tmp_path / "launch.md").read_text()

@@ -1,4 +1,4 @@
-"""Host cost per call: ``python -m harness.bench launch``.
+"""``python -m harness.bench launch``: the host cost per call.
 
 For every method and every op it implements natively, at a tiny shape where the GPU work takes a few
 microseconds and the host decides: microseconds of host time per call for the one-shot entry point

@@ -1,0 +1,3 @@
+from harness.bench import main
+
+main()

@@ -1,0 +1,131 @@
+"""``python -m harness.bench attention``: the attention table.
+
+Causal bf16 attention at the model's shapes (B, H, T, d) for every method that provides attention (by
+default every one that can run here): the materialized methods by composition (q k^T -> their
+softmax -> v; skipped where the T x T scores would exceed ``MAX_SCORES_GIB``), the fused ones natively
+(sdpa's backends, flex, flash). TFLOP/s counts 4 * B * H * T^2 * d / 2 for a causal forward (half the
+square) and 3.5x that for forward + backward (the backward's five matmuls against the forward's two,
+the causal half likewise), whatever a method really computes. Eager and graph-replay timings as in
+the softmax table; the extra memory is the peak allocated during forward + backward above the
+inputs. Each method's output is checked against float64 on one head first; a wrong result is marked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+import kernels
+from harness.bench.common import eager_and_graph_ms, error_text, fmt, free_memory, write_rows_csv
+from harness.results import atomic_write_text, write_json
+
+MAX_SCORES_GIB = 4.0
+
+
+@dataclass
+class AttentionRow:
+    method: str
+    provided: str  # native | composed
+    b: int
+    h: int
+    t: int
+    d: int
+    fwd_ms: Optional[float] = None
+    fwd_graph_ms: Optional[float] = None
+    fwd_bwd_ms: Optional[float] = None
+    fwd_bwd_graph_ms: Optional[float] = None
+    fwd_tflops: Optional[float] = None
+    fwd_bwd_tflops: Optional[float] = None
+    fwd_graph_tflops: Optional[float] = None
+    fwd_bwd_graph_tflops: Optional[float] = None
+    extra_gib: Optional[float] = None
+    correct: Optional[bool] = None
+    error: str = ""
+
+
+def default_methods() -> list[str]:
+    return [n for n, a in kernels.available_methods(op="attention").items() if a.available]
+
+
+def causal_flops(b: int, h: int, t: int, d: int) -> float:
+    return 4.0 * b * h * t * t * d / 2
+
+
+def measure_attention(method: str, shape: tuple, device: str, rep_ms: int) -> AttentionRow:
+    b, h, t, d = shape
+    prov = kernels.get_method(method).provides("attention")
+    row = AttentionRow(method, prov, b, h, t, d)
+    if prov == "composed" and b * h * t * t * 2 / 2**30 > MAX_SCORES_GIB:
+        row.error = f"skipped: the {b}x{h}x{t}x{t} scores would take over {MAX_SCORES_GIB:.0f} GiB"
+        return row
+    try:
+        fn = kernels.bind(method, "attention")
+        g = torch.Generator(device=device).manual_seed(0)
+        q, k, v, do = (torch.randn(shape, device=device, generator=g).to(torch.bfloat16) for _ in range(4))
+        q, k, v = (x.requires_grad_(True) for x in (q, k, v))
+        out = fn(q, k, v, None, True, 0.0)
+        ref = kernels.reference_attention(*(x.detach()[:1, :1] for x in (q, k, v)))
+        row.correct = kernels.relative_error(out.detach()[:1, :1], ref) <= kernels.ATTN_FWD_TOL[torch.bfloat16]
+        torch.autograd.grad(out, (q, k, v), do)  # warm the backward (compile) too
+        del out, ref
+
+        def forward():
+            with torch.no_grad():
+                return fn(q, k, v, None, True, 0.0)
+
+        def forward_backward():
+            return torch.autograd.grad(fn(q, k, v, None, True, 0.0), (q, k, v), do)
+
+        row.fwd_ms, row.fwd_graph_ms = eager_and_graph_ms(forward, rep_ms)
+        row.fwd_bwd_ms, row.fwd_bwd_graph_ms = eager_and_graph_ms(forward_backward, rep_ms)
+        f = causal_flops(b, h, t, d)
+        tf = lambda flops, ms: None if ms is None else flops / (ms * 1e-3) / 1e12  # noqa: E731
+        row.fwd_tflops, row.fwd_graph_tflops = tf(f, row.fwd_ms), tf(f, row.fwd_graph_ms)
+        row.fwd_bwd_tflops, row.fwd_bwd_graph_tflops = tf(3.5 * f, row.fwd_bwd_ms), tf(3.5 * f, row.fwd_bwd_graph_ms)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            forward_backward()
+            torch.cuda.synchronize()
+            row.extra_gib = (torch.cuda.max_memory_allocated() - before) / 2**30
+    except Exception as exc:
+        row.error = error_text(exc)
+    finally:
+        free_memory()
+    return row
+
+
+def run_attention_bench(methods: Optional[list[str]], shapes: list[tuple], out: Path, rep_ms: int = 100) -> list:
+    from harness.env import environment
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    rows = []
+    for shape in shapes:
+        for m in methods or default_methods():
+            r = measure_attention(m, shape, device, rep_ms)
+            rows.append(r)
+            print(f"  {m:10s} {shape}: fwd {fmt(r.fwd_tflops)} (graph {fmt(r.fwd_graph_tflops)}) TFLOP/s, fwd+bwd "
+                  f"{fmt(r.fwd_bwd_tflops)} (graph {fmt(r.fwd_bwd_graph_tflops)}), extra {fmt(r.extra_gib, '.2f')} GiB "
+                  f"{'ok' if r.correct else r.error or 'WRONG'}", flush=True)
+    env = environment()
+    lines = [f"## Causal attention on {env['device_name']} (torch {env['torch']}, triton {env['triton']}), bf16", "",
+             "TFLOP/s: forward 4*B*H*T^2*d/2, forward + backward 3.5x that. Eager (launch cost included) and graph "
+             "replay (kernels alone).", "",
+             "| method | provided | B, H, T, d | fwd TFLOP/s eager | fwd graph | fwd+bwd TFLOP/s eager | fwd+bwd graph "
+             "| fwd ms | fwd+bwd ms | extra GiB | correct |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ok = "yes" if r.correct else ("**NO**" if r.correct is False else r.error)
+        lines.append(f"| {r.method} | {r.provided} | {r.b}, {r.h}, {r.t}, {r.d} | {fmt(r.fwd_tflops)} "
+                     f"| {fmt(r.fwd_graph_tflops)} | {fmt(r.fwd_bwd_tflops)} | {fmt(r.fwd_bwd_graph_tflops)} "
+                     f"| {fmt(r.fwd_ms, '.3f')} | {fmt(r.fwd_bwd_ms, '.3f')} | {fmt(r.extra_gib, '.2f')} | {ok} |")
+    md = "\n".join(lines) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "attention.md", md)
+    write_rows_csv(rows, out / "attention.csv")
+    write_json(out / "attention.json", {"env": env, "rows": [asdict(r) for r in rows]})
+    print(md)
+    return rows

@@ -1,0 +1,56 @@
+"""What every benchmark table shares: dtypes by name, the two timings of one callable (eager as a
+training loop calls it, and CUDA-graph replay: the kernels alone), CSV and number formatting."""
+
+from __future__ import annotations
+
+import csv
+import gc
+import io
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from harness.results import atomic_write_text
+from kernels.timing import bench_graph_ms, bench_ms
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def eager_and_graph_ms(fn: Callable[[], object], rep_ms: int) -> tuple[float, Optional[float]]:
+    """(eager ms, graph-replay ms): ``triton.testing.do_bench`` medians (CUDA events, L2 flushed between
+    repetitions), first calling ``fn`` as a training loop does (host launch cost included), then
+    replaying one CUDA-graph capture of it (kernel time alone; None where capture is not possible)."""
+    eager = bench_ms(fn, rep_ms)
+    graph, captured = bench_graph_ms(fn, rep_ms) if torch.cuda.is_available() else (None, False)
+    return eager, graph if captured else None
+
+
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def fmt(v, spec: str = ".0f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def write_rows_csv(rows: list, path: Path) -> None:
+    if not rows:
+        return
+    dicts = [asdict(r) if hasattr(r, "__dataclass_fields__") else dict(r) for r in rows]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(dicts[0]))
+    w.writeheader()
+    w.writerows(dicts)
+    atomic_write_text(path, buf.getvalue())
+
+
+def error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"

@@ -1,0 +1,182 @@
+"""``python -m harness.bench loss``: the loss-softmax table.
+
+Cross-entropy forward + backward on (tokens, V) logits in bf16 for every method that provides it
+(by default every one that can run here), with ``torch`` also under bf16 autocast (what a model's
+loss costs there: autocast runs the cross-entropy on an fp32 copy of the logits). Reported: eager and
+graph-replay ms of forward + backward and of the forward alone, the fraction of the ideal (one read of
+the logits and one write of their gradient at the copy bandwidth measured in the same run), and the
+extra memory (peak allocated during forward + backward above what was allocated before, the
+gradient included). Then the linear cross-entropy (hidden (tokens, C) @ weight (V, C).T, no full
+logits for the methods that implement it natively). Every method's loss and gradient are checked
+against float64 on the first rows first; a wrong result gets no ratio.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+import kernels
+from harness.bench.common import eager_and_graph_ms, error_text, fmt, free_memory, write_rows_csv
+from harness.results import atomic_write_text, write_json
+from kernels.timing import copy_bandwidth
+
+CHECK_ROWS = 256
+
+
+@dataclass
+class LossRow:
+    method: str
+    op: str  # cross_entropy | linear_cross_entropy
+    tokens: int
+    vocab: int
+    hidden: int = 0
+    autocast: bool = False
+    fwd_bwd_ms: Optional[float] = None  # eager
+    fwd_bwd_graph_ms: Optional[float] = None
+    fwd_ms: Optional[float] = None
+    ideal_ms: Optional[float] = None
+    frac_ideal: Optional[float] = None  # ideal / eager forward + backward
+    extra_gib: Optional[float] = None
+    correct: Optional[bool] = None
+    error: str = ""
+
+
+def default_methods(op: str = "cross_entropy") -> list[str]:
+    return [n for n, a in kernels.available_methods(op=op).items() if a.available]
+
+
+def _peak_extra_gib(fn) -> Optional[float]:
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.synchronize()
+    free_memory()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**30
+
+
+def _check(loss_rows: torch.Tensor, grad: Optional[torch.Tensor], logits: torch.Tensor, t: torch.Tensor) -> bool:
+    """The first rows' losses (reduction none) and the mean-loss gradient against float64."""
+    x = logits[:CHECK_ROWS].double()
+    ref = torch.nn.functional.cross_entropy(x, t[:CHECK_ROWS], reduction="none")
+    ok = kernels.relative_error(loss_rows[:CHECK_ROWS], ref) <= 1e-4
+    if grad is not None:
+        g = torch.softmax(x, -1)
+        g[torch.arange(len(x), device=x.device), t[:CHECK_ROWS]] -= 1
+        g /= t.numel()
+        ok = ok and kernels.relative_error(grad[:CHECK_ROWS], g) <= kernels.BWD_TOL[logits.dtype]
+    return ok
+
+
+def measure_ce(method: str, tokens: int, vocab: int, device: str, rep_ms: int, autocast: bool = False) -> LossRow:
+    row = LossRow(method, "cross_entropy", tokens, vocab, autocast=autocast)
+    ctx = (lambda: torch.autocast("cuda", torch.bfloat16)) if autocast else contextlib.nullcontext
+    try:
+        fn = kernels.bind(method, "cross_entropy")
+        g = torch.Generator(device=device).manual_seed(0)
+        logits = (torch.randn(tokens, vocab, device=device, generator=g) * 2).to(torch.bfloat16).requires_grad_(True)
+        t = torch.randint(0, vocab, (tokens,), device=device, generator=g)
+        with ctx():
+            rows_loss = fn(logits.detach(), t, -100, "none")
+            grad, = torch.autograd.grad(fn(logits, t, -100, "mean"), logits)
+        row.correct = _check(rows_loss.detach().float(), grad, logits.detach(), t)
+        del rows_loss, grad
+
+        def forward_backward():
+            with ctx():
+                return torch.autograd.grad(fn(logits, t, -100, "mean"), logits)
+
+        def forward():
+            with torch.no_grad(), ctx():
+                return fn(logits, t, -100, "mean")
+
+        row.fwd_bwd_ms, row.fwd_bwd_graph_ms = eager_and_graph_ms(forward_backward, rep_ms)
+        row.fwd_ms, _ = eager_and_graph_ms(forward, rep_ms)
+        row.extra_gib = _peak_extra_gib(forward_backward)
+    except Exception as exc:
+        row.error = error_text(exc)
+    finally:
+        free_memory()
+    return row
+
+
+def measure_linear(method: str, tokens: int, hidden: int, vocab: int, device: str, rep_ms: int) -> LossRow:
+    row = LossRow(method, "linear_cross_entropy", tokens, vocab, hidden=hidden)
+    try:
+        fn = kernels.bind(method, "linear_cross_entropy")
+        g = torch.Generator(device=device).manual_seed(0)
+        h = torch.randn(tokens, hidden, device=device, generator=g).to(torch.bfloat16).requires_grad_(True)
+        w = (torch.randn(vocab, hidden, device=device, generator=g) * 0.02).to(torch.bfloat16).requires_grad_(True)
+        t = torch.randint(0, vocab, (tokens,), device=device, generator=g)
+        loss = fn(h, w, t, -100, "mean")
+        ref = torch.nn.functional.cross_entropy(h.detach()[:CHECK_ROWS].double() @ w.detach().double().T,
+                                                t[:CHECK_ROWS], reduction="sum") / tokens
+        part = fn(h.detach()[:CHECK_ROWS], w.detach(), t[:CHECK_ROWS], -100, "sum") / tokens
+        row.correct = kernels.relative_error(part.float(), ref) <= 1e-2 and bool(torch.isfinite(loss).item())
+        del loss
+
+        def forward_backward():
+            return torch.autograd.grad(fn(h, w, t, -100, "mean"), (h, w))
+
+        row.fwd_bwd_ms, row.fwd_bwd_graph_ms = eager_and_graph_ms(forward_backward, rep_ms)
+        row.extra_gib = _peak_extra_gib(forward_backward)
+    except Exception as exc:
+        row.error = error_text(exc)
+    finally:
+        free_memory()
+    return row
+
+
+def run_loss_bench(methods: Optional[list[str]], vocabs: list[int], tokens: int, linear: Optional[tuple], out: Path,
+                   rep_ms: int = 100) -> list[LossRow]:
+    from harness.env import environment
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    copy_gbs = copy_bandwidth(device, nbytes=2**30 if device == "cuda" else 2**22)
+    rows: list[LossRow] = []
+    for v in vocabs:
+        n = max(1, min(tokens, (2**32 // 2) // v))  # at most 4 GiB of bf16 logits
+        for m in methods or default_methods():
+            r = measure_ce(m, n, v, device, rep_ms)
+            rows.append(r)
+            if m == "torch":  # what a model's loss costs under autocast
+                rows.append(measure_ce(m, n, v, device, rep_ms, autocast=True))
+    if linear:
+        tok, c, v = linear
+        lin_methods = ([x for x in methods if kernels.get_method(x).provides("linear_cross_entropy")] if methods
+                       else default_methods("linear_cross_entropy"))
+        for m in lin_methods:
+            rows.append(measure_linear(m, tok, c, v, device, rep_ms))
+    for r in rows:
+        if r.op == "cross_entropy":
+            r.ideal_ms = 2 * r.tokens * r.vocab * 2 / (copy_gbs * 1e9) * 1e3
+            if r.fwd_bwd_ms and r.correct:
+                r.frac_ideal = r.ideal_ms / r.fwd_bwd_ms
+        print(f"  {r.method:8s}{'+autocast' if r.autocast else '':9s} {r.op:21s} {r.tokens}x{r.vocab}: fwd+bwd "
+              f"{fmt(r.fwd_bwd_ms, '.3f')} ms (graph {fmt(r.fwd_bwd_graph_ms, '.3f')}), ideal {fmt(r.ideal_ms, '.3f')}, "
+              f"extra {fmt(r.extra_gib, '.2f')} GiB {'ok' if r.correct else r.error or 'WRONG'}", flush=True)
+    env = environment()
+    lines = [f"## Cross-entropy on {env['device_name']} (torch {env['torch']}, triton {env['triton']}), bf16 logits", "",
+             f"Copy ceiling {copy_gbs:.0f} GB/s; ideal = one read of the logits + one write of their gradient at it.", "",
+             "| method | op | tokens x V (C) | fwd+bwd ms eager | fwd+bwd ms graph | fwd ms | ideal ms | ideal / eager "
+             "| extra GiB | correct |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        shape = f"{r.tokens} x {r.vocab}" + (f" ({r.hidden})" if r.hidden else "")
+        ok = "yes" if r.correct else ("**NO**" if r.correct is False else f"error: {r.error}")
+        lines.append(f"| {r.method}{' (autocast)' if r.autocast else ''} | {r.op} | {shape} | {fmt(r.fwd_bwd_ms, '.3f')} "
+                     f"| {fmt(r.fwd_bwd_graph_ms, '.3f')} | {fmt(r.fwd_ms, '.3f')} | {fmt(r.ideal_ms, '.3f')} "
+                     f"| {fmt(r.frac_ideal, '.2f')} | {fmt(r.extra_gib, '.2f')} | {ok} |")
+    md = "\n".join(lines) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "loss.md", md)
+    write_rows_csv(rows, out / "loss.csv")
+    write_json(out / "loss.json", {"env": env, "copy_gbs": copy_gbs, "rows": [asdict(r) for r in rows]})
+    print(md)
+    return rows

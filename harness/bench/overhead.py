@@ -1,0 +1,87 @@
+"""``python -m harness.bench overhead``: the harness's training throughput with the ``torch`` method
+against a bare PyTorch loop training the same model the same way (same model code, AdamW fused, bf16
+autocast, gradient clipping, same batches), alternating the two, in the same process."""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from harness.results import write_json
+
+
+def bare_loop_tokens_per_s(cfg, steps: int, warmup: int) -> float:
+    """Train the same model the same way as the harness does, with nothing around it."""
+    from harness.build import build_model, accel_applied, seq_len
+    from harness.data import BatchStream, make_corpus
+    from harness.task import make_optimizer, warmup_cosine_lr
+
+    torch.manual_seed(cfg.seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    seq = seq_len(cfg)
+    model = build_model(cfg).to(device)
+    vocab = model.config.vocab_size
+    accel_applied(model, cfg)
+    opt = make_optimizer(model, cfg.trainer.lr, cfg.trainer.weight_decay, (cfg.trainer.beta1, cfg.trainer.beta2))
+    corpus = make_corpus(cfg.data, seq)
+    total = steps + warmup
+    stream = BatchStream(None if corpus is None else corpus.train, vocab, cfg.data.batch_size, seq,
+                         cfg.seed, "train", 0, total)
+    amp = torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda")
+    t0 = None
+    for i, (x, y) in enumerate(stream):
+        for group in opt.param_groups:  # as LanguageModelTask.on_train_batch_start does
+            group["lr"] = warmup_cosine_lr(i, cfg.trainer.lr, cfg.trainer.lr_warmup_steps, total,
+                                           cfg.trainer.min_lr_ratio)
+        if i == warmup:
+            if device == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        if device == "cuda":
+            x, y = x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+        with amp:
+            _, loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return steps * cfg.data.batch_size * seq / (time.perf_counter() - t0)
+
+
+def run_overhead(overrides: list[str], steps: int, rounds: int, out: Path) -> dict:
+    from hydra import compose, initialize_config_dir
+
+    from harness.env import environment
+    from harness.config import CONF_DIR
+    from harness.train import run_training
+
+    warmup = 5
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "accel=torch", "data=synthetic", "logger=none", f"trainer.max_steps={steps + warmup}",
+            f"trainer.warmup_steps={warmup}", "trainer.window=10", "trainer.val_every=0", "trainer.val_batches=1",
+            *overrides,
+        ])
+    harness_tps, bare_tps = [], []
+    for r in range(rounds):
+        res = run_training(cfg, out / f"harness_round{r}")
+        harness_tps.append(res["tokens_per_s"])
+        gc.collect()
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+        bare_tps.append(bare_loop_tokens_per_s(cfg, steps, warmup))
+        gc.collect()
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+        print(f"round {r}: harness {harness_tps[-1]:,.0f} tokens/s, bare loop {bare_tps[-1]:,.0f} tokens/s", flush=True)
+    h, b = statistics.median(harness_tps), statistics.median(bare_tps)
+    result = {"env": environment(), "model": cfg.model.name, "accel": cfg.accel.name, "steps": steps,
+              "rounds": rounds, "harness_tokens_per_s": harness_tps, "bare_tokens_per_s": bare_tps,
+              "harness_median": h, "bare_median": b, "ratio": h / b}
+    write_json(out / "overhead.json", result)
+    print(f"harness / bare loop = {h / b:.3f} (harness {h:,.0f}, bare {b:,.0f} tokens/s; median of {rounds})")
+    return result
