@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import functools
 import gc
 import statistics
 import time
@@ -34,7 +33,7 @@ import torch
 
 import kernels
 from harness.results import atomic_write_text, write_json
-from kernels.timing import bench_graph_ms, bench_ms, copy_bandwidth, error_on_device, sweep_references, write_bandwidth
+from kernels.timing import bench_graph_ms, copy_bandwidth, error_on_device, sweep_references, write_bandwidth
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_SIZES = "128,256,512,1024,2048,4096,8192,16384,32768,65536,262144"
@@ -202,54 +201,6 @@ class KernelBench:
     causal_floor_ms: Optional[float] = None
 
 
-def causal_traffic_ms(shape: tuple, dtype: torch.dtype, device: str, rep_ms: int = 100) -> Optional[float]:
-    """The memory floor of a fused causal forward, measured: the fastest of a few Triton kernels that
-    move exactly its bytes (read each row's unmasked prefix, write the whole row: the prefix copied,
-    zeros after) and compute nothing. None where Triton cannot run."""
-    try:
-        from kernels.methods import triton_softmax as ts
-
-        if ts.unavailable_reason() or ts.triton is None:
-            return None
-    except Exception:  # pragma: no cover
-        return None
-    kernel = _causal_traffic_kernel()
-    x = torch.randn(shape, device=device).to(dtype)
-    y = torch.empty_like(x)
-    tq, n = shape[-2], shape[-1]
-    n_rows = x.numel() // n
-    block = 1 << max(0, (n - 1).bit_length())
-    want = x.masked_fill(~torch.ones(tq, n, dtype=torch.bool, device=device).tril(n - tq), 0)
-    best = None
-    for rows, warps in ((1, 1), (1, 2), (1, 4), (2, 2), (4, 4)):
-        def run():
-            kernel[(-(-n_rows // rows),)](x, y, n_rows, n, tq, n - tq, BLOCK_N=block, ROWS=rows, num_warps=warps)
-        run()
-        if not torch.equal(y, want):
-            raise AssertionError("causal traffic kernel wrote the wrong values")
-        ms = bench_graph_ms(run, rep_ms)[0] if device == "cuda" else bench_ms(run, rep_ms)
-        best = ms if best is None else min(best, ms)
-    return best
-
-
-@functools.cache
-def _causal_traffic_kernel():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def causal_traffic(X, Y, n_rows, n_cols, tq, diag, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
-        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-        cols = tl.arange(0, BLOCK_N)
-        lim = tl.minimum(tl.maximum((rows % tq) + diag + 1, 0), n_cols)  # as the fused kernels' _row_limit
-        ok = rows < n_rows
-        ptr = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
-        x = tl.load(X + ptr, mask=ok[:, None] & (cols[None, :] < lim[:, None]), other=0.0)
-        tl.store(Y + ptr, x, mask=ok[:, None] & (cols[None, :] < n_cols))
-
-    return causal_traffic
-
-
 def run_kernel_bench(
     methods: list[str], sizes: list[int], elements: int, dtype: str, fp32_sizes: list[int],
     attention_shape: Optional[tuple], out: Path, rep_ms: int = 100,
@@ -275,6 +226,8 @@ def run_kernel_bench(
             att_rows.append(row)
             print(f"  {m:8s} causal {attention_shape}: fwd {_fmt(row.fwd_ms, '.4f')} ms bwd {_fmt(row.bwd_ms, '.4f')} ms",
                   flush=True)
+        from kernels.methods.triton.traffic import causal_traffic_ms
+
         res.causal_floor_ms = causal_traffic_ms(attention_shape, DTYPES[dtype], device, rep_ms)
         print(f"  memory floor of the causal forward (same bytes, no math): {_fmt(res.causal_floor_ms, '.4f')} ms",
               flush=True)
@@ -385,99 +338,6 @@ def run_overhead(overrides: list[str], steps: int, rounds: int, out: Path) -> di
     write_json(out / "overhead.json", result)
     print(f"harness / bare loop = {h / b:.3f} (harness {h:,.0f}, bare {b:,.0f} tokens/s; median of {rounds})")
     return result
-
-
-# ------------------------------------------------------------------------------------------------
-# triton launch-settings sweep (how the heuristics in kernels/methods/triton_softmax.py were chosen)
-# ------------------------------------------------------------------------------------------------
-def triton_candidates(n: int, causal: bool = False) -> list:
-    from kernels.methods import triton_softmax as ts
-    from kernels.methods.triton_softmax import Plan, _next_pow2
-
-    block = _next_pow2(n)
-    plans = []
-    if block <= 32768:
-        # causal rows: small programs won before (uneven work per row), so only those, in more variants
-        tiles = (1024, 2048, 4096) if causal else (4096, 8192, 16384)
-        for tile in sorted({max(block, t) for t in tiles}):
-            rows = tile // block
-            if rows < 1 or rows > 64:
-                continue
-            for warps in ((1, 2, 4, 8, 16, 32) if causal else (4, 8, 16, 32)):
-                per_thread = tile // (32 * warps)
-                if 8 <= per_thread <= (64 if causal else 32):
-                    plans.append(Plan(False, block, rows, warps))
-                    if causal:  # the tile kernel's exact-prefix loads as well as whole-vector ones (the
-                        # backward; the forward's fallback for scales the fill cannot take), and the fill kernel
-                        plans.append(Plan(False, block, rows, warps, round_mask=False))
-                        plans.append(Plan(False, block, rows, warps, fill=True))
-    if block >= 8192:
-        for chunk in (4096, 8192):
-            for warps in (8, 16):
-                if 4 <= chunk // (32 * warps) <= 32:
-                    plans.append(Plan(True, chunk, 1, warps))
-    if not causal and 16384 <= block <= 65536:  # persistent tile path, rows pipelined through shared memory
-        for warps in (16, 32):
-            if 16 <= block // (32 * warps) <= 64:
-                for stages in (2, 3):
-                    plans.append(Plan(False, block, 1, warps, stages=stages))
-                plans.append(Plan(False, block, 1, warps, stages=2, programs_per_sm=2))
-    if not causal and ts.MAX_TILE_N < n <= ts.RING_MAX_N:  # ring path (backward; Gluon, 16-bit rows, GPU)
-        for warps, slots in ((16, 24), (32, 12), (32, 13)):
-            plans.append(Plan(False, block, 1, warps, ring=True, slots=slots))
-    if not causal and ts.HYBRID_MIN_N < n <= ts.RING_MAX_N:  # hybrid path (forward; Gluon, 16-bit rows, GPU)
-        for warps in (8, ts.HYBRID_WARPS):
-            plans.append(Plan(False, block, 1, warps, hybrid=True))
-    if block >= 8192:
-        for chunk in (4096, 8192, 16384):  # split path: a row over -(-n // chunk) programs
-            for warps in (4, 8, 16):
-                if chunk < n and -(-n // chunk) <= ts.MAX_SPLITS and 8 <= chunk // (32 * warps) <= 32:
-                    plans.append(Plan(False, chunk, 1, warps, split=True))
-    return plans
-
-
-def run_triton_sweep(sizes: list[int], elements: int, dtype: str, out: Path, causal_shapes: list[tuple],
-                     match: str = "") -> list[dict]:
-    from kernels.methods import triton_softmax as ts
-
-    dt = DTYPES[dtype]
-    device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: Triton's interpreter, for tests
-    cases = [((max(1, elements // n), n), False) for n in sizes] + [(shape, True) for shape in causal_shapes]
-    results = []
-    for shape, causal in cases:
-        n = shape[-1]
-        x = torch.randn(shape, device=device, dtype=torch.float32).mul_(2).to(dt)
-        ref, y, dy, dref = sweep_references(x, causal)
-        nbytes = x.numel() * x.element_size()
-        default = ts.plan(n, x.element_size(), causal=causal)
-        mine = []
-        for p in triton_candidates(n, causal):
-            if match not in str(p):
-                continue
-            row = {"n": n, "causal": causal, "plan": str(p), "default": p == default}
-            for d, run, want, tol, moved in (
-                ("fwd", lambda: ts.launch_fwd(x, 1.0, causal, p), ref, kernels.FWD_TOL[dt], 2 * nbytes),
-                ("bwd", lambda: ts.launch_bwd(y, dy, 1.0, causal, p), dref, kernels.BWD_TOL[dt], 3 * nbytes),
-            ):  # each direction on its own: a candidate may fit one (e.g. shared memory) and not the other
-                try:
-                    row[f"{d}_ok"] = error_on_device(run(), want) <= tol
-                    row[f"{d}_gbs"] = moved / (bench_graph_ms(run, 50)[0] * 1e-3) / 1e9
-                except Exception as exc:
-                    row[f"{d}_error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
-            mine.append(row)
-        results += mine
-        best_f = max((r for r in mine if r.get("fwd_ok") and "fwd_gbs" in r), key=lambda r: r["fwd_gbs"], default=None)
-        best_b = max((r for r in mine if r.get("bwd_ok") and "bwd_gbs" in r), key=lambda r: r["bwd_gbs"], default=None)
-        dflt = next((r for r in mine if r["default"]), {})
-        print(f"N={n:<7d}{' causal' if causal else '       '} fwd best {best_f and best_f['plan']} "
-              f"{best_f and round(best_f['fwd_gbs'])} GB/s (default {round(dflt.get('fwd_gbs', 0))}) | bwd best "
-              f"{best_b and best_b['plan']} {best_b and round(best_b['bwd_gbs'])} GB/s (default "
-              f"{round(dflt.get('bwd_gbs', 0))})", flush=True)
-        del x, dy, y, ref, dref
-        if device == "cuda":
-            torch.cuda.empty_cache()
-    write_json(out / "triton_sweep.json", {"rows": results})
-    return results
 
 
 # ------------------------------------------------------------------------------------------------
@@ -610,14 +470,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     o.add_argument("--steps", type=int, default=30)
     o.add_argument("--rounds", type=int, default=2)
     o.add_argument("--out", default="outputs/bench", type=Path)
-    t = sub.add_parser("triton-sweep", help="time candidate Triton launch settings per N (GPU only)")
-    t.add_argument("--sizes", default=DEFAULT_SIZES)
-    t.add_argument("--elements", type=int, default=2**27)
-    t.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
-    t.add_argument("--causal", default="8,12,1024,1024",
-                   help="causal cases B,H,T,T, several separated by ';' ('' to skip)")
-    t.add_argument("--match", default="", help="only the candidates whose plan text holds this, e.g. 'fill=True'")
-    t.add_argument("--out", default="outputs/bench", type=Path)
+    from kernels.methods.triton import sweep as triton_sweep  # (also python -m kernels.methods.triton.sweep)
+
+    triton_sweep.add_arguments(sub.add_parser("triton-sweep", help="time candidate Triton launch settings per N (GPU only)"))
     c = sub.add_parser("cuda-sweep", help="time the CUDA kernels' launch variants per N (GPU + nvcc only)")
     c.add_argument("--sizes", default=DEFAULT_SIZES)
     c.add_argument("--elements", type=int, default=2**27)
@@ -625,11 +480,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     a = p.parse_args(argv)
     ints = lambda s: [int(v) for v in s.split(",") if v.strip()]  # noqa: E731
     if a.cmd == "triton-sweep":
-        a.out.mkdir(parents=True, exist_ok=True)
-        causal = [tuple(ints(c)) for c in a.causal.split(";") if c.strip()]
-        if any(len(c) < 2 for c in causal):
-            p.error(f"--causal takes shapes like 8,12,1024,1024 separated by ';' (got {a.causal!r})")
-        run_triton_sweep(ints(a.sizes), a.elements, a.dtype, a.out, causal, a.match)
+        triton_sweep.run_from_args(a, p.error)
         return
     if a.cmd == "cuda-sweep":
         a.out.mkdir(parents=True, exist_ok=True)
