@@ -12,10 +12,13 @@ if triton is not None:
 
     @triton.jit
     def _row_limit(rows, n_cols, tq, diag, CAUSAL: tl.constexpr):
-        """Number of unmasked keys of each row (query i = row mod Tq keeps keys j <= i + diag)."""
-        if CAUSAL:
-            return tl.minimum(tl.maximum((rows % tq) + diag + 1, 0), n_cols)
-        return tl.zeros_like(rows) + n_cols
+        """Number of unmasked keys of each row (query i = row mod Tq keeps keys j <= i + diag); rows: a
+        tensor of rows, or one row (a scalar, whose limit without CAUSAL is n_cols itself)."""
+        if CAUSAL:  # (one assignment per branch, not two returns: a causal int64 row gives an int64 limit)
+            lim = tl.minimum(tl.maximum((rows % tq) + diag + 1, 0), n_cols)
+        else:
+            lim = tl.zeros(rows.shape, tl.int32) + n_cols
+        return lim
 
     @triton.jit
     def _vector_limit(lim, n_cols, CAUSAL: tl.constexpr, ROUND_MASK: tl.constexpr):
@@ -27,12 +30,20 @@ if triton is not None:
         return lim
 
     @triton.jit
-    def _one_row_limit(row, n_cols, tq, diag, CAUSAL: tl.constexpr):
-        if CAUSAL:
-            lim = tl.minimum(tl.maximum((row % tq) + diag + 1, 0), n_cols)
-        else:
-            lim = n_cols
-        return lim
+    def _tile_masks(n_rows, n_cols, tq, diag, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, CAUSAL: tl.constexpr,
+                    ROUND_MASK: tl.constexpr):
+        """The tile kernels' prologue: this program's ROWS rows (int64, for addressing), the columns, which
+        rows exist (row_ok) and which elements are unmasked keys (keep) and are loaded (ld: see
+        _vector_limit). (The store mask stays in the kernels, next to the store: computed here, its
+        compares move ahead of the loads and the causal kernels' SASS changes.)"""
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        cols = tl.arange(0, BLOCK_N)
+        row_ok = rows < n_rows
+        lim = _row_limit(rows, n_cols, tq, diag, CAUSAL)
+        keep = row_ok[:, None] & (cols[None, :] < lim[:, None])
+        rows64 = rows.to(tl.int64)
+        ld = row_ok[:, None] & (cols[None, :] < _vector_limit(lim, n_cols, CAUSAL, ROUND_MASK)[:, None])
+        return rows64, cols, row_ok, keep, ld
 
     @triton.jit
     def _signed(x, scale_log2e):
@@ -53,13 +64,7 @@ if triton is not None:
         X, Y, n_rows, n_cols, stride_xr, stride_xc, tq, diag, scale_log2e,
         BLOCK_N: tl.constexpr, ROWS: tl.constexpr, CAUSAL: tl.constexpr, ROUND_MASK: tl.constexpr,
     ):
-        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-        cols = tl.arange(0, BLOCK_N)
-        row_ok = rows < n_rows
-        lim = _row_limit(rows, n_cols, tq, diag, CAUSAL)
-        keep = row_ok[:, None] & (cols[None, :] < lim[:, None])
-        rows64 = rows.to(tl.int64)
-        ld = row_ok[:, None] & (cols[None, :] < _vector_limit(lim, n_cols, CAUSAL, ROUND_MASK)[:, None])
+        rows64, cols, row_ok, keep, ld = _tile_masks(n_rows, n_cols, tq, diag, BLOCK_N, ROWS, CAUSAL, ROUND_MASK)
         x = tl.load(X + rows64[:, None] * stride_xr + cols[None, :] * stride_xc, mask=ld, other=0.0)
         x = _signed(x.to(tl.float32), scale_log2e)
         a = tl.abs(scale_log2e)
@@ -116,7 +121,7 @@ if triton is not None:
         a = tl.abs(scale_log2e)
         for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=STAGES):
             r = tl.cast(row, tl.int64)
-            lim = _one_row_limit(r, n_cols, tq, diag, CAUSAL)
+            lim = _row_limit(r, n_cols, tq, diag, CAUSAL)
             keep = cols < lim
             x = tl.load(X + r * stride_xr + cols * stride_xc, mask=keep, other=0.0).to(tl.float32)
             x = _signed(x, scale_log2e)
@@ -135,7 +140,7 @@ if triton is not None:
         cols = tl.arange(0, BLOCK_N)
         for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=STAGES):
             r = tl.cast(row, tl.int64)
-            lim = _one_row_limit(r, n_cols, tq, diag, CAUSAL)
+            lim = _row_limit(r, n_cols, tq, diag, CAUSAL)
             keep = cols < lim
             y = tl.load(Y + r * n_cols + cols, mask=keep, other=0.0).to(tl.float32)
             dy = tl.load(DY + r * stride_dyr + cols * stride_dyc, mask=keep, other=0.0).to(tl.float32)
@@ -149,7 +154,7 @@ if triton is not None:
         BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     ):
         row = tl.program_id(0).to(tl.int64)
-        lim = _one_row_limit(row, n_cols, tq, diag, CAUSAL)
+        lim = _row_limit(row, n_cols, tq, diag, CAUSAL)
         x_row = X + row * stride_xr
         y_row = Y + row * n_cols
         cols = tl.arange(0, BLOCK_N)
@@ -192,7 +197,7 @@ if triton is not None:
         row = (vid // splits).to(tl.int64)
         part = vid % splits
         cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
-        return row, part, cols, cols < _one_row_limit(row, n_cols, tq, diag, CAUSAL)
+        return row, part, cols, cols < _row_limit(row, n_cols, tq, diag, CAUSAL)
 
     @triton.jit
     def _split_arrive_and_wait(CNT_ROW, splits):
@@ -257,13 +262,7 @@ if triton is not None:
         Y, DY, DX, n_rows, n_cols, stride_dyr, stride_dyc, tq, diag, scale,
         BLOCK_N: tl.constexpr, ROWS: tl.constexpr, CAUSAL: tl.constexpr, ROUND_MASK: tl.constexpr,
     ):
-        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-        cols = tl.arange(0, BLOCK_N)
-        row_ok = rows < n_rows
-        lim = _row_limit(rows, n_cols, tq, diag, CAUSAL)
-        keep = row_ok[:, None] & (cols[None, :] < lim[:, None])
-        rows64 = rows.to(tl.int64)
-        ld = row_ok[:, None] & (cols[None, :] < _vector_limit(lim, n_cols, CAUSAL, ROUND_MASK)[:, None])
+        rows64, cols, row_ok, keep, ld = _tile_masks(n_rows, n_cols, tq, diag, BLOCK_N, ROWS, CAUSAL, ROUND_MASK)
         y = tl.load(Y + rows64[:, None] * n_cols + cols[None, :], mask=ld, other=0.0).to(tl.float32)
         dy = tl.load(DY + rows64[:, None] * stride_dyr + cols[None, :] * stride_dyc, mask=ld, other=0.0)
         y = tl.where(keep, y, 0.0)
@@ -279,7 +278,7 @@ if triton is not None:
         BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     ):
         row = tl.program_id(0).to(tl.int64)
-        lim = _one_row_limit(row, n_cols, tq, diag, CAUSAL)
+        lim = _row_limit(row, n_cols, tq, diag, CAUSAL)
         y_row = Y + row * n_cols
         dy_row = DY + row * stride_dyr
         dx_row = DX + row * n_cols
