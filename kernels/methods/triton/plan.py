@@ -82,9 +82,9 @@ SPLIT_WARPS = {False: 8, True: 8}
 _SPLIT_FROM = {False: 65537, True: 32769}
 # Persistent tile path (rows pipelined through shared memory), 16-bit rows: BLOCK_N -> (warps, stages),
 # by direction (forward: two rows prefetched, 128 KB of shared memory; backward: y and dy of one row).
-# Measured on an H200 at N = 32768: forward 0.89 of copy vs 0.77 for the plain tile, backward 0.87 vs
-# 0.78; at 16384 the plain tile is as fast, at 65536 a row does not fit twice in shared memory. (On a
-# GPU the forward takes the hybrid path instead: 0.935 at 32768; this plan is its fallback.)
+# Only at 32768, where the sweep put it ahead of the plain tile (docs/perf.md has the numbers); at 65536
+# a row does not fit twice in shared memory. On a GPU the forward takes the hybrid path instead; this
+# plan is its fallback.
 _PERSIST = {False: {32768: (32, 3)}, True: {32768: (32, 2)}}
 # Causal backward rows (the attention shape B=8, H=12, T=1024, from the sweep): (rows per program, warps,
 # round_mask); other lengths use _BWD_TILE.
