@@ -16,8 +16,10 @@ pytestmark = pytest.mark.skipif("triton" not in kernels.runnable_methods(), reas
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def test_cpu_tensor_without_interpreter_is_a_clear_error(monkeypatch):
+def test_cpu_tensor_without_interpreter_is_a_clear_error(monkeypatch, request):
     monkeypatch.setattr(availability, "interpreter_enabled", lambda: False)
+    kernels.refresh()  # the registry caches availability per process: ask again now, and after the test
+    request.addfinalizer(kernels.refresh)
     if not torch.cuda.is_available():  # through the registry: the method says why it cannot run
         with pytest.raises(kernels.MethodUnavailableError, match="CUDA GPU"):
             kernels.softmax(torch.randn(2, 8), method="triton")
