@@ -3,7 +3,8 @@
 # OmegaConf, W&B, built by shared/tools/offline-wheels.sh into .whl/), then one or more stages:
 #   tests    build the CUDA extension, run the GPU tests and the fused methods' CPU-contract tests
 #   kernels  python -m harness.bench kernels (full table; extra args in KERNEL_ARGS)
-#   sweep    python -m harness.bench triton-sweep (Triton launch settings per N; extra args in SWEEP_ARGS)
+#   sweep    python -m harness.bench triton-sweep (Triton launch settings per N; extra args in SWEEP_ARGS;
+#            the same as python -m kernels.methods.triton.sweep)
 #   cuda-sweep  python -m harness.bench cuda-sweep (CUDA launch variants per N; CUDA_SWEEP_ARGS)
 #   overhead python -m harness.bench overhead model=gpt2s
 #   study    python -m harness.study (STUDY_ARGS)
@@ -28,7 +29,7 @@ for stage in "$@"; do
   case $stage in
     tests)
       python3 -c "from kernels.methods import cuda as c; print('cuda extension:', c.prepare())" 2>&1 | tail -30 | tee "$OUT/build.log"
-      timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_methods.py tests/test_triton_softmax.py tests/test_properties.py \
+      timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_methods.py tests/test_triton_*.py tests/test_properties.py \
         tests/test_kernels.py -k "${TEST_FILTER:-triton or cuda or gpu}" 2>&1 | tee "$OUT/tests.log" | tail -40
       summary+=("tests: $(tail -1 "$OUT/tests.log")")
       ;;

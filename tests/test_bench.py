@@ -43,12 +43,10 @@ def test_wrong_method_gets_no_ratio():
 
 
 def test_sweep_candidates_cover_the_launch_tables():
-    """The sweeps time what the launch tables may pick: every CUDA table entry is among the variants,
-    every variant is launchable (threads per row within a block, a cluster of 2-16 CTAs), and the
-    Triton causal candidates include the table's causal choice."""
-    from harness.bench import triton_candidates
+    """The CUDA sweep times what the launch table may pick: every CUDA table entry is among the variants,
+    every variant is launchable (threads per row within a block, a cluster of 2-16 CTAs). (The Triton
+    sweep's candidates: tests/test_triton_sweep.py.)"""
     from kernels.methods.cuda.sweep import cuda_variants
-    from kernels.methods import triton_softmax as ts
 
     for n, items in ((128, {8, 16, 32, 64}), (1000, {8, 16, 32, 64}), (16384, {16, 32, 64})):
         vs = cuda_variants(n)
@@ -85,40 +83,6 @@ def test_sweep_candidates_cover_the_launch_tables():
                 "cap": True} in cuda_variants(n)
     assert any(v["path"] == "split" and v["threads"] == 512 and v["items"] == 16 for v in long)  # the table's
     assert all(v["merged"] for v in long if v["path"] == "split" and v["dir"] == "fwd")  # split: one exchange
-    for n in (32768, 65536, 262144):  # every table choice for long rows is a sweep candidate
-        assert ts.plan(n, 2) in triton_candidates(n) and ts.plan(n, 2, backward=True) in triton_candidates(n)
-
-    for t in (128, 256, 512, 1024, 2048, 4096, 8192, 16384):  # every causal table choice too, both directions
-        causal = triton_candidates(t, causal=True)
-        assert ts.plan(t, 2, causal=True) in causal and ts.plan(t, 2, backward=True, causal=True) in causal
-    causal = triton_candidates(1024, causal=True)
-    assert ts.plan(1024, 2, causal=True) != ts.plan(1024, 2)  # causal rows have their own entry
-    assert ts.plan(1024, 2, causal=True).fill and not ts.plan(1024, 2, backward=True, causal=True).fill
-    assert any(p.fill for p in causal) and any(not p.round_mask for p in causal)
-
-
-@pytest.mark.skipif("triton" not in kernels.runnable_methods(), reason="triton cannot run here")
-def test_triton_sweep_checks_every_candidate(monkeypatch, tmp_path):
-    """The sweep's plumbing at tiny sizes (on a CPU, Triton's interpreter; the timings mean nothing):
-    every candidate is checked forward and backward against the float64 references, and a wrong
-    candidate is marked wrong rather than timed as a winner."""
-    import harness.bench as bench
-    from kernels.methods import triton_softmax as ts
-
-    good = {128: [ts.Plan(False, 128, 4, 1)], 16: [ts.Plan(False, 16, 2, 1, round_mask=False)]}
-
-    def candidates(n, causal=False):
-        bad = ts.Plan(False, good[n][0].block_n // 2, 2, 1)  # half the row: a wrong softmax
-        return good[n] + [bad]
-
-    monkeypatch.setattr(bench, "triton_candidates", candidates)
-    rows = bench.run_triton_sweep([128], 128 * 8, "bf16", tmp_path, [(1, 2, 16, 16)])
-    assert [(r["n"], r["causal"]) for r in rows] == [(128, False), (128, False), (16, True), (16, True)]
-    for good_row, bad_row in (rows[0:2], rows[2:4]):
-        assert good_row["fwd_ok"] and good_row["bwd_ok"] and good_row["fwd_gbs"] > 0
-        assert not (bad_row.get("fwd_ok") and bad_row.get("bwd_ok"))  # wrong, or failed (an error noted)
-        assert bad_row.get("fwd_ok") is False or "fwd_error" in bad_row
-    assert (tmp_path / "triton_sweep.json").exists()
 
 
 def test_profile_script_runs_a_method(capsys):

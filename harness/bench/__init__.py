@@ -96,13 +96,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     o.add_argument("--steps", type=int, default=30)
     o.add_argument("--rounds", type=int, default=2)
     o.add_argument("--out", default="outputs/bench", type=Path)
-    t = sub.add_parser("triton-sweep", help="time candidate Triton launch settings per N (GPU only)")
-    t.add_argument("--sizes", default=DEFAULT_SIZES)
-    t.add_argument("--elements", type=int, default=2**27)
-    t.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
-    t.add_argument("--causal", default="8,12,1024,1024", help="causal cases B,H,T,T separated by ';' ('' to skip)")
-    t.add_argument("--match", default="", help="only the candidates whose plan text holds this, e.g. 'fill=True'")
-    t.add_argument("--out", default="outputs/bench", type=Path)
+    from kernels.methods.triton import sweep as triton_sweep  # (also python -m kernels.methods.triton.sweep)
+
+    triton_sweep.add_arguments(sub.add_parser("triton-sweep", help="time candidate Triton launch settings per N (GPU only)"))
     c = sub.add_parser("cuda-sweep", help="time the CUDA kernels' launch variants per N (GPU + nvcc only)")
     c.add_argument("--sizes", default=DEFAULT_SIZES)
     c.add_argument("--elements", type=int, default=2**27)
@@ -133,10 +129,7 @@ def main(argv: Optional[list[str]] = None) -> None:
 
         run_overhead(a.overrides, a.steps, a.rounds, a.out)
     elif a.cmd == "triton-sweep":
-        from kernels.methods.triton.sweep import run_triton_sweep
-
-        a.out.mkdir(parents=True, exist_ok=True)
-        run_triton_sweep(_ints(a.sizes), a.elements, a.dtype, a.out, _shapes(p, "--causal", a.causal, 4), a.match)
+        triton_sweep.run_from_args(a, p.error)
     elif a.cmd == "cuda-sweep":
         from kernels.methods.cuda.sweep import run_cuda_sweep
 

@@ -1,0 +1,167 @@
+"""Launches of the ``triton`` method: :func:`launch_fwd` and :func:`launch_bwd` view the input as rows x N,
+take the plan for its row length (``plan.plan``) and launch that path's kernel (``tile``, ``gluon``),
+falling back to the next-best plan where a Gluon path cannot take the rows."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Optional
+
+import torch
+
+from kernels.methods.triton import gluon, tile
+from kernels.methods.triton.availability import interpreter_enabled, triton
+from kernels.methods.triton.plan import (
+    HYBRID_MAX_REGS,
+    LOG2E,
+    Plan,
+    _hybrid_shape,
+    _next_pow2,
+    _persistent_grid,
+    _ring_shape,
+    fill_scale_ok,
+    gluon_unusable,
+    plan,
+    ring_pairs,
+    ring_slots,
+)
+
+
+def _rows_view(x: torch.Tensor) -> torch.Tensor:
+    """x as a (rows, N) view when the leading dims flatten to one row stride; else one copy."""
+    n = x.shape[-1]
+    try:
+        return x.view(-1, n)
+    except RuntimeError:
+        return x.reshape(-1, n)  # leading dims not flattenable (e.g. transposed): one copy
+
+
+def _causal_geometry(shape: torch.Size, causal: bool) -> tuple[int, int]:
+    if not causal:
+        return 1, 0
+    tq, tk = shape[-2], shape[-1]
+    return tq, tk - tq
+
+
+def _device_guard(x: torch.Tensor):
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
+def _launch_split(kernel, p: Plan, n_rows: int, n_cols: int, device, tensors: tuple, args: tuple,
+                  causal: bool) -> None:
+    """One program per chunk; a zeroed ticket + per-row arrival counter and a partials workspace
+    (2 floats per chunk forward, 1 backward; allocated per call: the counters must start at zero)."""
+    splits = -(-n_cols // p.block_n)
+    programs = n_rows * splits
+    if programs >= 2**31:
+        raise ValueError(f"too many row chunks for one launch ({n_rows} rows x {splits} chunks)")
+    stat = torch.empty(n_rows * splits * 2, dtype=torch.float32, device=device)
+    meta = dict(BLOCK_N=p.block_n, SPLITS_P2=_next_pow2(splits), CAUSAL=causal, num_warps=p.num_warps)
+    if interpreter_enabled():  # programs run one after another: partials first, then outputs
+        cnt = torch.zeros(1, dtype=torch.int32, device=device)
+        for phase in (1, 2):
+            kernel[(programs,)](*tensors, cnt, stat, n_cols, splits, *args, PHASE=phase, **meta)
+    else:
+        cnt = torch.zeros(n_rows + 1, dtype=torch.int32, device=device)
+        kernel[(programs,)](*tensors, cnt, stat, n_cols, splits, *args, PHASE=0, **meta)
+
+
+def _launch_hybrid(x2: torch.Tensor, y: torch.Tensor, scale: float, p: Plan) -> None:
+    n_rows, n_cols = x2.shape
+    nr, ns, even = _hybrid_shape(n_cols, p)
+    gluon._fwd_hybrid_kernel[(n_rows,)](
+        x2, y, x2.view(torch.int32), y.view(torch.int32), n_cols // 8, x2.stride(0) // 8, scale * LOG2E, 0,
+        NR=nr, NS=ns, EVEN=even, BF16=x2.dtype == torch.bfloat16, num_warps=p.num_warps, maxnreg=HYBRID_MAX_REGS,
+    )
+
+
+def _launch_ring_bwd(y2: torch.Tensor, dy2: torch.Tensor, dx: torch.Tensor, scale: float, p: Plan) -> None:
+    n_rows, n_cols = y2.shape
+    vec, _, nch = _ring_shape(y2, p)
+    pairs = ring_pairs(n_rows, y2.device, p)
+    xch = torch.zeros(2 * n_rows, dtype=torch.int64, device=y2.device)  # the pairs' partials (zeroed per call)
+    gluon._bwd_pair_ring_kernel[(2 * pairs,)](
+        y2, dy2, dx, xch, n_rows, n_cols // vec, dy2.stride(0) // vec, scale,
+        VEC=vec, NCH=nch, SLOTS=ring_slots(y2.device, p), num_warps=p.num_warps,
+    )
+
+
+def launch_fwd(x: torch.Tensor, scale: float, causal: bool, p: Optional[Plan] = None) -> torch.Tensor:
+    x2 = _rows_view(x)
+    n_rows, n_cols = x2.shape
+    y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    if n_rows == 0:
+        return y.view(x.shape)
+    p = p or plan(n_cols, x.element_size(), causal=causal)
+    if p.ring:
+        raise ValueError("the ring path is a backward path (the forward's Gluon path is the hybrid one)")
+    if p.hybrid and gluon_unusable(x2, causal, p):  # (unaligned rows, the interpreter): the next-best plan
+        p = plan(n_cols, x.element_size(), causal=causal, gluon=False)
+    tq, diag = _causal_geometry(x.shape, causal)
+    with _device_guard(x):
+        if p.hybrid:
+            _launch_hybrid(x2, y, scale, p)
+        elif p.split:
+            _launch_split(tile._fwd_split_kernel, p, n_rows, n_cols, x.device,
+                          (x2, y), (x2.stride(0), x2.stride(1), tq, diag, scale * LOG2E), causal)
+        elif p.stages:
+            tile._fwd_persist_kernel[(_persistent_grid(n_rows, x.device, p),)](
+                x2, y, n_rows, n_cols, x2.stride(0), x2.stride(1), tq, diag, scale * LOG2E,
+                BLOCK_N=p.block_n, CAUSAL=causal, STAGES=p.stages, num_warps=p.num_warps,
+            )
+        elif p.long:
+            tile._fwd_long_kernel[(n_rows,)](
+                x2, y, n_cols, x2.stride(0), x2.stride(1), tq, diag, scale * LOG2E,
+                BLOCK_N=p.block_n, CAUSAL=causal, num_warps=p.num_warps,
+            )
+        elif p.fill and fill_scale_ok(c := scale * LOG2E):
+            tile._fwd_fill_kernel[(triton.cdiv(n_rows, p.rows),)](
+                x2, y, n_rows, n_cols, x2.stride(0), x2.stride(1), tq, diag, c, -math.inf if c > 0 else math.inf,
+                BLOCK_N=p.block_n, ROWS=p.rows, CAUSAL=causal, num_warps=p.num_warps,
+            )
+        else:  # (a fill plan whose scale the fill cannot take: the same tile, masked element by element)
+            tile._fwd_tile_kernel[(triton.cdiv(n_rows, p.rows),)](
+                x2, y, n_rows, n_cols, x2.stride(0), x2.stride(1), tq, diag, scale * LOG2E,
+                BLOCK_N=p.block_n, ROWS=p.rows, CAUSAL=causal, ROUND_MASK=p.round_mask, num_warps=p.num_warps,
+            )
+    return y.view(x.shape)
+
+
+def launch_bwd(
+    y: torch.Tensor, dy: torch.Tensor, scale: float, causal: bool, p: Optional[Plan] = None
+) -> torch.Tensor:
+    y2 = y.view(-1, y.shape[-1])  # y is our own contiguous output
+    dy2 = _rows_view(dy)
+    n_rows, n_cols = y2.shape
+    dx = torch.empty((n_rows, n_cols), dtype=y.dtype, device=y.device)
+    if n_rows == 0:
+        return dx.view(y.shape)
+    p = p or plan(n_cols, y.element_size(), backward=True, causal=causal)
+    if p.hybrid or p.fill:
+        raise ValueError(f"the {'hybrid' if p.hybrid else 'fill'} path is a forward path")
+    if p.ring and gluon_unusable(y2, causal, p, dy2):  # (unaligned rows, the interpreter): the next-best plan
+        p = plan(n_cols, y.element_size(), backward=True, causal=causal, gluon=False)
+    tq, diag = _causal_geometry(y.shape, causal)
+    with _device_guard(y):
+        if p.ring:
+            _launch_ring_bwd(y2, dy2, dx, scale, p)
+        elif p.split:
+            _launch_split(tile._bwd_split_kernel, p, n_rows, n_cols, y.device,
+                          (y2, dy2, dx), (dy2.stride(0), dy2.stride(1), tq, diag, scale), causal)
+        elif p.stages:
+            tile._bwd_persist_kernel[(_persistent_grid(n_rows, y.device, p),)](
+                y2, dy2, dx, n_rows, n_cols, dy2.stride(0), dy2.stride(1), tq, diag, scale,
+                BLOCK_N=p.block_n, CAUSAL=causal, STAGES=p.stages, num_warps=p.num_warps,
+            )
+        elif p.long:
+            tile._bwd_long_kernel[(n_rows,)](
+                y2, dy2, dx, n_cols, dy2.stride(0), dy2.stride(1), tq, diag, scale,
+                BLOCK_N=p.block_n, CAUSAL=causal, num_warps=p.num_warps,
+            )
+        else:
+            tile._bwd_tile_kernel[(triton.cdiv(n_rows, p.rows),)](
+                y2, dy2, dx, n_rows, n_cols, dy2.stride(0), dy2.stride(1), tq, diag, scale,
+                BLOCK_N=p.block_n, ROWS=p.rows, CAUSAL=causal, ROUND_MASK=p.round_mask, num_warps=p.num_warps,
+            )
+    return dx.view(y.shape)
