@@ -43,14 +43,14 @@ def test_only_the_output_is_saved_for_backward(seeded):
 
 
 def test_fullgraph_compile_of_a_model_using_it():
-    from harness.methods import apply_accel
+    from harness.accel import apply_accel
     from models import GPT, GPTConfig
 
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32)).to(DEVICE)
+    model = GPT(GPTConfig(vocab_size=64, context=16, n_layer=1, n_head=2, n_embd=32)).to(DEVICE)
     idx = torch.randint(0, 64, (2, 16), device=DEVICE)
     ref_logits, _ = model(idx)
-    apply_accel(model, "materialized", "triton")
+    apply_accel(model, "triton")
     compiled = torch.compile(model, fullgraph=True)  # a graph break would raise
     logits, loss = compiled(idx, idx)
     loss.backward()

@@ -8,7 +8,8 @@ measured beside them in the same run. Needs ``liger-kernel`` (the optional ``ben
   contract asks (Liger gives NaN there).
 * ``cross_entropy``: ``LigerCrossEntropyFunction`` (the gradient computed in the forward pass and
   stored in place of the logits, so the logits it receives are overwritten: this method passes a copy
-  when they are a leaf tensor the caller holds; a model's logits are an intermediate, used in place).
+  when they are (a view of) a leaf tensor the caller holds; a model's logits are an intermediate, used
+  in place). Its per-target losses come back in the logits' dtype (bf16 rounding), not float32.
 * ``linear_cross_entropy``: ``LigerFusedLinearCrossEntropyFunction`` (chunked over tokens).
 
 The contract's corner cases where Liger differs (all targets ignored gives NaN under 'mean') are left
@@ -54,8 +55,9 @@ def liger_softmax(scores: torch.Tensor, scale: float, causal: bool) -> torch.Ten
 def liger_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, reduction: str) -> torch.Tensor:
     from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
 
-    if logits.is_leaf:  # Liger writes the gradient over its input: keep logits the caller holds (a
-        logits = logits.clone()  # model's logits are an intermediate nobody reads after the loss)
+    base = logits if logits._base is None else logits._base
+    if base.is_leaf:  # Liger writes the gradient over its input: keep logits the caller holds (a model's
+        logits = logits.clone()  # logits are an intermediate nobody reads after the loss)
     loss = LigerCrossEntropyFunction.apply(logits.contiguous(), targets, None, ignore_index, 0.0, 0.0, reduction)[0]
     return loss.float()
 
