@@ -2,7 +2,11 @@
 # Run a stage on a GPU machine with no internet (the lent H200): install the offline wheels (Hydra,
 # OmegaConf, W&B, built by shared/tools/offline-wheels.sh into .whl/), then one or more stages:
 #   tests    build the CUDA extension, run the GPU tests and the fused methods' CPU-contract tests
+#            (TEST_FILES, TEST_FILTER override which)
 #   kernels  python -m harness.bench kernels (full table; extra args in KERNEL_ARGS)
+#   loss     python -m harness.bench loss (cross-entropy table; LOSS_ARGS)
+#   attention  python -m harness.bench attention (attention table; ATTENTION_ARGS)
+#   launch   python -m harness.bench launch (host microseconds per call; LAUNCH_ARGS)
 #   sweep    python -m harness.bench triton-sweep (Triton launch settings per N; extra args in SWEEP_ARGS;
 #            the same as python -m kernels.methods.triton.sweep)
 #   cuda-sweep  python -m harness.bench cuda-sweep (CUDA launch variants per N; CUDA_SWEEP_ARGS)
@@ -29,13 +33,19 @@ for stage in "$@"; do
   case $stage in
     tests)
       python3 -c "from kernels.methods import cuda as c; print('cuda extension:', c.prepare())" 2>&1 | tail -30 | tee "$OUT/build.log"
-      timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_methods.py tests/test_triton_*.py tests/test_properties.py \
-        tests/test_kernels.py -k "${TEST_FILTER:-triton or cuda or gpu}" 2>&1 | tee "$OUT/tests.log" | tail -40
+      timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -p no:cacheprovider ${TEST_FILES:-tests/test_gpu_methods.py tests/test_triton_*.py \
+        tests/test_properties.py tests/test_kernels.py tests/test_registry.py tests/test_model.py} -k "${TEST_FILTER:-triton or cuda or gpu or sdpa}" \
+        2>&1 | tee "$OUT/tests.log" | tail -40
       summary+=("tests: $(tail -1 "$OUT/tests.log")")
       ;;
     kernels)
       timeout ${KERNEL_TIMEOUT:-400} python3 -m harness.bench kernels --out "$OUT" ${KERNEL_ARGS:-} 2>&1 | tee "$OUT/kernels.log" | grep -v "^|" | tail -60
       summary+=("kernels: see $OUT/kernels.md")
+      ;;
+    loss|attention|launch)
+      var="$(echo "$stage" | tr a-z A-Z)_ARGS"
+      timeout ${BENCH_TIMEOUT:-300} python3 -m harness.bench "$stage" --out "$OUT" ${!var:-} 2>&1 | tee "$OUT/$stage.log" | grep -v "^|" | tail -40
+      summary+=("$stage: see $OUT/$stage.md")
       ;;
     sweep)
       timeout ${SWEEP_TIMEOUT:-240} python3 -m harness.bench triton-sweep --out "$OUT" ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/sweep.log" | grep -E "^N=|Error" | tail -20

@@ -20,7 +20,7 @@ def loss_and_grads(model, idx):
     return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("method", kernels.runnable_methods(op="attention"))
+@pytest.mark.parametrize("method", [m for m in kernels.runnable_methods(op="attention") if not kernels.get_method(m).peer])
 def test_model_loss_and_grads_match_torch(method):
     torch.manual_seed(0)
     model = GPT(CFG).to(DEVICE)

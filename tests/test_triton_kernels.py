@@ -30,7 +30,9 @@ def forced_path(request, monkeypatch):
         monkeypatch.setattr(tp, "SPLIT_BLOCK_N", 8)
         monkeypatch.setattr(tp, "MAX_SPLITS", 8)
         monkeypatch.setattr(tp, "_SPLIT_FROM", {False: 0, True: 0})
-    return request.param
+    tp.clear_plan_cache()  # the launch path caches plans: forget those of the real limits
+    yield request.param
+    tp.clear_plan_cache()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)

@@ -79,5 +79,6 @@ register(
         linear_cross_entropy=liger_linear_cross_entropy,
         summary="Liger-Kernel's Triton softmax and (fused linear) cross-entropy as shipped: the public peer",
         unavailable_reason=unavailable_reason,
+        peer=True,
     )
 )

@@ -1,7 +1,11 @@
 """The `cuda` method's ops: ``softmax_harness_cuda::softmax_fwd`` / ``softmax_bwd`` (registered in C++
 by ``csrc/softmax_binding.cpp``) get their fake implementations and autograd here, so
 ``torch.compile(fullgraph=True)`` traces through them and ``torch.library.opcheck`` passes; and the
-Python entry points, which build the extension on first use."""
+Python entry points, which build the extension on first use.
+
+Called eagerly, :func:`cuda_softmax` goes around the op's Python autograd kernel (tens of microseconds
+of dispatch): an ``autograd.Function`` calls the ops below the autograd key, and no autograd at all
+when no gradient is needed; under torch.compile it calls the op itself. Same kernels either way."""
 
 from __future__ import annotations
 
@@ -38,10 +42,34 @@ def validate(x: torch.Tensor) -> None:
         raise ValueError(f"the cuda softmax runs on CUDA tensors; got a tensor on {x.device}")
 
 
+def _fwd_below_autograd(x: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.softmax_harness_cuda.softmax_fwd(x, scale, causal)
+
+
+class _EagerSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+        y = _fwd_below_autograd(x, scale, causal)
+        ctx.save_for_backward(y)  # only y is saved
+        ctx.scale, ctx.causal = scale, causal
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        (y,) = ctx.saved_tensors
+        with torch._C._AutoDispatchBelowAutograd():
+            return torch.ops.softmax_harness_cuda.softmax_bwd(y, dy, ctx.scale, ctx.causal), None, None
+
+
 def cuda_softmax(scores: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
     if not STATE["loaded"]:
         prepare()
-    return torch.ops.softmax_harness_cuda.softmax_fwd(scores, scale, causal)
+    if torch.compiler.is_compiling():
+        return torch.ops.softmax_harness_cuda.softmax_fwd(scores, scale, causal)
+    if scores.requires_grad and torch.is_grad_enabled():
+        return _EagerSoftmax.apply(scores, scale, causal)
+    return _fwd_below_autograd(scores, scale, causal)
 
 
 def code_path(dtype: torch.dtype, backward: bool, cols: int, aligned: bool = True, rows: int = 1) -> str:

@@ -20,9 +20,9 @@ from kernels.methods.triton.plan import (
     _next_pow2,
     _persistent_grid,
     _ring_shape,
+    cached_plan,
     fill_scale_ok,
     gluon_unusable,
-    plan,
     ring_pairs,
     ring_slots,
 )
@@ -45,7 +45,10 @@ def _causal_geometry(shape: torch.Size, causal: bool) -> tuple[int, int]:
 
 
 def _device_guard(x: torch.Tensor):
-    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+    """Launch on x's GPU: a guard only when it is not the current one (the guard costs microseconds)."""
+    if x.is_cuda and x.device.index != torch.cuda.current_device():
+        return torch.cuda.device(x.device)
+    return contextlib.nullcontext()
 
 
 def _launch_split(kernel, p: Plan, n_rows: int, n_cols: int, device, tensors: tuple, args: tuple,
@@ -93,11 +96,11 @@ def launch_fwd(x: torch.Tensor, scale: float, causal: bool, p: Optional[Plan] = 
     y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     if n_rows == 0:
         return y.view(x.shape)
-    p = p or plan(n_cols, x.element_size(), causal=causal)
+    p = p or cached_plan(n_cols, x.element_size(), causal=causal)
     if p.ring:
         raise ValueError("the ring path is a backward path (the forward's Gluon path is the hybrid one)")
     if p.hybrid and gluon_unusable(x2, causal, p):  # (unaligned rows, the interpreter): the next-best plan
-        p = plan(n_cols, x.element_size(), causal=causal, gluon=False)
+        p = cached_plan(n_cols, x.element_size(), causal=causal, gluon=False)
     tq, diag = _causal_geometry(x.shape, causal)
     with _device_guard(x):
         if p.hybrid:
@@ -137,11 +140,11 @@ def launch_bwd(
     dx = torch.empty((n_rows, n_cols), dtype=y.dtype, device=y.device)
     if n_rows == 0:
         return dx.view(y.shape)
-    p = p or plan(n_cols, y.element_size(), backward=True, causal=causal)
+    p = p or cached_plan(n_cols, y.element_size(), backward=True, causal=causal)
     if p.hybrid or p.fill:
         raise ValueError(f"the {'hybrid' if p.hybrid else 'fill'} path is a forward path")
     if p.ring and gluon_unusable(y2, causal, p, dy2):  # (unaligned rows, the interpreter): the next-best plan
-        p = plan(n_cols, y.element_size(), backward=True, causal=causal, gluon=False)
+        p = cached_plan(n_cols, y.element_size(), backward=True, causal=causal, gluon=False)
     tq, diag = _causal_geometry(y.shape, causal)
     with _device_guard(y):
         if p.ring:

@@ -1,7 +1,12 @@
 """The ``triton`` method as torch ops: ``softmax_harness::triton_softmax_fwd`` / ``_bwd``
 (``torch.library.custom_op`` with fake implementations and autograd; only the output is saved for
 backward), so ``torch.compile(fullgraph=True)`` traces a model that uses it without a graph break;
-:func:`triton_softmax` is the method's softmax."""
+:func:`triton_softmax` is the method's softmax.
+
+Two routes to the same launchers: under torch.compile the custom ops (traceable); called eagerly, an
+``autograd.Function`` that calls the launchers directly (the custom op's Python dispatch costs tens of
+microseconds per call, more than a small kernel runs), and no autograd at all when no gradient is
+needed. The inputs were checked by the bound op (kernels.contract) before either route."""
 
 from __future__ import annotations
 
@@ -53,5 +58,25 @@ def _backward(ctx, dy: torch.Tensor):
 triton_softmax_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _EagerSoftmax(torch.autograd.Function):
+    """The eager route: the launchers without the custom op's dispatch (same kernels, same results)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+        y = launch_fwd(x, scale, causal)
+        ctx.save_for_backward(y)  # only y is saved, never the input
+        ctx.scale, ctx.causal = scale, causal
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        (y,) = ctx.saved_tensors
+        return launch_bwd(y, dy, ctx.scale, ctx.causal), None, None
+
+
 def triton_softmax(scores: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
-    return triton_softmax_fwd(scores, scale, causal)
+    if torch.compiler.is_compiling():
+        return triton_softmax_fwd(scores, scale, causal)
+    if scores.requires_grad and torch.is_grad_enabled():
+        return _EagerSoftmax.apply(scores, scale, causal)
+    return launch_fwd(scores, scale, causal)

@@ -99,6 +99,24 @@ def _causal_fwd_heuristic(block_n: int) -> tuple[int, int]:
     return 1024 // block_n, 1
 
 
+_PLAN_CACHE: dict = {}
+
+
+def cached_plan(n_cols: int, elem_bytes: int, backward: bool = False, causal: bool = False,
+                gluon: bool = True) -> Plan:
+    """:func:`plan`, computed once per argument tuple (the launch path's per-call lookup). Code that
+    changes the tables or the path limits at run time (tests) calls :func:`clear_plan_cache`."""
+    key = (n_cols, elem_bytes, backward, causal, gluon)
+    p = _PLAN_CACHE.get(key)
+    if p is None:
+        p = _PLAN_CACHE[key] = plan(n_cols, elem_bytes, backward, causal, gluon)
+    return p
+
+
+def clear_plan_cache() -> None:
+    _PLAN_CACHE.clear()
+
+
 def plan(n_cols: int, elem_bytes: int, backward: bool = False, causal: bool = False, gluon: bool = True) -> Plan:
     """Launch settings by row length (a table measured on an H200; heuristics outside it). gluon=False:
     the plan for where the Gluon paths (hybrid forward, ring backward) cannot run (see gluon_unusable)."""
