@@ -92,7 +92,7 @@ class TrainConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     seed: int = 1337
     compile_model: bool = False  # torch.compile the whole model (independent of the softmax method)
-    compile_mode: str = "default"  # torch.compile mode for the whole model
+    compile_mode: str = "default"  # torch.compile mode for the whole model (reduce-overhead: CUDA graphs)
     check_kernel: bool = True  # gate: check the softmax against float64 on the run's shapes first
     resume: Optional[str] = None  # a run directory to continue (its checkpoints/last.ckpt and config)
 
@@ -121,6 +121,7 @@ LOSS_FORMS = ("logits", "linear")
 DATA_KINDS = ("stdlib", "text", "synthetic")
 LOGGER_KINDS = ("wandb", "csv", "none")
 LOGGER_MODES = ("auto", "offline", "online", "disabled")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 PRECISIONS = ("auto", "bf16-mixed", "16-mixed", "32-true", "32", "bf16-true")
 
 
@@ -207,6 +208,8 @@ def validate(cfg: DictConfig | TrainConfig) -> None:
         raise _bad("logger.mode", c.logger.mode, f"one of {', '.join(LOGGER_MODES)}")
     if c.trainer.on_nonfinite not in ("stop", "warn"):
         raise _bad("trainer.on_nonfinite", c.trainer.on_nonfinite, "stop or warn")
+    if c.compile_mode not in COMPILE_MODES:
+        raise _bad("compile_mode", c.compile_mode, f"one of {', '.join(COMPILE_MODES)} (torch.compile's modes)")
     if str(c.trainer.precision) not in PRECISIONS:
         raise _bad("trainer.precision", c.trainer.precision, f"one of {', '.join(PRECISIONS)}")
 

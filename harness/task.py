@@ -62,6 +62,9 @@ class LanguageModelTask(L.LightningModule):
         # checkpoint holds one copy under the same names either way
         fwd = torch.compile(model, mode=compile_mode) if compile_model else model
         object.__setattr__(self, "_forward_model", fwd)
+        # mode reduce-overhead replays the step from CUDA graphs, whose outputs the next replay
+        # overwrites: each step is marked, and the loss kept for the curve is copied out
+        self._cudagraphs = compile_model and compile_mode in ("reduce-overhead", "max-autotune")
         self._losses: list[torch.Tensor] = []
         self._loss_steps: list[int] = []
         self._earlier_curve: list[tuple[int, float]] = []  # from the checkpoint a resumed run started at
@@ -74,9 +77,11 @@ class LanguageModelTask(L.LightningModule):
         x, y = batch
         if self._first_batch_sum is None:
             self._first_batch_sum = x.sum()  # which data this rank saw (kept on device, read at the end)
+        if self._cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
         _, loss = self(x, y)
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
-        self._losses.append(loss.detach())
+        self._losses.append(loss.detach().clone() if self._cudagraphs else loss.detach())
         self._loss_steps.append(self.global_step)
         return loss
 
