@@ -79,16 +79,24 @@ def head_pad(d: int) -> int:
 
 def default_plans(d_pad: int, dtype: torch.dtype, causal: bool) -> tuple[FwdPlan, BwdPlan]:
     """The tutorial's Hopper starting points (before the sweep): 128 x 64 forward tiles, 8 warps at
-    d = 128; backward 32 x 128 (dk/dv) and 128 x 32 (dq), 4 warps. fp32 (no tensor-core path at full
-    precision) gets smaller tiles, which fit shared memory at twice the bytes per element."""
-    if dtype == torch.float32:
-        return (FwdPlan(block_m=64, block_n=32, num_warps=4, num_stages=2),
-                BwdPlan(block_m1=32, block_n1=64, block_m2=64, block_n2=32, num_stages=2, dq_stages=2))
+    d = 128; backward 32 x 128 (dk/dv) and 128 x 32 (dq), halved at d = 128. The dk/dv kernel gets
+    8 warps: compiled for sm_90 by Triton 3.6 with 4 it needs 255 registers a thread and spills at
+    d = 64 (its two fp32 accumulators of BLOCK_N1 x d), with 8 it takes 172 (191 at d = 128).
+    fp32 (no tensor-core path at full precision: FMA dots) gets small tiles."""
+    if dtype == torch.float32:  # sized so that Triton 3.6's sm_90 build does not spill
+        if d_pad <= 64:
+            return (FwdPlan(block_m=64, block_n=32, num_warps=8, num_stages=2),
+                    BwdPlan(block_m1=16, block_n1=64, block_m2=64, block_n2=16, num_warps=8, num_stages=2,
+                            dq_warps=8, dq_stages=2))
+        return (FwdPlan(block_m=32, block_n=16, num_warps=4, num_stages=2),
+                BwdPlan(block_m1=16, block_n1=32, block_m2=32, block_n2=16, num_warps=8, num_stages=2,
+                        dq_warps=4, dq_stages=2))
     if d_pad <= 64:
-        return FwdPlan(block_m=128, block_n=64, num_warps=4, num_stages=3), BwdPlan(num_stages=4, dq_stages=4)
+        return FwdPlan(block_m=128, block_n=64, num_warps=4, num_stages=3), BwdPlan(num_warps=8, num_stages=4,
+                                                                                   dq_stages=4)
     return (FwdPlan(block_m=128, block_n=64, num_warps=8, num_stages=3),
-            BwdPlan(block_m1=32, block_n1=128, block_m2=128, block_n2=32, num_warps=8, num_stages=3,
-                    dq_warps=8, dq_stages=3))
+            BwdPlan(block_m1=32, block_n1=64, block_m2=64, block_n2=32, num_warps=8, num_stages=3,
+                    dq_warps=4, dq_stages=3))
 
 
 #: (padded head dim, dtype name, causal) -> ((max T, FwdPlan, BwdPlan), ...) by ascending max T: the
