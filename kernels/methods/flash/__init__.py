@@ -1,0 +1,67 @@
+"""`flash`: the project's own fused attention in Triton, forward and backward; the online-softmax
+rung, where the Tq x Tk scores never exist in memory.
+
+Code paths (each module opens with its own details):
+
+* Forward (``fwd``): one program per (BLOCK_M queries, head, batch). q stays on chip; the loop
+  streams BLOCK_N keys and values: s = q k^T (fp32), the running max m and sum l per row, p =
+  exp2(s * scale * log2(e) - m) (the scale folded into the exponent's base change), the fp32 output
+  accumulator rescaled by exp2(m_old - m_new), o += p v with p rounded to the input dtype. The key
+  loop is split by its bounds: blocks every query of the program sees run without a mask; the
+  diagonal blocks (and the last, partial block of keys) get the causal / boundary mask; blocks above
+  the diagonal are never visited. Written: out (in the (B, T, H, d) memory layout) and the natural
+  log-sum-exp per query row (fp32). A query with no key (causal, Tq > Tk) gets out = 0 and
+  lse = +inf, so the backward's exp(s - lse) is exactly 0 (zero gradient, no NaN).
+* Backward (``bwd``): delta = rowsum(o * do) (a small kernel); a dk/dv kernel (a program per
+  BLOCK_N1 keys, looping over the queries that see them, diagonal blocks masked) and a dq kernel (a
+  program per BLOCK_M2 queries, looping over their keys); both recompute P = exp2(s * c - lse *
+  log2(e)) from q, k and lse; dS = P * (dP - delta) with dP = do v^T; dv = P^T do, dk = scale *
+  dS^T q, dq = scale * dS k. No atomics (dq is its own pass), no Tq x Tk tensor. The two run as two
+  launches or one fused launch (plan ``fused``).
+* Any strides: every tensor is addressed through its own (B, H, T, d) strides; the model's (B, T, H,
+  d) views are read in place, never copied. Head dims 1..128, padded to the next power of two
+  (>= 16) with masked loads; dv may differ from d. float16 / bfloat16 (tensor cores, fp32
+  accumulation); float32 with full-precision (``ieee``) dots: correct to the fp32 tolerance, slow.
+
+Bytes and FLOPs: forward reads q, k, v and writes out and lse: (B H)(Tq d + 2 Tk d + Tq dv) elements
+once per query block for k and v (re-read from L2 by each of the cdiv(Tq, BLOCK_M) programs of a
+head); 4 B H Tq Tk d FLOPs (half for causal Tq = Tk). Backward: 2.5x the forward's FLOPs (five
+matmuls instead of two; recomputing P is one of them), plus reads of do, out, lse, delta. So it is
+compute-bound on an H200 for T >= a few hundred: the target is tensor-core throughput (anchors:
+SDPA flash 192 / FlexAttention 225 / cuDNN 303 TFLOP/s forward at (16, 12, 1024, 64) causal bf16).
+
+Hopper features, each a switch of the launch plan (``plan``; measured by ``sweep``): ``tma``
+("off": pointer loads, pipelined with cp.async; "host": tensor descriptors built on the host and
+passed as kernel parameters, loaded by TMA into shared memory with mbarriers, which frees the
+registers and address arithmetic of the loads and fills/clips the ragged tiles in hardware;
+"device": descriptors built in the kernel by tl.make_tensor_descriptor, no host work per call, a
+scratch allocation instead); ``num_stages`` (how many key (forward, dq) or query (dk/dv) tiles are
+in flight ahead of the math: software pipelining); ``warp_specialize`` (tl.range(...,
+warp_specialize=True): Triton splits the loop into producer warps that issue the loads and consumer
+warpgroups that run wgmma and the softmax, FA3's structure); BLOCK_M / BLOCK_N and num_warps (tile
+shape vs registers and occupancy: 128-row tiles feed wgmma's 64-row instructions twice per warp
+group). TMA needs 16-byte aligned bases and strides; other inputs take the pointer path.
+Compiled for sm_90 by Triton 3.6 (``compile_check``, no GPU needed): every path lowers to wgmma;
+TMA copies replace the pointer loads and take 20-50 fewer registers a thread; warp_specialize
+leaves these loops unspecialized on Hopper (same code with 8 warps; with 4 the pass fails to
+compile), so on 3.6 it is a Blackwell switch.
+
+Registered as the torch ops ``softmax_harness::flash_attention_fwd`` (-> out, lse) and
+``softmax_harness::flash_attention_bwd`` (``ops``). Dropout is refused (sdpa or a composed method
+drops out). Inputs: CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1`` (tests).
+"""
+
+from __future__ import annotations
+
+from kernels.methods.flash.ops import flash_attention, unavailable_reason, validate
+from kernels.registry import Method, register
+
+register(
+    Method(
+        name="flash",
+        attention=flash_attention,
+        summary="the project's fused attention in Triton (online softmax, forward and backward; scores never stored)",
+        unavailable_reason=unavailable_reason,
+        validate=validate,
+    )
+)

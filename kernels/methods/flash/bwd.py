@@ -1,0 +1,224 @@
+"""The flash backward kernels and their launcher (the algorithm is in the package docstring).
+
+delta = rowsum(o * do) first (one small kernel), then dk/dv (a program per BLOCK_N1 keys, looping
+over the queries that see them) and dq (a program per BLOCK_M2 queries, looping over the keys they
+see), each recomputing P = exp(scale * q k^T - lse) tile by tile; two launches, or one when the plan
+fuses them (the first programs of the grid do dk/dv, the rest dq). No atomics, no T x T tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.methods.flash import plan as plans
+from kernels.methods.flash.fwd import precision, resolve_tma
+from kernels.methods.flash.tiles import (LOG2E, TMA_CODE, device_descriptor, ensure_allocator, host_descriptor,
+                                         key_bounds, load_rows, mma, query_bounds, store_rows, tl, triton)
+
+if triton is not None:
+
+    @triton.jit
+    def _delta_kernel(O, DO, DELTA, sob, soh, som, sod, sdb, sdh, sdm, sdd, H, TQ,
+                      DV: tl.constexpr, DV_PAD: tl.constexpr, BLOCK: tl.constexpr):
+        m0 = tl.program_id(0) * BLOCK
+        h = tl.program_id(1)
+        b = tl.program_id(2)
+        o = load_rows(O, b, h, m0, TQ, sob, soh, som, sod, BLOCK, DV, DV_PAD, 0, True).to(tl.float32)
+        do = load_rows(DO, b, h, m0, TQ, sdb, sdh, sdm, sdd, BLOCK, DV, DV_PAD, 0, True).to(tl.float32)
+        rows = m0 + tl.arange(0, BLOCK)
+        tl.store(DELTA + (b * H + h).to(tl.int64) * TQ + rows, tl.sum(o * do, 1), mask=rows < TQ)
+
+    @triton.jit
+    def _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, b, h, lo, hi, offs_n, H, TQ, TK, qk_scale,
+                    sqb, sqh, sqm, sqd, sdb, sdh, sdm, sdd,
+                    D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+                    BLOCK_M: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr,
+                    WARP_SPEC: tl.constexpr, PREC: tl.constexpr):
+        """Queries lo .. hi into dk, dv (transposed tiles: keys along the rows). Rows past Tq read
+        q = do = 0 and lse = +inf, so they add exactly 0; MASKED applies the causal mask."""
+        row = (b * H + h).to(tl.int64) * TQ
+        for m0 in tl.range(lo, hi, BLOCK_M, warp_specialize=WARP_SPEC):
+            m0 = tl.multiple_of(m0, BLOCK_M)
+            offs_m = m0 + tl.arange(0, BLOCK_M)
+            q = load_rows(Q, b, h, m0, TQ, sqb, sqh, sqm, sqd, BLOCK_M, D, D_PAD, TMA, True)
+            lse2 = tl.load(LSE + row + offs_m, mask=offs_m < TQ, other=float("inf")) * 1.4426950408889634
+            s_t = mma(k, tl.trans(q), None, PREC)  # (BLOCK_N, BLOCK_M)
+            z_t = s_t * qk_scale - lse2[None, :]
+            if MASKED:  # -inf before the exponential: masked scores may exceed lse (exp2 would overflow)
+                z_t = tl.where(offs_n[:, None] <= offs_m[None, :] + (TK - TQ), z_t, float("-inf"))
+            p_t = tl.math.exp2(z_t)
+            do = load_rows(DO, b, h, m0, TQ, sdb, sdh, sdm, sdd, BLOCK_M, DV, DV_PAD, TMA, True)
+            dv = mma(p_t.to(do.dtype), do, dv, PREC)
+            delta = tl.load(DELTA + row + offs_m, mask=offs_m < TQ, other=0.0)
+            dp_t = mma(v, tl.trans(do), None, PREC)
+            ds_t = p_t * (dp_t - delta[None, :])
+            dk = mma(ds_t.to(q.dtype), q, dk, PREC)
+        return dk, dv
+
+    @triton.jit
+    def _dkdv_program(pid_n, b, h, Q, K, V, DO, DK, DV_, LSE, DELTA,
+                      sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdm, sdd,
+                      s_dkb, s_dkh, s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd,
+                      B, H, TQ, TK, qk_scale, scale,
+                      D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                      TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr):
+        if TMA == 2:
+            Q = device_descriptor(Q, B, H, TQ, sqb, sqh, sqm, BLOCK_M, D, D_PAD)
+            DO = device_descriptor(DO, B, H, TQ, sdb, sdh, sdm, BLOCK_M, DV, DV_PAD)
+            K = device_descriptor(K, B, H, TK, skb, skh, skn, BLOCK_N, D, D_PAD)
+            V = device_descriptor(V, B, H, TK, svb, svh, svn, BLOCK_N, DV, DV_PAD)
+            DK = device_descriptor(DK, B, H, TK, s_dkb, s_dkh, s_dkn, BLOCK_N, D, D_PAD)
+            DV_ = device_descriptor(DV_, B, H, TK, s_dvb, s_dvh, s_dvn, BLOCK_N, DV, DV_PAD)
+        n0 = pid_n * BLOCK_N
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        k = load_rows(K, b, h, n0, TK, skb, skh, skn, skd, BLOCK_N, D, D_PAD, TMA, True)
+        v = load_rows(V, b, h, n0, TK, svb, svh, svn, svd, BLOCK_N, DV, DV_PAD, TMA, True)
+        dk = tl.zeros([BLOCK_N, D_PAD], tl.float32)
+        dv = tl.zeros([BLOCK_N, DV_PAD], tl.float32)
+        lo, full = query_bounds(n0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
+        if CAUSAL:
+            dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, b, h, lo, full, offs_n, H, TQ, TK, qk_scale,
+                                 sqb, sqh, sqm, sqd, sdb, sdh, sdm, sdd, D, DV, D_PAD, DV_PAD,
+                                 BLOCK_M, True, TMA, WARP_SPEC, PREC)
+        dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, b, h, full, TQ, offs_n, H, TQ, TK, qk_scale,
+                             sqb, sqh, sqm, sqd, sdb, sdh, sdm, sdd, D, DV, D_PAD, DV_PAD,
+                             BLOCK_M, False, TMA, WARP_SPEC, PREC)
+        store_rows(DK, (dk * scale).to(k.dtype), b, h, n0, TK, s_dkb, s_dkh, s_dkn, s_dkd, BLOCK_N, D, D_PAD, TMA)
+        store_rows(DV_, dv.to(v.dtype), b, h, n0, TK, s_dvb, s_dvh, s_dvn, s_dvd, BLOCK_N, DV, DV_PAD, TMA)
+
+    @triton.jit
+    def _dq_inner(dq, q, do, lse2, delta, K, V, b, h, lo, hi, offs_m, TQ, TK, qk_scale,
+                  skb, skh, skn, skd, svb, svh, svn, svd,
+                  D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+                  BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr,
+                  WARP_SPEC: tl.constexpr, PREC: tl.constexpr):
+        for n0 in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPEC):
+            n0 = tl.multiple_of(n0, BLOCK_N)
+            k = load_rows(K, b, h, n0, TK, skb, skh, skn, skd, BLOCK_N, D, D_PAD, TMA, MASKED)
+            v = load_rows(V, b, h, n0, TK, svb, svh, svn, svd, BLOCK_N, DV, DV_PAD, TMA, MASKED)
+            s = mma(q, tl.trans(k), None, PREC)
+            z = s * qk_scale - lse2[:, None]
+            if MASKED:
+                offs_n = n0 + tl.arange(0, BLOCK_N)
+                keep = offs_n[None, :] < TK
+                if CAUSAL:
+                    keep = keep & (offs_n[None, :] <= offs_m[:, None] + (TK - TQ))
+                z = tl.where(keep, z, float("-inf"))
+            p = tl.math.exp2(z)
+            dp = mma(do, tl.trans(v), None, PREC)
+            ds = p * (dp - delta[:, None])
+            dq = mma(ds.to(k.dtype), k, dq, PREC)
+        return dq
+
+    @triton.jit
+    def _dq_program(pid_m, b, h, Q, K, V, DO, DQ, LSE, DELTA,
+                    sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdm, sdd,
+                    s_dqb, s_dqh, s_dqm, s_dqd, B, H, TQ, TK, qk_scale, scale,
+                    D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                    TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr):
+        if TMA == 2:
+            Q = device_descriptor(Q, B, H, TQ, sqb, sqh, sqm, BLOCK_M, D, D_PAD)
+            DO = device_descriptor(DO, B, H, TQ, sdb, sdh, sdm, BLOCK_M, DV, DV_PAD)
+            K = device_descriptor(K, B, H, TK, skb, skh, skn, BLOCK_N, D, D_PAD)
+            V = device_descriptor(V, B, H, TK, svb, svh, svn, BLOCK_N, DV, DV_PAD)
+            DQ = device_descriptor(DQ, B, H, TQ, s_dqb, s_dqh, s_dqm, BLOCK_M, D, D_PAD)
+        m0 = pid_m * BLOCK_M
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        row = (b * H + h).to(tl.int64) * TQ
+        q = load_rows(Q, b, h, m0, TQ, sqb, sqh, sqm, sqd, BLOCK_M, D, D_PAD, TMA, True)
+        do = load_rows(DO, b, h, m0, TQ, sdb, sdh, sdm, sdd, BLOCK_M, DV, DV_PAD, TMA, True)
+        lse2 = tl.load(LSE + row + offs_m, mask=offs_m < TQ, other=float("inf")) * 1.4426950408889634
+        delta = tl.load(DELTA + row + offs_m, mask=offs_m < TQ, other=0.0)
+        dq = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+        full, hi = key_bounds(m0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
+        dq = _dq_inner(dq, q, do, lse2, delta, K, V, b, h, 0, full, offs_m, TQ, TK, qk_scale,
+                       skb, skh, skn, skd, svb, svh, svn, svd, D, DV, D_PAD, DV_PAD,
+                       BLOCK_N, CAUSAL, False, TMA, WARP_SPEC, PREC)
+        dq = _dq_inner(dq, q, do, lse2, delta, K, V, b, h, full, hi, offs_m, TQ, TK, qk_scale,
+                       skb, skh, skn, skd, svb, svh, svn, svd, D, DV, D_PAD, DV_PAD,
+                       BLOCK_N, CAUSAL, True, TMA, WARP_SPEC, PREC)
+        store_rows(DQ, (dq * scale).to(q.dtype), b, h, m0, TQ, s_dqb, s_dqh, s_dqm, s_dqd, BLOCK_M, D, D_PAD, TMA)
+
+    @triton.jit
+    def _bwd_kernel(Q, K, V, DO, Q2, K2, V2, DO2, DQ, DK, DV_, LSE, DELTA,
+                    sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdm, sdd,
+                    s_dqb, s_dqh, s_dqm, s_dqd, s_dkb, s_dkh, s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd,
+                    B, H, TQ, TK, qk_scale, scale, N_KV_PROGRAMS,
+                    D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+                    BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_M2: tl.constexpr,
+                    BLOCK_N2: tl.constexpr, CAUSAL: tl.constexpr, DO_KV: tl.constexpr, DO_Q: tl.constexpr,
+                    TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr):
+        """Programs [0, N_KV_PROGRAMS) compute dk/dv (when DO_KV), the others dq (when DO_Q); a
+        launch with both is the fused backward. Q, K, V, DO are the dk/dv programs' inputs, Q2 .. DO2
+        the dq programs' (the same tensors; with host descriptors, boxes of their tile shapes).
+        Causal dq programs run heaviest first (the last queries see the most keys)."""
+        pid = tl.program_id(0)
+        h = tl.program_id(1)
+        b = tl.program_id(2)
+        if DO_KV:
+            if pid < N_KV_PROGRAMS:
+                _dkdv_program(pid, b, h, Q, K, V, DO, DK, DV_, LSE, DELTA,
+                              sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdm, sdd,
+                              s_dkb, s_dkh, s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, B, H, TQ, TK, qk_scale,
+                              scale, D, DV, D_PAD, DV_PAD, BLOCK_M1, BLOCK_N1, CAUSAL, TMA, WARP_SPEC, PREC)
+        if DO_Q:
+            if pid >= N_KV_PROGRAMS:
+                pid_m = pid - N_KV_PROGRAMS
+                if CAUSAL:
+                    pid_m = tl.num_programs(0) - 1 - pid
+                _dq_program(pid_m, b, h, Q2, K2, V2, DO2, DQ, LSE, DELTA,
+                            sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdm, sdd,
+                            s_dqb, s_dqh, s_dqm, s_dqd, B, H, TQ, TK, qk_scale, scale,
+                            D, DV, D_PAD, DV_PAD, BLOCK_M2, BLOCK_N2, CAUSAL, TMA, WARP_SPEC, PREC)
+
+
+def _grad_like(t: torch.Tensor) -> torch.Tensor:
+    """A gradient laid out as (B, T, H, d) in memory, viewed as (B, H, T, d): the layout the model's
+    q/k/v views come from, so their backward (transpose, view, concatenation) copies nothing extra."""
+    B, H, T, D = t.shape
+    return torch.empty((B, T, H, D), dtype=t.dtype, device=t.device).transpose(1, 2)
+
+
+def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+               lse: torch.Tensor, scale: float, causal: bool,
+               plan: plans.BwdPlan | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    B, H, TQ, D = q.shape
+    TK, DV = k.shape[2], v.shape[3]
+    if plan is None:
+        plan = plans.plans_for(D, DV, q.dtype, causal, TQ, TK)[1]
+    d_pad, dv_pad = plans.head_pad(D), plans.head_pad(DV)
+    delta = torch.empty((B, H, TQ), dtype=torch.float32, device=q.device)
+    _delta_kernel[(triton.cdiv(TQ, plan.pre_block), H, B)](
+        out, do, delta, *out.stride(), *do.stride(), H, TQ, DV=DV, DV_PAD=dv_pad, BLOCK=plan.pre_block,
+    )
+    dq, dk, dv = _grad_like(q), _grad_like(k), _grad_like(v)
+    tma = resolve_tma(plan.tma, q.device, q, k, v, do, dq, dk, dv)
+    bm1, bn1, bm2, bn2 = plan.block_m1, plan.block_n1, plan.block_m2, plan.block_n2
+    n_kv, n_q = triton.cdiv(TK, bn1), triton.cdiv(TQ, bm2)
+    common = dict(D=D, DV=DV, D_PAD=d_pad, DV_PAD=dv_pad, BLOCK_M1=bm1, BLOCK_N1=bn1, BLOCK_M2=bm2,
+                  BLOCK_N2=bn2, CAUSAL=causal, TMA=TMA_CODE[tma], WARP_SPEC=plan.warp_specialize,
+                  PREC=precision(q.dtype))
+    if tma == "device":
+        ensure_allocator()
+    strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *dk.stride(), *dv.stride())
+    if tma == "host":  # one box shape per descriptor: the dk/dv programs' tiles, then the dq programs'
+        ins = (host_descriptor(q, bm1, d_pad), host_descriptor(k, bn1, d_pad), host_descriptor(v, bn1, dv_pad),
+               host_descriptor(do, bm1, dv_pad), host_descriptor(q, bm2, d_pad), host_descriptor(k, bn2, d_pad),
+               host_descriptor(v, bn2, dv_pad), host_descriptor(do, bm2, dv_pad))
+        outs = (host_descriptor(dq, bm2, d_pad), host_descriptor(dk, bn1, d_pad), host_descriptor(dv, bn1, dv_pad))
+    else:
+        ins, outs = (q, k, v, do, q, k, v, do), (dq, dk, dv)
+    sizes = (B, H, TQ, TK, scale * LOG2E, scale)
+
+    def launch(n_programs: int, n_kv: int, do_kv: bool, do_q: bool, warps: int, stages: int) -> None:
+        _bwd_kernel[(n_programs, H, B)](*ins, *outs, lse, delta, *strides, *sizes, n_kv, **common,
+                                        DO_KV=do_kv, DO_Q=do_q, num_warps=warps, num_stages=stages)
+
+    if plan.fused:
+        launch(n_kv + n_q, n_kv, True, True, plan.num_warps, plan.num_stages)
+    else:
+        launch(n_kv, n_kv, True, False, plan.num_warps, plan.num_stages)
+        launch(n_q, 0, False, True, plan.dq_warps, plan.dq_stages)
+    return dq, dk, dv

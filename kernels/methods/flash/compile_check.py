@@ -1,0 +1,147 @@
+"""Compile the flash kernels for a GPU target without a GPU: ``python -m kernels.methods.flash.compile_check``.
+
+Runs the real launchers on CPU tensors with the kernels swapped for recorders, then hands each
+recorded launch to ``triton.compile`` for the target (sm_90 by default) and prints what ptxas made
+of it: registers per thread, spill stack, shared memory, and whether the TTGIR has wgmma
+(``warp_group_dot``), TMA copies and warp-specialized partitions. A plan that spills or does not
+fit shared memory shows here before any GPU time is spent; timings come from ``sweep``.
+
+    python -m kernels.methods.flash.compile_check --d 64,128 --dtype bfloat16 \\
+        --fwd "num_warps=8" --bwd "block_n1=128 tma=host"
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import subprocess
+import tempfile
+
+import torch
+
+if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    raise SystemExit("compile_check compiles for a GPU target: unset TRITON_INTERPRET")
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource, make_backend  # noqa: E402
+
+from kernels.methods.flash import bwd, fwd  # noqa: E402
+from kernels.methods.flash import plan as plans  # noqa: E402
+from kernels.methods.flash.sweep import parse_phases  # noqa: E402
+from kernels.methods.flash.tiles import TensorDescriptor  # noqa: E402
+
+_TY = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+class _Recorder:
+    """Stands in for a jitted kernel: ``kernel[grid](*args, **kw)`` records the call."""
+
+    def __init__(self, fn, calls: list):
+        self.fn, self.calls = fn, calls
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.calls.append((self.fn, args, kw))
+
+
+def _signature(fn, args, kw):
+    params = fn.params
+    sig, attrs, consts = {}, {}, {}
+    values = dict(zip([p.name for p in params], args))
+    values.update({k: v for k, v in kw.items() if k not in ("num_warps", "num_stages")})
+    for i, p in enumerate(params):
+        a = values[p.name]
+        if p.is_constexpr:
+            sig[p.name], consts[p.name] = "constexpr", a
+        elif isinstance(a, torch.Tensor):
+            sig[p.name] = "*" + _TY[a.dtype]
+            if a.data_ptr() % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif TensorDescriptor is not None and isinstance(a, TensorDescriptor):
+            sig[p.name] = f"tensordesc<{_TY[a.base.dtype]}[{','.join(map(str, a.block_shape))}]>"
+        elif isinstance(a, bool):
+            sig[p.name] = "i1"
+        elif isinstance(a, int):
+            if a == 1:  # Triton specializes an integer argument equal to 1
+                sig[p.name], consts[p.name] = "constexpr", 1
+            else:
+                sig[p.name] = "i32" if abs(a) < 2**31 else "i64"
+                if a % 16 == 0:
+                    attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(a, float):
+            sig[p.name] = "fp32"
+        else:
+            raise TypeError(f"{fn.__name__}: cannot type argument {p.name}={a!r}")
+    return sig, attrs, consts
+
+
+def compile_call(fn, args, kw, target: GPUTarget) -> dict:
+    sig, attrs, consts = _signature(fn, args, kw)
+    backend = make_backend(target)
+    opts = backend.parse_options({"num_warps": kw.get("num_warps", 4), "num_stages": kw.get("num_stages", 3)})
+    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=target,
+                       options=opts.__dict__)
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    regs, stack = re.search(r"REG:(\d+)", usage), re.search(r"STACK:(\d+)", usage)
+    g = k.asm["ttgir"]
+    return {"regs": int(regs.group(1)) if regs else -1, "stack": int(stack.group(1)) if stack else -1,
+            "smem": k.metadata.shared, "wgmma": "warp_group_dot" in g, "tma": g.count("async_tma_copy"),
+            "ws": "ttg.warp_specialize" in g}
+
+
+def record(d: int, dtype: torch.dtype, causal: bool, fplan: plans.FwdPlan, bplan: plans.BwdPlan,
+           B: int = 4, H: int = 12, T: int = 1024) -> list:
+    """The launches the launchers would make for (B, H, T, d) inputs in the model's layout."""
+    calls: list = []
+    saved = (fwd._fwd_kernel, bwd._bwd_kernel, bwd._delta_kernel, fwd.tma_supported)
+    fwd._fwd_kernel, bwd._bwd_kernel = _Recorder(saved[0], calls), _Recorder(saved[1], calls)
+    bwd._delta_kernel = _Recorder(saved[2], [])
+    fwd.tma_supported = lambda device: True  # compiling for sm_90: TMA exists there
+    try:
+        q, k, v = (torch.empty((B, T, H, d), dtype=dtype).transpose(1, 2) for _ in range(3))
+        out, lse = fwd.launch_fwd(q, k, v, d ** -0.5, causal, fplan)
+        bwd.launch_bwd(torch.empty_like(out), q, k, v, out, lse, d ** -0.5, causal, bplan)
+    finally:
+        fwd._fwd_kernel, bwd._bwd_kernel, bwd._delta_kernel, fwd.tma_supported = saved
+    return calls
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--d", default="64,128", help="head dims, comma-separated")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--causal", default="1", choices=("0", "1"))
+    p.add_argument("--fwd", default="", help="knob=value ... over the default / table plan")
+    p.add_argument("--bwd", default="")
+    p.add_argument("--arch", type=int, default=90, help="compute capability (90: H100/H200)")
+    a = p.parse_args(argv)
+    dtype, causal, target = getattr(torch, a.dtype), a.causal == "1", GPUTarget("cuda", a.arch, 32)
+    print(f"triton {triton.__version__}, target sm_{a.arch}")
+    for d in (int(x) for x in a.d.split(",")):
+        f0, b0 = plans.plans_for(d, d, dtype, causal, 4096, 4096)
+        fo = parse_phases(a.fwd, plans.FwdPlan)
+        bo = parse_phases(a.bwd, plans.BwdPlan)
+        fp = dataclasses.replace(f0, **{k: v[0] for k, v in (fo[0] if fo else {}).items()})
+        bp = dataclasses.replace(b0, **{k: v[0] for k, v in (bo[0] if bo else {}).items()})
+        print(f"d={d}: {fp}\n      {bp}")
+        for fn, args, kw in record(d, dtype, causal, fp, bp):
+            part = "forward" if fn is fwd._fwd_kernel else {
+                (True, True): "dk/dv + dq", (True, False): "dk/dv", (False, True): "dq"}[(kw["DO_KV"], kw["DO_Q"])]
+            try:
+                r = compile_call(fn, args, kw, target)
+                print(f"  {part:11s} {kw['num_warps']} warps {kw['num_stages']} stages: {r['regs']} registers, "
+                      f"{r['stack']} B spill stack, {r['smem'] / 1024:.0f} KB shared; wgmma {r['wgmma']}, "
+                      f"TMA copies {r['tma']}, warp-specialized {r['ws']}")
+            except Exception as exc:
+                lines = str(exc).strip().splitlines()
+                print(f"  {part:11s} FAILED to compile: {type(exc).__name__}: {lines[-1][:200] if lines else ''}")
+
+
+if __name__ == "__main__":
+    main()

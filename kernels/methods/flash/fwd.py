@@ -1,0 +1,141 @@
+"""The flash forward kernel and its launcher (the algorithm is in the package docstring).
+
+One program per (BLOCK_M queries, head, batch): q stays on chip, the loop streams BLOCK_N keys and
+values, keeping the running max m, the running sum l and the fp32 output accumulator (online
+softmax). Causal programs are launched heaviest first (the last query blocks see the most keys), so
+the short ones fill the tail of the grid.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.methods.flash import plan as plans
+from kernels.methods.flash.tiles import (LOG2E, TMA_CODE, device_descriptor, ensure_allocator, host_descriptor,
+                                         interpreter_enabled, key_bounds, load_rows, mma, store_rows, tl,
+                                         tma_eligible, tma_supported, triton)
+
+if triton is not None:
+
+    @triton.jit
+    def _fwd_inner(acc, l_i, m_i, q, K, V, b, h, lo, hi, offs_m, TQ, TK, qk_scale,
+                   skb, skh, skn, skd, svb, svh, svn, svd,
+                   D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+                   BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+                   SCALE_NONNEG: tl.constexpr, TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr):
+        """Keys lo .. hi into (acc, l, m). MASKED: the causal diagonal and the end of the keys (scores
+        -inf there; a row with no key yet keeps m = -inf and adds exactly 0); else no mask at all."""
+        for n0 in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPEC):
+            n0 = tl.multiple_of(n0, BLOCK_N)
+            k = load_rows(K, b, h, n0, TK, skb, skh, skn, skd, BLOCK_N, D, D_PAD, TMA, MASKED)
+            s = mma(q, tl.trans(k), None, PREC)  # (BLOCK_M, BLOCK_N) fp32 scores
+            if MASKED:
+                offs_n = n0 + tl.arange(0, BLOCK_N)
+                keep = offs_n[None, :] < TK
+                if CAUSAL:
+                    keep = keep & (offs_n[None, :] <= offs_m[:, None] + (TK - TQ))
+                s = tl.where(keep, s * qk_scale, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: exp2(-inf) = 0
+                p = tl.math.exp2(s - m_ref[:, None])
+                alpha = tl.math.exp2(m_i - m_ref)
+            elif SCALE_NONNEG:  # max(s * c) = max(s) * c: one FMA per score
+                m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+                p = tl.math.exp2(s * qk_scale - m_new[:, None])
+                alpha = tl.math.exp2(m_i - m_new)
+            else:
+                s = s * qk_scale
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                p = tl.math.exp2(s - m_new[:, None])
+                alpha = tl.math.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None]
+            v = load_rows(V, b, h, n0, TK, svb, svh, svn, svd, BLOCK_N, DV, DV_PAD, TMA, MASKED)
+            acc = mma(p.to(v.dtype), v, acc, PREC)
+            m_i = m_new
+        return acc, l_i, m_i
+
+    @triton.jit
+    def _fwd_kernel(Q, K, V, O, LSE,
+                    sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod,
+                    B, H, TQ, TK, qk_scale,
+                    D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                    SCALE_NONNEG: tl.constexpr, TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr):
+        pid_m = tl.program_id(0)
+        if CAUSAL:
+            pid_m = tl.num_programs(0) - 1 - pid_m
+        h = tl.program_id(1)
+        b = tl.program_id(2)
+        m0 = pid_m * BLOCK_M
+        if TMA == 2:
+            Q = device_descriptor(Q, B, H, TQ, sqb, sqh, sqm, BLOCK_M, D, D_PAD)
+            K = device_descriptor(K, B, H, TK, skb, skh, skn, BLOCK_N, D, D_PAD)
+            V = device_descriptor(V, B, H, TK, svb, svh, svn, BLOCK_N, DV, DV_PAD)
+            O = device_descriptor(O, B, H, TQ, sob, soh, som, BLOCK_M, DV, DV_PAD)
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        q = load_rows(Q, b, h, m0, TQ, sqb, sqh, sqm, sqd, BLOCK_M, D, D_PAD, TMA, True)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, DV_PAD], tl.float32)
+        full, hi = key_bounds(m0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, b, h, 0, full, offs_m, TQ, TK, qk_scale,
+                                   skb, skh, skn, skd, svb, svh, svn, svd, D, DV, D_PAD, DV_PAD,
+                                   BLOCK_N, CAUSAL, False, SCALE_NONNEG, TMA, WARP_SPEC, PREC)
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, b, h, full, hi, offs_m, TQ, TK, qk_scale,
+                                   skb, skh, skn, skd, svb, svh, svn, svd, D, DV, D_PAD, DV_PAD,
+                                   BLOCK_N, CAUSAL, True, SCALE_NONNEG, TMA, WARP_SPEC, PREC)
+        # rows with no key (causal, Tq > Tk): l = 0, output 0, lse = +inf (the backward's
+        # exp(s - lse) is then exactly 0: zero gradient, no NaN)
+        empty = l_i == 0.0
+        inv = 1.0 / tl.where(empty, 1.0, l_i)
+        lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+        tl.store(LSE + (b * H + h).to(tl.int64) * TQ + offs_m, lse, mask=offs_m < TQ)
+        store_rows(O, (acc * inv[:, None]).to(q.dtype), b, h, m0, TQ, sob, soh, som, sod, BLOCK_M, DV, DV_PAD, TMA)
+
+
+def precision(dtype: torch.dtype) -> int:
+    """The kernels' PREC (see tiles.mma): fp32 full-precision dots, 16-bit tensor cores (widened
+    under the interpreter)."""
+    if dtype == torch.float32:
+        return 1
+    return 2 if interpreter_enabled() else 0
+
+
+def resolve_tma(mode: str, device: torch.device, *tensors: torch.Tensor) -> str:
+    """The plan's TMA mode where this device and these tensors allow it, else "off" (pointers)."""
+    if mode == "off" or not tma_supported(device) or not tma_eligible(*tensors):
+        return "off"
+    return mode
+
+
+def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool,
+               plan: plans.FwdPlan | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """out (B, H, Tq, dv) in q's dtype, laid out as (B, Tq, H, dv) in memory (the model's next
+    transpose-and-view is then free), and lse (B, H, Tq) fp32, the natural log-sum-exp of each row's
+    scaled scores (+inf for a row with no key)."""
+    B, H, TQ, D = q.shape
+    TK, DV = k.shape[2], v.shape[3]
+    if plan is None:
+        plan = plans.plans_for(D, DV, q.dtype, causal, TQ, TK)[0]
+    out = torch.empty((B, TQ, H, DV), dtype=q.dtype, device=q.device).transpose(1, 2)
+    lse = torch.empty((B, H, TQ), dtype=torch.float32, device=q.device)
+    d_pad, dv_pad = plans.head_pad(D), plans.head_pad(DV)
+    bm, bn = plan.block_m, plan.block_n
+    tma = resolve_tma(plan.tma, q.device, q, k, v, out)
+    if tma == "host":
+        qa, ka = host_descriptor(q, bm, d_pad), host_descriptor(k, bn, d_pad)
+        va, oa = host_descriptor(v, bn, dv_pad), host_descriptor(out, bm, dv_pad)
+    else:
+        qa, ka, va, oa = q, k, v, out
+        if tma == "device":
+            ensure_allocator()
+    grid = (triton.cdiv(TQ, bm), H, B)
+    _fwd_kernel[grid](
+        qa, ka, va, oa, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        B, H, TQ, TK, scale * LOG2E,
+        D=D, DV=DV, D_PAD=d_pad, DV_PAD=dv_pad, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
+        SCALE_NONNEG=scale >= 0, TMA=TMA_CODE[tma], WARP_SPEC=plan.warp_specialize,
+        PREC=precision(q.dtype), num_warps=plan.num_warps, num_stages=plan.num_stages,
+    )
+    return out, lse

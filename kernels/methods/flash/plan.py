@@ -1,0 +1,171 @@
+"""Launch plans of the flash kernels: every tunable knob, the table the H200 sweep fills, the lookup.
+
+A plan is chosen once per (head dim, value head dim, dtype, causal, Tq, Tk) and cached, so the hot
+path pays one dict lookup. ``TABLE`` holds measured entries; shapes it does not cover get
+``default_plans`` (the Triton fused-attention tutorial's Hopper starting points). Blocks are clamped
+to the sequence lengths (a block never exceeds the next power of two of its T, minimum 16, the
+smallest ``tl.dot`` tile), so T = 1 does not run 128-row tiles. ``override`` forces plans (tests,
+the sweep).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import torch
+
+#: How the kernels load and store their tiles: plain pointers (masked loads, cp.async pipelining),
+#: host-side tensor descriptors (TMA; triton.tools.tensor_descriptor.TensorDescriptor, passed as
+#: kernel parameters), or descriptors built on the device (tl.make_tensor_descriptor; needs a
+#: scratch allocator). TMA needs 16-byte aligned base pointers and strides; other inputs use pointers.
+TMA_MODES = ("off", "host", "device")
+
+
+@dataclass(frozen=True)
+class FwdPlan:
+    """Forward: one program per (BLOCK_M queries, head, batch), looping over BLOCK_N keys."""
+
+    block_m: int = 128
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 3  # software-pipelining depth of the key loop (loads in flight)
+    tma: str = "off"
+    warp_specialize: bool = False  # tl.range(..., warp_specialize=True): producer/consumer warps
+
+    def __post_init__(self) -> None:
+        _check_blocks(self, ("block_m", "block_n"))
+
+
+@dataclass(frozen=True)
+class BwdPlan:
+    """Backward: the dk/dv kernel keeps BLOCK_N1 keys and loops over BLOCK_M1 queries; the dq
+    kernel keeps BLOCK_M2 queries and loops over BLOCK_N2 keys (no atomics); the delta kernel takes
+    ``pre_block`` rows a program. ``fused``: the dk/dv and dq programs share one launch (one grid,
+    ``num_warps``/``num_stages`` for both), else two launches (dq with ``dq_warps``/``dq_stages``)."""
+
+    block_m1: int = 32
+    block_n1: int = 128
+    block_m2: int = 128
+    block_n2: int = 32
+    num_warps: int = 4
+    num_stages: int = 3
+    dq_warps: int = 4
+    dq_stages: int = 3
+    tma: str = "off"
+    warp_specialize: bool = False
+    fused: bool = False
+    pre_block: int = 64
+
+    def __post_init__(self) -> None:
+        _check_blocks(self, ("block_m1", "block_n1", "block_m2", "block_n2", "pre_block"))
+
+
+def _check_blocks(plan, names) -> None:
+    for name in names:
+        b = getattr(plan, name)
+        if b < 16 or b & (b - 1):
+            raise ValueError(f"{type(plan).__name__}.{name}={b}: blocks are powers of two >= 16")
+    if plan.tma not in TMA_MODES:
+        raise ValueError(f"{type(plan).__name__}.tma={plan.tma!r}: one of {', '.join(TMA_MODES)}")
+
+
+def head_pad(d: int) -> int:
+    """The tile width of a head dimension: the next power of two, at least 16 (masked loads)."""
+    return max(16, 1 << (d - 1).bit_length())
+
+
+def default_plans(d_pad: int, dtype: torch.dtype, causal: bool) -> tuple[FwdPlan, BwdPlan]:
+    """The tutorial's Hopper starting points (before the sweep): 128 x 64 forward tiles, 8 warps at
+    d = 128; backward 32 x 128 (dk/dv) and 128 x 32 (dq), halved at d = 128. The dk/dv kernel gets
+    8 warps: compiled for sm_90 by Triton 3.6 with 4 it needs 255 registers a thread and spills at
+    d = 64 (its two fp32 accumulators of BLOCK_N1 x d), with 8 it takes 172 (191 at d = 128).
+    fp32 (no tensor-core path at full precision: FMA dots) gets small tiles."""
+    if dtype == torch.float32:  # sized so that Triton 3.6's sm_90 build does not spill
+        if d_pad <= 64:
+            return (FwdPlan(block_m=64, block_n=32, num_warps=8, num_stages=2),
+                    BwdPlan(block_m1=16, block_n1=64, block_m2=64, block_n2=16, num_warps=8, num_stages=2,
+                            dq_warps=8, dq_stages=2))
+        return (FwdPlan(block_m=32, block_n=16, num_warps=4, num_stages=2),
+                BwdPlan(block_m1=16, block_n1=32, block_m2=32, block_n2=16, num_warps=8, num_stages=2,
+                        dq_warps=4, dq_stages=2))
+    if d_pad <= 64:
+        return FwdPlan(block_m=128, block_n=64, num_warps=4, num_stages=3), BwdPlan(num_warps=8, num_stages=4,
+                                                                                   dq_stages=4)
+    return (FwdPlan(block_m=128, block_n=64, num_warps=8, num_stages=3),
+            BwdPlan(block_m1=32, block_n1=64, block_m2=64, block_n2=32, num_warps=8, num_stages=3,
+                    dq_warps=4, dq_stages=3))
+
+
+#: (padded head dim, dtype name, causal) -> ((max T, FwdPlan, BwdPlan), ...) by ascending max T: the
+#: first entry whose max T >= max(Tq, Tk) is used (the last one beyond). Filled from the H200 sweep
+#: (``python -m kernels.methods.flash.sweep``, which prints entries in this form); empty until then.
+TABLE: dict[tuple[int, str, bool], tuple[tuple[int, FwdPlan, BwdPlan], ...]] = {}
+
+_CACHE: dict[tuple, tuple[FwdPlan, BwdPlan]] = {}
+_CACHE_MAX = 4096
+_OVERRIDE: list[tuple[Optional[FwdPlan], Optional[BwdPlan]]] = []
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def table_plans(d_pad: int, dtype: torch.dtype, causal: bool, t: int) -> Optional[tuple[FwdPlan, BwdPlan]]:
+    """The table's entry for these settings, or None when the table has none."""
+    rows = TABLE.get((d_pad, _dtype_name(dtype), causal))
+    if not rows:
+        return None
+    for max_t, fwd, bwd in rows:
+        if t <= max_t:
+            return fwd, bwd
+    return rows[-1][1], rows[-1][2]
+
+
+def _pow2_at_least(n: int) -> int:
+    return max(16, 1 << (max(n, 1) - 1).bit_length())
+
+
+def clamp(fwd: FwdPlan, bwd: BwdPlan, tq: int, tk: int) -> tuple[FwdPlan, BwdPlan]:
+    """Blocks no larger than the sequence they tile (rounded up to a power of two, at least 16)."""
+    pq, pk = _pow2_at_least(tq), _pow2_at_least(tk)
+    fwd = dataclasses.replace(fwd, block_m=min(fwd.block_m, pq), block_n=min(fwd.block_n, pk))
+    bwd = dataclasses.replace(bwd, block_m1=min(bwd.block_m1, pq), block_n1=min(bwd.block_n1, pk),
+                              block_m2=min(bwd.block_m2, pq), block_n2=min(bwd.block_n2, pk),
+                              pre_block=min(bwd.pre_block, pq))
+    return fwd, bwd
+
+
+def plans_for(d: int, dv: int, dtype: torch.dtype, causal: bool, tq: int, tk: int) -> tuple[FwdPlan, BwdPlan]:
+    """The forward and backward plans of one problem (cached; an active ``override`` wins)."""
+    if _OVERRIDE:
+        f, b = _OVERRIDE[-1]
+        base = default_plans(head_pad(max(d, dv)), dtype, causal)
+        return clamp(f or base[0], b or base[1], tq, tk)
+    key = (d, dv, dtype, causal, tq, tk)
+    hit = _CACHE.get(key)
+    if hit is None:
+        d_pad = head_pad(max(d, dv))
+        hit = table_plans(d_pad, dtype, causal, max(tq, tk)) or default_plans(d_pad, dtype, causal)
+        hit = clamp(*hit, tq, tk)
+        if len(_CACHE) >= _CACHE_MAX:  # many distinct lengths (evaluation, variable T): start over
+            _CACHE.clear()
+        _CACHE[key] = hit
+    return hit
+
+
+@contextlib.contextmanager
+def override(fwd: Optional[FwdPlan] = None, bwd: Optional[BwdPlan] = None) -> Iterator[None]:
+    """Use these plans (None: the defaults) for every call inside the block (tests, the sweep)."""
+    _OVERRIDE.append((fwd, bwd))
+    try:
+        yield
+    finally:
+        _OVERRIDE.pop()
+
+
+def forget() -> None:
+    """Drop the cached lookups (after editing TABLE at run time)."""
+    _CACHE.clear()

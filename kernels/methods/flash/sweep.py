@@ -1,0 +1,270 @@
+"""Sweep the flash launch plans on a GPU: ``python -m kernels.methods.flash.sweep``.
+
+For each shape, forward plans are timed alone and backward plans as forward + backward (with the
+best forward plan), in phases: each phase tries every combination of its knobs, starting from the
+best plan of the phase before (the first from the table's or the default plan). Every candidate is
+checked against the float64 reference (``kernels.reference_attention``, on batch 0, heads 0-1)
+before it is timed; a wrong or failing candidate gets no time. Prints TFLOP/s (forward 4 B H Tq Tk
+d, halved for causal Tq = Tk; forward + backward 3.5x that), writes JSON after every candidate, and
+prints the winners as ``plan.TABLE`` entries. SDPA's flash and cuDNN backends are timed alongside for
+reference (``--no-baselines`` skips them). Knows nothing of Lightning, Hydra or W&B.
+
+    python -m kernels.methods.flash.sweep --shapes "16,12,1024,64;4,12,4096,64;8,16,2048,128" \\
+        --causal 1 --dtype bfloat16 --out flash-sweep.json
+    python -m kernels.methods.flash.sweep --shapes 16,12,1024,64 --mode fwd \\
+        --fwd-phases "block_m=64,128 block_n=64,128 | tma=off,host,device | warp_specialize=0,1"
+
+About 2 s a candidate while Triton compiles it (plans of one head dim share compiles across
+shapes), then about 0.5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from kernels.methods.flash import plan as plans
+from kernels.methods.flash.bwd import launch_bwd
+from kernels.methods.flash.fwd import launch_fwd
+from kernels.reference import ATTN_BWD_TOL, ATTN_FWD_TOL, reference_attention
+from kernels.timing import bench_ms, error_on_device
+
+#: The default phases (about 38 forward and 51 backward candidates a shape). warp_specialize is left
+#: out: Triton 3.6 does not specialize these loops on Hopper (compile_check); add "| warp_specialize=0,1"
+#: to measure it (on Blackwell, say).
+FWD_PHASES = "block_m=64,128 block_n=32,64,128 num_warps=4,8 num_stages=2,3,4 | tma=off,host,device"
+BWD_PHASES = ("block_m1=32,64 block_n1=64,128 num_warps=4,8 num_stages=2,3,4 | "
+              "block_m2=64,128 block_n2=32,64 dq_warps=4,8 dq_stages=2,3,4 | tma=off,host,device | fused=0,1")
+
+
+def parse_phases(text: str, cls) -> list[dict]:
+    """'a=1,2 b=x | c=0,1' -> [{'a': [1, 2], 'b': ['x']}, {'c': [False, True]}] (typed by the plan)."""
+    types = {f.name: f.type for f in dataclasses.fields(cls)}
+    phases = []
+    for part in text.split("|"):
+        knobs = {}
+        for tok in part.split():
+            name, _, values = tok.partition("=")
+            if name not in types:
+                raise SystemExit(f"unknown {cls.__name__} knob {name!r}; knobs: {', '.join(types)}")
+            kind = types[name] if isinstance(types[name], str) else types[name].__name__
+            conv = {"int": int, "bool": lambda s: s.lower() in ("1", "true", "yes"), "str": str}[kind]
+            knobs[name] = [conv(v) for v in values.split(",") if v]
+        if knobs:
+            phases.append(knobs)
+    return phases
+
+
+def flops(B: int, H: int, tq: int, tk: int, d: int, dv: int, causal: bool) -> float:
+    """Forward FLOPs: 2 (q k^T) + 2 (p v) per visible (query, key) pair per head dim; causal Tq = Tk
+    counts half the square (the anchors' convention), other causal shapes their visible pairs."""
+    if not causal:
+        pairs = tq * tk
+    elif tq == tk:
+        pairs = tq * tk / 2
+    else:
+        off = tk - tq
+        pairs = sum(min(tk, max(0, i + 1 + off)) for i in range(tq))
+    return 2.0 * B * H * pairs * (d + dv)
+
+
+def make_inputs(B, H, tq, tk, d, dtype, layout, device):
+    """q, k, v (B, H, T, d); layout 'bthd' = the model's (B, T, H, d) views (strided, not copied)."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def one(t):
+        x = torch.randn((B, t, H, d) if layout == "bthd" else (B, H, t, d), generator=g).to(device, dtype)
+        return x.transpose(1, 2) if layout == "bthd" else x
+
+    return one(tq), one(tk), one(tk)
+
+
+class Sweep:
+    def __init__(self, args):
+        self.args = args
+        self.records: list[dict] = []
+        self.best: dict[str, dict] = {}
+        self.t0 = time.time()
+        self.out = Path(args.out)
+        self.seen: dict[tuple, float] = {}  # (shape, direction, plan) -> ms, so a later phase does not re-time
+
+    def over_budget(self) -> bool:
+        return self.args.max_seconds and time.time() - self.t0 > self.args.max_seconds
+
+    def save(self) -> None:
+        meta = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                "torch": torch.__version__, "triton": _triton_version()}
+        self.out.write_text(json.dumps({"meta": meta, "results": self.records, "best": self.best}, indent=1))
+
+    def record(self, **rec) -> dict:
+        self.records.append(rec)
+        self.save()
+        return rec
+
+    def run_shape(self, shape: tuple, causal: bool) -> None:
+        a = self.args
+        B, H, tq, tk, d = shape
+        dtype = getattr(torch, a.dtype)
+        q, k, v = make_inputs(B, H, tq, tk, d, dtype, a.layout, a.device)
+        scale = d ** -0.5
+        do = torch.randn(q.shape[:-1] + (v.shape[-1],), device=a.device).to(dtype)
+        # float64 reference on batch 0, heads 0-1 (their outputs and gradients depend on them alone)
+        sub = [t[:1, :2].detach().double().requires_grad_(True) for t in (q, k, v)]
+        ref = reference_attention(*sub, scale=scale, causal=causal)
+        ref.backward(do[:1, :2].double())
+        refs = [ref.detach()] + [t.grad for t in sub]
+        fl = flops(B, H, tq, tk, d, v.shape[-1], causal)
+        tag = f"{B},{H},{tq},{tk},{d}/{'causal' if causal else 'full'}/{a.dtype}"
+        fplan, bplan = plans.plans_for(d, v.shape[-1], dtype, causal, tq, tk)
+        print(f"\n== {tag}: {fl / 1e9:.1f} GFLOP forward; start {fplan} / {bplan}")
+        if not a.no_baselines:
+            self.baselines(tag, q, k, v, do, scale, causal, fl)
+
+        def check_fwd(fp):
+            out, _ = launch_fwd(q, k, v, scale, causal, fp)
+            err = error_on_device(out[:1, :2], refs[0])
+            return err, err <= ATTN_FWD_TOL[dtype]
+
+        def check_bwd(bp):
+            out, lse = launch_fwd(q, k, v, scale, causal, fplan)
+            grads = launch_bwd(do, q, k, v, out, lse, scale, causal, bp)
+            errs = [error_on_device(g[:1, :2], r) for g, r in zip(grads, refs[1:])]
+            return max(errs), max(errs) <= ATTN_BWD_TOL[dtype]
+
+        if a.mode in ("fwd", "both"):
+            fplan = self.phases(tag, "fwd", fplan, parse_phases(a.fwd_phases, plans.FwdPlan), check_fwd,
+                                lambda fp: (lambda: launch_fwd(q, k, v, scale, causal, fp)), fl)
+        if a.mode in ("bwd", "both"):
+            def fwd_bwd(bp):
+                return lambda: launch_bwd(do, q, k, v, *launch_fwd(q, k, v, scale, causal, fplan), scale, causal, bp)
+            bplan = self.phases(tag, "fwd+bwd", bplan, parse_phases(a.bwd_phases, plans.BwdPlan), check_bwd,
+                                fwd_bwd, 3.5 * fl)
+        d_pad = plans.head_pad(max(d, v.shape[-1]))
+        print(f"table entry: ({d_pad}, {a.dtype!r}, {causal}): (({max(tq, tk)}, {fplan}, {bplan}),),")
+        self.best[tag] = {"fwd": dataclasses.asdict(fplan), "bwd": dataclasses.asdict(bplan),
+                          "table_key": [d_pad, a.dtype, causal], "max_t": max(tq, tk)}
+        self.save()
+
+    def phases(self, tag, direction, base, phases, check, make_fn, fl):
+        best, best_ms = base, None
+        for i, knobs in enumerate(phases):
+            start = best
+            names = list(knobs)
+            for values in itertools.product(*(knobs[n] for n in names)):
+                if self.over_budget():
+                    print(f"  time budget of {self.args.max_seconds} s spent: stopping")
+                    return best
+                try:
+                    cand = dataclasses.replace(start, **dict(zip(names, values)))
+                except ValueError:  # not a valid plan (a block below 16, ...)
+                    continue
+                if (tag, direction, cand) in self.seen:
+                    continue
+                self.seen[(tag, direction, cand)] = float("nan")
+                rec = {"shape": tag, "direction": direction, "phase": i, "plan": dataclasses.asdict(cand)}
+                try:
+                    err, ok = check(cand)
+                    rec["error"] = err
+                    if not ok:
+                        self.record(**rec, status="wrong")
+                        print(f"  WRONG {err:.2e}  {cand}")
+                        continue
+                    ms = bench_ms(make_fn(cand), self.args.rep_ms)
+                except Exception as exc:  # a plan that does not compile or launch (shared memory, ...)
+                    self.record(**rec, status="failed", reason=f"{type(exc).__name__}: {str(exc)[:300]}")
+                    print(f"  FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}  {cand}")
+                    if self.args.verbose:
+                        traceback.print_exc()
+                    continue
+                tflops = fl / (ms * 1e-3) / 1e12
+                self.record(**rec, status="ok", ms=ms, tflops=tflops)
+                mark = ""
+                if best_ms is None or ms < best_ms:
+                    best, best_ms, mark = cand, ms, "  *"
+                print(f"  {direction:8s} {ms:8.3f} ms {tflops:7.1f} TFLOP/s  err {err:.1e}  {cand}{mark}")
+        return best
+
+    def baselines(self, tag, q, k, v, do, scale, causal, fl) -> None:
+        if q.shape[2] != k.shape[2] or not torch.cuda.is_available():
+            return
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION)):
+            qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
+
+            def fwd():
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, scale=scale)
+
+            def fwd_bwd():
+                torch.autograd.grad(fwd(), (qq, kk, vv), do)
+
+            try:
+                for direction, fn, f in (("fwd", fwd, fl), ("fwd+bwd", fwd_bwd, 3.5 * fl)):
+                    ms = bench_ms(fn, self.args.rep_ms)
+                    self.record(shape=tag, direction=direction, baseline=name, status="ok", ms=ms,
+                                tflops=f / (ms * 1e-3) / 1e12)
+                    print(f"  {name:10s} {direction:8s} {ms:8.3f} ms {f / (ms * 1e-3) / 1e12:7.1f} TFLOP/s")
+            except Exception as exc:
+                print(f"  {name}: {type(exc).__name__}: {str(exc)[:120]}")
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+
+        return triton.__version__
+    except Exception:
+        return "none"
+
+
+def parse_shapes(text: str) -> list[tuple]:
+    out = []
+    for part in text.split(";"):
+        nums = [int(x) for x in part.split(",") if x.strip()]
+        if len(nums) == 4:
+            B, H, T, d = nums
+            out.append((B, H, T, T, d))
+        elif len(nums) == 5:
+            out.append(tuple(nums))
+        else:
+            raise SystemExit(f"--shapes takes B,H,T,d or B,H,Tq,Tk,d separated by ';' (got {part!r})")
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default="16,12,1024,64;4,12,4096,64;8,16,2048,128",
+                   help="B,H,T,d or B,H,Tq,Tk,d, separated by ';'")
+    p.add_argument("--causal", default="1", choices=("0", "1", "both"))
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    p.add_argument("--layout", default="bthd", choices=("bthd", "bhtd"),
+                   help="bthd: the model's (B, T, H, d) views transposed (default); bhtd: contiguous")
+    p.add_argument("--mode", default="both", choices=("fwd", "bwd", "both"))
+    p.add_argument("--fwd-phases", default=FWD_PHASES, help="knob=v1,v2 ... with phases separated by '|'")
+    p.add_argument("--bwd-phases", default=BWD_PHASES)
+    p.add_argument("--rep-ms", type=int, default=100)
+    p.add_argument("--max-seconds", type=float, default=0, help="stop starting candidates after this long")
+    p.add_argument("--no-baselines", action="store_true")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out", default="flash-sweep.json")
+    p.add_argument("--verbose", action="store_true", help="print the traceback of failing candidates")
+    a = p.parse_args(argv)
+    sweep = Sweep(a)
+    causals = {"0": [False], "1": [True], "both": [False, True]}[a.causal]
+    for shape in parse_shapes(a.shapes):
+        for causal in causals:
+            sweep.run_shape(shape, causal)
+    print(f"\nwrote {a.out} ({len(sweep.records)} records, {time.time() - sweep.t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
