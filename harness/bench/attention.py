@@ -27,7 +27,7 @@ MAX_SCORES_GIB = 4.0
 
 @dataclass
 class AttentionRow:
-    method: str
+    method: str  # the method, with its options in brackets (sdpa[backend=cudnn])
     provided: str  # native | composed
     b: int
     h: int
@@ -50,19 +50,34 @@ def default_methods() -> list[str]:
     return [n for n, a in kernels.available_methods(op="attention").items() if a.available]
 
 
+def variants(method: str) -> list[tuple[str, dict]]:
+    """(label, options) rows of a method: one per value of each option that picks a kernel (sdpa's
+    backends, so cuDNN sits beside flash), leaving out the choices that only delegate ('auto') or are
+    the unfused reference ('math'); the method alone when it has no options."""
+    m = kernels.get_method(method)
+    rows = []
+    for key, values in m.options.items():
+        for v in values:
+            if v in ("auto", "math") or kernels.unavailable_reason(method, **{key: v}):
+                continue
+            rows.append((f"{method}[{key}={v}]", {key: v}))
+    return rows or [(method, {})]
+
+
 def causal_flops(b: int, h: int, t: int, d: int) -> float:
     return 4.0 * b * h * t * t * d / 2
 
 
-def measure_attention(method: str, shape: tuple, device: str, rep_ms: int) -> AttentionRow:
+def measure_attention(method: str, shape: tuple, device: str, rep_ms: int, options: Optional[dict] = None,
+                      label: Optional[str] = None) -> AttentionRow:
     b, h, t, d = shape
     prov = kernels.get_method(method).provides("attention")
-    row = AttentionRow(method, prov, b, h, t, d)
+    row = AttentionRow(label or method, prov, b, h, t, d)
     if prov == "composed" and b * h * t * t * 2 / 2**30 > MAX_SCORES_GIB:
         row.error = f"skipped: the {b}x{h}x{t}x{t} scores would take over {MAX_SCORES_GIB:.0f} GiB"
         return row
     try:
-        fn = kernels.bind(method, "attention")
+        fn = kernels.bind(method, "attention", **(options or {}))
         g = torch.Generator(device=device).manual_seed(0)
         q, k, v, do = (torch.randn(shape, device=device, generator=g).to(torch.bfloat16) for _ in range(4))
         q, k, v = (x.requires_grad_(True) for x in (q, k, v))
@@ -105,12 +120,13 @@ def run_attention_bench(methods: Optional[list[str]], shapes: list[tuple], out: 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = []
     for shape in shapes:
-        for m in methods or default_methods():
-            r = measure_attention(m, shape, device, rep_ms)
-            rows.append(r)
-            print(f"  {m:10s} {shape}: fwd {fmt(r.fwd_tflops)} (graph {fmt(r.fwd_graph_tflops)}) TFLOP/s, fwd+bwd "
-                  f"{fmt(r.fwd_bwd_tflops)} (graph {fmt(r.fwd_bwd_graph_tflops)}), extra {fmt(r.extra_gib, '.2f')} GiB "
-                  f"{'ok' if r.correct else r.error or 'WRONG'}", flush=True)
+        for method in methods or default_methods():
+            for label, options in variants(method):
+                r = measure_attention(method, shape, device, rep_ms, options, label)
+                rows.append(r)
+                print(f"  {label:24s} {shape}: fwd {fmt(r.fwd_tflops)} (graph {fmt(r.fwd_graph_tflops)}) TFLOP/s, fwd+bwd "
+                      f"{fmt(r.fwd_bwd_tflops)} (graph {fmt(r.fwd_bwd_graph_tflops)}), extra {fmt(r.extra_gib, '.2f')} "
+                      f"GiB {'ok' if r.correct else r.error or 'WRONG'}", flush=True)
     env = environment()
     lines = [f"## Causal attention on {env['device_name']} (torch {env['torch']}, triton {env['triton']}), bf16", "",
              "TFLOP/s: forward 4*B*H*T^2*d/2, forward + backward 3.5x that. Eager (launch cost included) and graph "
