@@ -109,8 +109,32 @@ def _backward(ctx, d_out: torch.Tensor, _d_lse: Optional[torch.Tensor]):
 flash_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _EagerAttention(torch.autograd.Function):
+    """The eager route: the launchers without the custom ops' Python dispatch (same kernels, same
+    results; under torch.compile the custom ops are traced instead)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale: float, causal: bool):
+        out, lse = launch_fwd(q, k, v, scale, causal)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.scale, ctx.causal = scale, causal
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = launch_bwd(d_out, q, k, v, out, lse, ctx.scale, ctx.causal)
+        return dq, dk, dv, None, None
+
+
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool,
                     dropout_p: float) -> torch.Tensor:
     """The method's attention op (inputs already checked against the contract; the op checks the rest)."""
     check_dropout(dropout_p)
-    return flash_attention_fwd(q, k, v, scale, causal)[0]
+    if torch.compiler.is_compiling():
+        return flash_attention_fwd(q, k, v, scale, causal)[0]
+    validate(q)
+    check_inputs(q, k, v)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _EagerAttention.apply(q, k, v, scale, causal)
+    return launch_fwd(q, k, v, scale, causal)[0]

@@ -102,7 +102,17 @@ def default_plans(d_pad: int, dtype: torch.dtype, causal: bool) -> tuple[FwdPlan
 #: (padded head dim, dtype name, causal) -> ((max T, FwdPlan, BwdPlan), ...) by ascending max T: the
 #: first entry whose max T >= max(Tq, Tk) is used (the last one beyond). Filled from the H200 sweep
 #: (``python -m kernels.methods.flash.sweep``, which prints entries in this form); empty until then.
-TABLE: dict[tuple[int, str, bool], tuple[tuple[int, FwdPlan, BwdPlan], ...]] = {}
+TABLE: dict[tuple[int, str, bool], tuple[tuple[int, FwdPlan, BwdPlan], ...]] = {
+    # H200 sweep at (16, 12, 1024, 64) causal bf16 (docs/perf.md): forward 282 TFLOP/s (the default 128 x 64
+    # tiles: 244), forward + backward 248 with the fused backward; longer rows keep the defaults, which
+    # the sweep has not covered yet
+    (64, "bfloat16", True): (
+        (1024, FwdPlan(block_m=64, block_n=64, num_warps=4, num_stages=3),
+         BwdPlan(block_m1=32, block_n1=64, block_m2=64, block_n2=64, num_warps=4, num_stages=3, dq_warps=4,
+                 dq_stages=3, fused=True)),
+        (1 << 30, *default_plans(64, torch.bfloat16, True)),
+    ),
+}
 
 _CACHE: dict[tuple, tuple[FwdPlan, BwdPlan]] = {}
 _CACHE_MAX = 4096
