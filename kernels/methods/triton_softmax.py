@@ -1055,11 +1055,18 @@ def triton_softmax(scores: torch.Tensor, scale: float, causal: bool) -> torch.Te
     return triton_softmax_fwd(scores, scale, causal)
 
 
+if triton is not None:
+    from kernels.methods.triton.cross_entropy import triton_cross_entropy
+else:  # pragma: no cover - the method is unavailable without triton
+    triton_cross_entropy = None
+
 register(
     Method(
         name="triton",
         softmax=triton_softmax,
-        summary="fused Triton kernels: scale + causal mask + softmax, forward and backward, any N",
+        cross_entropy=triton_cross_entropy,
+        summary="fused Triton kernels: scale + causal mask + softmax, forward and backward, any N; "
+                "cross-entropy with the gradient in the forward",
         unavailable_reason=unavailable_reason,
         validate=validate,
     )

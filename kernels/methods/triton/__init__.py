@@ -1,0 +1,1 @@
+"""The Triton method's kernels, one module per op."""
