@@ -1057,16 +1057,18 @@ def triton_softmax(scores: torch.Tensor, scale: float, causal: bool) -> torch.Te
 
 if triton is not None:
     from kernels.methods.triton.cross_entropy import triton_cross_entropy
+    from kernels.methods.triton.linear_cross_entropy import triton_linear_cross_entropy
 else:  # pragma: no cover - the method is unavailable without triton
-    triton_cross_entropy = None
+    triton_cross_entropy = triton_linear_cross_entropy = None
 
 register(
     Method(
         name="triton",
         softmax=triton_softmax,
         cross_entropy=triton_cross_entropy,
+        linear_cross_entropy=triton_linear_cross_entropy,
         summary="fused Triton kernels: scale + causal mask + softmax, forward and backward, any N; "
-                "cross-entropy with the gradient in the forward",
+                "cross-entropy (and chunked linear cross-entropy) with the gradient in the forward",
         unavailable_reason=unavailable_reason,
         validate=validate,
     )
