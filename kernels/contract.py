@@ -84,33 +84,39 @@ def check_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
         raise ValueError(f"attention dropout_p={dropout_p!r} is not accepted: a float in [0, 1)")
 
 
-def check_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, reduction: str) -> None:
-    _float_tensor(logits, "logits", "cross_entropy")
+def _check_targets(op: str, targets, lead_shape: tuple, n_cols: int, device: torch.device, ignore_index: int,
+                   reduction: str, logits_name: str) -> None:
+    """The cross-entropies' target checks: integer targets of the logits' leading shape on their device,
+    the reduction, and (CPU tensors) every target in [0, V) or ignore_index."""
     if not isinstance(targets, torch.Tensor) or targets.dtype not in TARGET_DTYPES:
         got = targets.dtype if isinstance(targets, torch.Tensor) else type(targets).__name__
-        raise TypeError(f"cross_entropy takes integer class targets (int64 or int32); got {got}")
+        raise TypeError(f"{op} takes integer class targets (int64 or int32); got {got}")
+    if tuple(targets.shape) != lead_shape:
+        raise ValueError(
+            f"{op}: targets of shape {tuple(targets.shape)} do not match {logits_name} of shape "
+            f"{(*lead_shape, n_cols)} (targets must have the logits' shape without the last dimension)"
+        )
+    if device != targets.device:
+        raise ValueError(f"{op} needs its inputs and targets on one device; got {device}, {targets.device}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"{op} reduction={reduction!r} is not accepted: one of {', '.join(REDUCTIONS)}")
+    if targets.device.type != "cpu" or not targets.numel():  # on a GPU: checked on the device (no sync here)
+        return
+    bad = ((targets < 0) | (targets >= n_cols)) & (targets != ignore_index)
+    msg = f"{op}: a target is outside [0, {n_cols}) and is not ignore_index ({ignore_index})"
+    if torch.compiler.is_compiling():  # traced: a check in the graph (a host read would break it)
+        torch._assert_async(~bad.any(), msg)
+    elif bool(bad.any()):
+        first = int(targets[bad].flatten()[0])
+        raise ValueError(f"{op}: target {first} is outside [0, {n_cols}) and is not ignore_index ({ignore_index})")
+
+
+def check_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, reduction: str) -> None:
+    _float_tensor(logits, "logits", "cross_entropy")
     if logits.dim() == 0 or logits.shape[-1] == 0:
         raise ValueError(f"cross_entropy needs logits of shape (..., V) with V >= 1; got {tuple(logits.shape)}")
-    if tuple(targets.shape) != tuple(logits.shape[:-1]):
-        raise ValueError(
-            f"cross_entropy: targets of shape {tuple(targets.shape)} do not match logits of shape "
-            f"{tuple(logits.shape)} (targets must have the logits' shape without the last dimension)"
-        )
-    if logits.device != targets.device:
-        raise ValueError(f"cross_entropy needs logits and targets on one device; got {logits.device}, {targets.device}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"cross_entropy reduction={reduction!r} is not accepted: one of {', '.join(REDUCTIONS)}")
-    _check_target_range(targets, logits.shape[-1], ignore_index, "cross_entropy")
-
-
-def _check_target_range(targets: torch.Tensor, v: int, ignore_index: int, op: str) -> None:
-    """Targets in [0, V) or ignore_index; checked here for CPU tensors only (on a GPU the method checks
-    on the device: no host sync here)."""
-    if targets.device.type == "cpu" and targets.numel():
-        bad = ((targets < 0) | (targets >= v)) & (targets != ignore_index)
-        if bool(bad.any()):
-            first = int(targets[bad].flatten()[0])
-            raise ValueError(f"{op}: target {first} is outside [0, {v}) and is not ignore_index ({ignore_index})")
+    _check_targets("cross_entropy", targets, tuple(logits.shape[:-1]), logits.shape[-1], logits.device,
+                   ignore_index, reduction, "logits")
 
 
 def check_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -124,20 +130,8 @@ def check_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targe
         )
     if hidden.device != weight.device:
         raise ValueError(f"linear_cross_entropy needs hidden and weight on one device; got {hidden.device}, {weight.device}")
-    if not isinstance(targets, torch.Tensor) or targets.dtype not in TARGET_DTYPES:
-        got = targets.dtype if isinstance(targets, torch.Tensor) else type(targets).__name__
-        raise TypeError(f"linear_cross_entropy takes integer class targets (int64 or int32); got {got}")
-    if tuple(targets.shape) != tuple(hidden.shape[:-1]):
-        raise ValueError(
-            f"linear_cross_entropy: targets of shape {tuple(targets.shape)} do not match hidden of shape "
-            f"{tuple(hidden.shape)} (targets must have the hidden states' shape without the last dimension)"
-        )
-    if hidden.device != targets.device:
-        raise ValueError(f"linear_cross_entropy needs hidden and targets on one device; got {hidden.device}, "
-                         f"{targets.device}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"linear_cross_entropy reduction={reduction!r} is not accepted: one of {', '.join(REDUCTIONS)}")
-    _check_target_range(targets, weight.shape[0], ignore_index, "linear_cross_entropy")
+    _check_targets("linear_cross_entropy", targets, tuple(hidden.shape[:-1]), weight.shape[0], hidden.device,
+                   ignore_index, reduction, "hidden @ weight.T")
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Float64 reference of the softmax contract, used by tests and by the start-up correctness gate."""
+"""Float64 references of the op contracts, used by tests and by the start-up correctness gate."""
 
 from __future__ import annotations
 
@@ -76,3 +76,20 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, sc
 #: before the second matmul in every fused kernel): output, input gradients.
 ATTN_FWD_TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2.5e-2}
 ATTN_BWD_TOL = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+
+
+def reference_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *, ignore_index: int = -100,
+                            reduction: str = "mean") -> torch.Tensor:
+    """The cross-entropy contract in float64 (differentiable): logsumexp(x) - x[target] per target,
+    0 where the target is ``ignore_index``; 'mean' over the other targets (0 when there are none),
+    'sum', or 'none' (the targets' shape)."""
+    x = logits.to(torch.float64)
+    valid = targets != ignore_index
+    safe = torch.where(valid, targets, torch.zeros_like(targets)).long()
+    xt = x.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+    loss = torch.where(valid, torch.logsumexp(x, dim=-1) - xt, torch.zeros_like(xt))
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / valid.sum().clamp(min=1)

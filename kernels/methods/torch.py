@@ -4,11 +4,18 @@ Under bf16 autocast ``torch.softmax`` runs in float32 (autocast's policy), so th
 the dtype-conversion copies that a typical model pays; the result is cast back to the input dtype.
 Rows with no unmasked key (causal with Tq > Tk, the first Tq - Tk rows) are zeroed explicitly, since
 ``torch.softmax`` of an all -inf row is NaN.
+
+Cross-entropy: ``F.cross_entropy`` as a user writes it (under bf16 autocast it runs in float32, with
+the upcast copy of the logits that a typical model pays). Its 'mean' of no target is 0 / 0 = NaN;
+the contract's 0 is restored by a select on the device (no host sync), whose backward leaves the zero
+gradient that ``F.cross_entropy`` already gives there. Outside autocast a 16-bit loss is returned as
+float32.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from kernels.common import causal_mask, fully_masked_rows
 from kernels.registry import Method, register
@@ -26,10 +33,18 @@ def torch_softmax(scores: torch.Tensor, scale: float, causal: bool) -> torch.Ten
     return y.to(scores.dtype)
 
 
+def torch_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, reduction: str) -> torch.Tensor:
+    loss = F.cross_entropy(logits, targets, ignore_index=ignore_index, reduction=reduction)
+    if reduction == "mean":  # every target ignored: 0, not NaN
+        loss = torch.where((targets != ignore_index).any(), loss, torch.zeros_like(loss))
+    return loss.float()
+
+
 register(
     Method(
         name="torch",
         softmax=torch_softmax,
-        summary="scale + masked_fill + torch.softmax (PyTorch's native kernel)",
+        cross_entropy=torch_cross_entropy,
+        summary="scale + masked_fill + torch.softmax; F.cross_entropy (PyTorch's native kernels)",
     )
 )

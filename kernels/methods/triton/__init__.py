@@ -72,7 +72,7 @@ Modules (host side, then kernels, then what runs them):
 
 from __future__ import annotations
 
-from kernels.methods.triton.availability import unavailable_reason, validate
+from kernels.methods.triton.availability import triton, unavailable_reason, validate
 from kernels.methods.triton.launch import launch_bwd, launch_fwd
 from kernels.methods.triton.op import triton_softmax, triton_softmax_bwd, triton_softmax_fwd
 from kernels.methods.triton.plan import Plan
@@ -89,11 +89,20 @@ __all__ = [
     "validate",
 ]
 
+if triton is not None:
+    from kernels.methods.triton.cross_entropy import triton_cross_entropy
+    from kernels.methods.triton.linear_cross_entropy import triton_linear_cross_entropy
+else:  # pragma: no cover - the method is unavailable without triton
+    triton_cross_entropy = triton_linear_cross_entropy = None
+
 register(
     Method(
         name="triton",
         softmax=triton_softmax,
-        summary="fused Triton kernels: scale + causal mask + softmax, forward and backward, any N",
+        cross_entropy=triton_cross_entropy,
+        linear_cross_entropy=triton_linear_cross_entropy,
+        summary="fused Triton kernels: scale + causal mask + softmax, and the cross-entropy (chunked linear "
+                "cross-entropy too) with the gradient written by the forward; forward and backward, any N",
         unavailable_reason=unavailable_reason,
         validate=validate,
     )

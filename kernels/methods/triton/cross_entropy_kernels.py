@@ -1,0 +1,444 @@
+"""`triton` cross-entropy kernels: the loss softmax over the vocabulary, forward and backward in one pass.
+
+Algorithm. Logits (N, V), any strides, targets (N,). One kernel reads each row once, on chip in fp32:
+max m, sum s of exp(x - m), the target's logit x_t (a sum of the registers selected by the target's
+column, never re-read from memory, so the kernel may write its gradient over its own input; a tuple
+``tl.reduce`` could fuse it with the max on a GPU, but the interpreter runs those element by element),
+loss = (m - x_t) + log s (0 where the target is ``ignore_index``). When the logits require grad the
+same kernel writes the gradient c * (softmax - onehot) in the logits' dtype, c = 1 / n_valid for
+'mean' (n_valid counted on the device and read by the kernel through a pointer: no host sync), 1 for
+'sum' and 'none', 0 on ignored rows. The backward then only multiplies by grad_output
+(``_scale_kernel``): each program reads grad_output from device memory and does nothing when it is
+exactly 1 (the usual ``loss.backward()``), else scales the saved gradient in place (per row for
+'none'). (Under torch.compile the backward recomputes the gradient instead, grad_output folded in:
+see :mod:`kernels.methods.triton.cross_entropy`.) float16 keeps the gradient unscaled (c = 1) and
+divides by n_valid in the backward: 1 / n_valid in fp16 pushes small probabilities into subnormals or
+to zero before a GradScaler's factor could lift them.
+
+Code paths by V (``plan``; block sizes and warps are heuristics, to tune on the GPU):
+
+* Tile (V <= ``TILE_MAX_N``): ROWS whole rows per program in registers (several rows per program for
+  short rows). One read, one write per element.
+* Split (V up to ``MAX_SPLITS`` chunks of ``SPLIT_BLOCK_N``): a row over several programs, each holding
+  one chunk in registers. Each publishes its chunk's (max, sum of exp) to a workspace, bumps the row's
+  arrival counter and waits for the row's other chunks, then combines the partials and writes its
+  chunk's gradient; the chunk that holds the target writes the row's loss (the target logit never
+  leaves its program). No deadlock: chunks take tickets from an atomic counter, so a row's chunks
+  start in order and a waiting program only waits for programs that are already running (a row needs
+  at most MAX_SPLITS resident programs). Triton's CPU interpreter runs programs one after another, so
+  there the kernel runs as two launches (partials, then outputs). One read, one write per element.
+* Stream (longer rows, no cap): one program per row, an online pass (running max and rescaled sum per
+  lane) and a gradient pass walking the row backwards, so the chunks read last by the first pass are
+  still in L2. Reads the logits twice.
+
+Bytes (N x V logits of b bytes; H200 device-to-device copy ~4.2 TB/s): forward with gradient reads
+N V b and writes N V b (the ideal: 16384 x 50304 bf16 is 3.3 GB, 0.78 ms, against 3.16 ms for
+F.cross_entropy on bf16 logits and 2.16 ms for Liger; the tile and split paths should reach 0.85-0.9
+of copy, ~0.75 ms+ for the pair; the stream path reads twice, 0.65-0.8 depending on L2 hits); without
+gradient it only reads. Backward: ~0 bytes when grad_output is 1 (one launch of 4 programs per SM
+that each read one float and return), else 2 N V b (0.78 ms at that size). Compiled: forward N V b
+(read only), backward 2 N V b. Small extra launches: the target count and range check (N x 8 bytes,
+one program, ``_targets_kernel``), the loss reduction (N x 4, one program, 'mean'/'sum'; a copy for
+'none'), a zeroed counter for the split path. No host-device sync anywhere on the path.
+
+The torch ops and their autograd are in :mod:`kernels.methods.triton.cross_entropy`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+#: Rows up to this many columns are held whole in one program's registers (32 fp32 values per thread
+#: at 16 warps; 32768 would need 32 warps at 64 registers a thread, one program per SM).
+TILE_MAX_N = 16384
+#: Split path: chunk length, warps, most chunks per row (each a resident program while the row waits).
+SPLIT_BLOCK_N = 8192
+SPLIT_WARPS = 8
+MAX_SPLITS = 128
+#: Stream path: chunk length and warps.
+STREAM_BLOCK_N = 4096
+STREAM_WARPS = 8
+#: Tile path (rows per program, warps) by block length: the softmax forward's H200 table (the same
+#: bytes per element) as a start; other lengths: ~4096 elements per program.
+_TILE = {128: (64, 8), 256: (16, 4), 512: (16, 16), 1024: (8, 16), 2048: (4, 16), 4096: (1, 8),
+         8192: (1, 16), 16384: (1, 16)}
+
+
+def interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def validate(x: Tensor) -> None:
+    if x.device.type != "cuda" and not interpreter_enabled():
+        raise ValueError(f"the triton cross-entropy runs on CUDA tensors; got a tensor on {x.device} "
+                         "(TRITON_INTERPRET=1 runs Triton's CPU interpreter, for tests)")
+
+
+# ------------------------------------------------------------------------------------------------
+# kernels
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _scale_of(S, C, rows, row_ok, stride_s, FROM_S: tl.constexpr, DIVIDE: tl.constexpr):
+    """The gradient scale of rows (a scalar row or a vector of rows) before ignored rows are zeroed:
+    S[row * stride_s] (grad_output: per row, or one value with stride 0) or 1, divided by
+    max(n_valid, 1) (C[0]) with DIVIDE."""
+    if FROM_S:
+        c = tl.load(S + rows.to(tl.int64) * stride_s, mask=row_ok, other=0.0).to(tl.float32)
+    else:
+        c = rows.to(tl.float32) * 0.0 + 1.0
+    if DIVIDE:
+        c = c / tl.maximum(tl.load(C), 1.0)
+    return c
+
+
+@triton.jit
+def _row_loss(ref, xt, log_s, t, n_cols, valid):
+    """(m - x_t) + log s; 0 for ignored rows, NaN for a target outside [0, V)."""
+    bad = valid & ((t < 0) | (t >= n_cols))
+    return tl.where(valid, tl.where(bad, float("nan"), (ref - xt) + log_s), 0.0)
+
+
+@triton.jit
+def _ce_tile_kernel(
+    X, T, LOSS, G, S, C, n_rows, n_cols, stride_xr, stride_xc, stride_gr, stride_s, ignore_index,
+    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, FROM_S: tl.constexpr, DIVIDE: tl.constexpr,
+    WRITE_LOSS: tl.constexpr, WRITE_GRAD: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)[None, :]
+    row_ok = rows < n_rows
+    inside = row_ok[:, None] & (cols < n_cols)
+    rows64 = rows.to(tl.int64)
+    t = tl.load(T + rows, mask=row_ok, other=ignore_index)
+    x = tl.load(X + rows64[:, None] * stride_xr + cols * stride_xc, mask=inside, other=float("-inf"))
+    x = x.to(tl.float32)
+    is_t = cols == t[:, None]
+    m = tl.max(x, axis=1)
+    xt = tl.sum(tl.where(is_t, x, 0.0), axis=1)
+    ref = tl.where(m == float("-inf"), 0.0, m)  # a row of -inf: every exponential is 0
+    e = tl.exp2((x - ref[:, None]) * LOG2E)  # columns past V: exp2(-inf) = 0
+    s = tl.sum(e, axis=1)
+    valid = t != ignore_index
+    if WRITE_LOSS:
+        tl.store(LOSS + rows, _row_loss(ref, xt, tl.log(s), t, n_cols, valid), mask=row_ok)
+    if WRITE_GRAD:
+        c = tl.where(valid, _scale_of(S, C, rows, row_ok, stride_s, FROM_S, DIVIDE), 0.0)
+        g = e * (c / tl.where(s == 0.0, 1.0, s))[:, None] - tl.where(is_t, c[:, None], 0.0)
+        tl.store(G + rows64[:, None] * stride_gr + cols, g.to(G.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def _ce_split_kernel(
+    X, T, LOSS, G, S, C, CNT, STAT, n_cols, splits, stride_xr, stride_xc, stride_gr, stride_s, ignore_index,
+    BLOCK_N: tl.constexpr, SPLITS_P2: tl.constexpr, FROM_S: tl.constexpr, DIVIDE: tl.constexpr,
+    WRITE_LOSS: tl.constexpr, WRITE_GRAD: tl.constexpr, PHASE: tl.constexpr,
+):
+    """PHASE 0: the whole kernel, chunks from the ticket counter CNT[0] (GPU). PHASE 1: partials only;
+    PHASE 2: outputs only (the interpreter, whose programs run one after another)."""
+    if PHASE == 0:
+        vid = tl.atomic_add(CNT, 1)
+    else:
+        vid = tl.program_id(0)
+    row = (vid // splits).to(tl.int64)
+    part = vid % splits
+    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    inside = cols < n_cols
+    t = tl.load(T + row)
+    x = tl.load(X + row * stride_xr + cols * stride_xc, mask=inside, other=float("-inf")).to(tl.float32)
+    is_t = cols == t
+    m = tl.max(x, axis=0)
+    xt = tl.sum(tl.where(is_t, x, 0.0), axis=0)
+    ref = tl.where(m == float("-inf"), 0.0, m)
+    e = tl.exp2((x - ref) * LOG2E)
+    stat = STAT + row * (2 * splits)  # this row's partials: splits maxima, then splits sums
+    if PHASE != 2:
+        tl.store(stat + part, m)
+        tl.store(stat + splits + part, tl.sum(e, axis=0))
+    if PHASE == 0:  # publish (the barrier orders every thread's stores before the release), then wait
+        tl.debug_barrier()
+        tl.atomic_add(CNT + 1 + row, 1, sem="release")
+        while tl.atomic_add(CNT + 1 + row, 0, sem="acquire") < splits:
+            pass
+    if PHASE != 1:
+        p = tl.arange(0, SPLITS_P2)
+        ms = tl.load(stat + p, mask=p < splits, other=float("-inf"), cache_modifier=".cg")
+        ss = tl.load(stat + splits + p, mask=p < splits, other=0.0, cache_modifier=".cg")
+        big_m = tl.max(ms, axis=0)
+        big_ref = tl.where(big_m == float("-inf"), 0.0, big_m)
+        big_s = tl.sum(tl.where(ms == float("-inf"), 0.0, ss * tl.exp2((ms - big_ref) * LOG2E)), axis=0)
+        valid = t != ignore_index
+        if WRITE_LOSS:  # the chunk that holds the target (chunk 0 for ignored or out-of-range targets)
+            in_range = (t >= 0) & (t < n_cols)
+            owner = tl.where(valid & in_range, t // BLOCK_N == part, part == 0)
+            tl.store(LOSS + row, _row_loss(big_ref, xt, tl.log(big_s), t, n_cols, valid), mask=owner)
+        if WRITE_GRAD:
+            c = tl.where(valid, _scale_of(S, C, row, row >= 0, stride_s, FROM_S, DIVIDE), 0.0)
+            f = tl.exp2((ref - big_ref) * LOG2E) * (c / tl.where(big_s == 0.0, 1.0, big_s))
+            g = e * f - tl.where(is_t, c, 0.0)
+            tl.store(G + row * stride_gr + cols, g.to(G.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def _ce_stream_kernel(
+    X, T, LOSS, G, S, C, n_cols, stride_xr, stride_xc, stride_gr, stride_s, ignore_index,
+    BLOCK_N: tl.constexpr, FROM_S: tl.constexpr, DIVIDE: tl.constexpr, WRITE_LOSS: tl.constexpr,
+    WRITE_GRAD: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    t = tl.load(T + row)
+    x_row = X + row * stride_xr
+    cols = tl.arange(0, BLOCK_N)
+    # lanes start at the lowest finite float, not -inf, so (m_vec - m_new) is never -inf - -inf
+    m_vec = tl.full([BLOCK_N], -3.4028234663852886e38, tl.float32)
+    s_vec = tl.zeros([BLOCK_N], tl.float32)
+    xt_vec = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, n_cols, BLOCK_N):  # pass 1: online max and rescaled sum per lane, x_t
+        c = start + cols
+        x = tl.load(x_row + c * stride_xc, mask=c < n_cols, other=float("-inf"), eviction_policy="evict_last")
+        x = x.to(tl.float32)
+        m_new = tl.maximum(m_vec, x)
+        s_vec = s_vec * tl.exp2((m_vec - m_new) * LOG2E) + tl.exp2((x - m_new) * LOG2E)
+        m_vec = m_new
+        xt_vec += tl.where(c == t, x, 0.0)
+    m = tl.max(m_vec, axis=0)
+    s = tl.sum(s_vec * tl.exp2((m_vec - m) * LOG2E), axis=0)
+    valid = t != ignore_index
+    if WRITE_LOSS:
+        tl.store(LOSS + row, _row_loss(m, tl.sum(xt_vec, axis=0), tl.log(s), t, n_cols, valid))
+    if WRITE_GRAD:
+        c_row = tl.where(valid, _scale_of(S, C, row, row >= 0, stride_s, FROM_S, DIVIDE), 0.0)
+        f = c_row / tl.where(s == 0.0, 1.0, s)
+        n_chunks = tl.cdiv(n_cols, BLOCK_N)
+        for k in range(0, n_chunks):  # pass 2, backwards: the chunks read last are still cached
+            c = (n_chunks - 1 - k) * BLOCK_N + cols
+            x = tl.load(x_row + c * stride_xc, mask=c < n_cols, other=float("-inf"), eviction_policy="evict_first")
+            g = tl.exp2((x.to(tl.float32) - m) * LOG2E) * f - tl.where(c == t, c_row, 0.0)
+            tl.store(G + row * stride_gr + c, g.to(G.dtype.element_ty), mask=c < n_cols)
+
+
+@triton.jit(debug=True)  # debug: the device assert is compiled in (only this small kernel pays for it)
+def _targets_kernel(T, COUNT, n_rows, n_cols, ignore_index, BLOCK: tl.constexpr):
+    """COUNT[0] = the number of targets that are not ignore_index (fp32); a device assert on targets
+    outside [0, V) that are not ignore_index. One program (N x 8 bytes)."""
+    acc = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, n_rows, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        t = tl.load(T + offs, mask=offs < n_rows, other=ignore_index)
+        valid = t != ignore_index
+        tl.device_assert(((t >= 0) & (t < n_cols)) | (~valid),
+                         "cross_entropy: a target is outside [0, V) and is not ignore_index")
+        acc += valid.to(tl.int32)
+    tl.store(COUNT, tl.sum(acc, axis=0).to(tl.float32))
+
+
+@triton.jit
+def _reduce_kernel(LOSS, COUNT, OUT, n_rows, MEAN: tl.constexpr, BLOCK: tl.constexpr):
+    """OUT[0] = sum of the loss rows (/ max(n_valid, 1) for 'mean'), one program, a fixed order."""
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_rows, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        acc += tl.load(LOSS + offs, mask=offs < n_rows, other=0.0)
+    total = tl.sum(acc, axis=0)
+    if MEAN:
+        total = total / tl.maximum(tl.load(COUNT), 1.0)
+    tl.store(OUT, total)
+
+
+@triton.jit
+def _scale_kernel(G, GO, COUNT, n_rows, n_cols, stride_gr, stride_go, PER_ROW: tl.constexpr,
+                  DIVIDE: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """G *= grad_output (per row with PER_ROW; / max(n_valid, 1) with DIVIDE), in place, persistent
+    programs over tiles of ROWS x BLOCK_N. Nothing is read or written where the factor is exactly 1."""
+    col_tiles = tl.cdiv(n_cols, BLOCK_N)
+    n_tiles = tl.cdiv(n_rows, ROWS) * col_tiles
+    div = 1.0
+    if DIVIDE:
+        div = tl.maximum(tl.load(COUNT), 1.0)
+    if PER_ROW:
+        for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+            rows = (tile // col_tiles) * ROWS + tl.arange(0, ROWS)
+            cols = (tile % col_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+            f = tl.load(GO + rows.to(tl.int64) * stride_go, mask=rows < n_rows, other=1.0).to(tl.float32) / div
+            if tl.sum((f != 1.0).to(tl.int32), axis=0) > 0:  # (NaN != 1: scaled)
+                ptr = G + rows.to(tl.int64)[:, None] * stride_gr + cols[None, :]
+                ok = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+                g = tl.load(ptr, mask=ok, other=0.0).to(tl.float32)
+                tl.store(ptr, (g * f[:, None]).to(G.dtype.element_ty), mask=ok)
+    else:
+        f = tl.load(GO).to(tl.float32) / div
+        if f != 1.0:
+            for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+                rows = (tile // col_tiles) * ROWS + tl.arange(0, ROWS)
+                cols = (tile % col_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+                ptr = G + rows.to(tl.int64)[:, None] * stride_gr + cols[None, :]
+                ok = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+                g = tl.load(ptr, mask=ok, other=0.0).to(tl.float32)
+                tl.store(ptr, (g * f).to(G.dtype.element_ty), mask=ok)
+
+
+# ------------------------------------------------------------------------------------------------
+# launch settings and launchers
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Plan:
+    """How one launch covers the rows: ``path`` is 'tile' (``rows`` rows of ``block_n`` per program),
+    'split' (chunks of ``block_n``, one program each) or 'stream' (one program per row)."""
+
+    path: str
+    block_n: int
+    rows: int = 1
+    num_warps: int = 4
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def plan(n_cols: int, n_rows: int = 1 << 30) -> Plan:
+    """Launch settings by row length (module constants, so tests can force a path)."""
+    block_n = _next_pow2(n_cols)
+    if block_n <= TILE_MAX_N:
+        if block_n in _TILE:
+            rows, warps = _TILE[block_n]
+        else:  # short rows: ~4096 elements per program, 16 per thread
+            rows = max(1, min(1024, 4096 // block_n))
+            warps = max(1, min(8, rows * block_n // 512))
+        rows = min(rows, _next_pow2(n_rows))  # (no programs of mostly missing rows)
+        warps = max(1, min(warps, rows * block_n // 256))
+        return Plan("tile", block_n, rows, warps)
+    if -(-n_cols // SPLIT_BLOCK_N) <= MAX_SPLITS:
+        return Plan("split", SPLIT_BLOCK_N, 1, SPLIT_WARPS)
+    return Plan("stream", STREAM_BLOCK_N, 1, STREAM_WARPS)
+
+
+def _device_guard(x: Tensor):
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
+_SMS: dict = {}
+
+
+def _persistent_programs(n_tiles: int, device: torch.device) -> int:
+    if device.type != "cuda":
+        return max(1, min(n_tiles, 4))  # the interpreter: a few programs, each looping over tiles
+    if device not in _SMS:
+        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(n_tiles, 4 * _SMS[device]))
+
+
+def launch_ce(logits: Tensor, targets: Tensor, loss_rows: Optional[Tensor], grad: Optional[Tensor],
+              ignore_index: int, scale: Optional[Tensor] = None, count: Optional[Tensor] = None,
+              p: Optional[Plan] = None) -> None:
+    """One cross-entropy pass over logits (n, V) (any strides): loss rows (fp32; None: not written)
+    and, when ``grad`` is given ((n, V), column stride 1; may be ``logits`` itself), the gradient
+    (softmax - onehot) times ``scale`` (None: 1; one value, or one per row) / max(``count``, 1)
+    (None: not divided)."""
+    n_rows, n_cols = logits.shape
+    if n_rows == 0:
+        return
+    if grad is not None and grad.stride(1) != 1:
+        raise ValueError("launch_ce writes gradients with column stride 1")
+    p = p or plan(n_cols, n_rows)
+    dummy = logits if grad is None else grad
+    stride_s = scale.stride(0) if (scale is not None and scale.dim() == 1 and scale.numel() > 1) else 0
+    flags = dict(FROM_S=scale is not None, DIVIDE=count is not None, WRITE_LOSS=loss_rows is not None,
+                 WRITE_GRAD=grad is not None, num_warps=p.num_warps)
+    args = (logits, targets, logits if loss_rows is None else loss_rows, dummy,
+            logits if scale is None else scale, logits if count is None else count)
+    strides = (logits.stride(0), logits.stride(1), dummy.stride(0), stride_s, ignore_index)
+    with _device_guard(logits):
+        if p.path == "tile":
+            _ce_tile_kernel[(triton.cdiv(n_rows, p.rows),)](
+                *args, n_rows, n_cols, *strides, BLOCK_N=p.block_n, ROWS=p.rows, **flags)
+        elif p.path == "split":
+            splits = -(-n_cols // p.block_n)
+            programs = n_rows * splits
+            if programs >= 2**31:
+                raise ValueError(f"too many row chunks for one launch ({n_rows} rows x {splits} chunks)")
+            stat = torch.empty(programs * 2, dtype=torch.float32, device=logits.device)
+            meta = dict(BLOCK_N=p.block_n, SPLITS_P2=_next_pow2(splits), **flags)
+            if interpreter_enabled():  # programs run one after another: partials first, then outputs
+                cnt = torch.zeros(1, dtype=torch.int32, device=logits.device)
+                for phase in (1, 2):
+                    _ce_split_kernel[(programs,)](*args, cnt, stat, n_cols, splits, *strides, PHASE=phase, **meta)
+            else:
+                cnt = torch.zeros(n_rows + 1, dtype=torch.int32, device=logits.device)
+                _ce_split_kernel[(programs,)](*args, cnt, stat, n_cols, splits, *strides, PHASE=0, **meta)
+        elif p.path == "stream":
+            _ce_stream_kernel[(n_rows,)](*args, n_cols, *strides, BLOCK_N=p.block_n, **flags)
+        else:
+            raise ValueError(f"unknown cross-entropy path {p.path!r}")
+
+
+def count_targets(targets: Tensor, n_cols: int, ignore_index: int) -> Tensor:
+    """(1,) fp32: the targets that are not ignore_index, on the device (and the device-side range check)."""
+    count = torch.empty(1, dtype=torch.float32, device=targets.device)
+    with _device_guard(targets):
+        _targets_kernel[(1,)](targets, count, targets.shape[0], n_cols, ignore_index, BLOCK=1024, num_warps=4)
+    return count
+
+
+def reduce_loss(loss_rows: Tensor, count: Tensor, reduction: str) -> Tensor:
+    """The loss from its rows: their mean over the valid targets, their sum, or a copy ('none')."""
+    if reduction == "none":
+        return loss_rows.clone()
+    out = torch.empty((), dtype=torch.float32, device=loss_rows.device)
+    with _device_guard(loss_rows):
+        _reduce_kernel[(1,)](loss_rows, count, out, loss_rows.shape[0], MEAN=reduction == "mean", BLOCK=1024,
+                             num_warps=4)
+    return out
+
+
+def scale_grad_(grad: Tensor, grad_output: Tensor, count: Optional[Tensor] = None) -> None:
+    """grad (rows, cols), column stride 1, *= grad_output (a scalar, or one per row) [/ n_valid], in
+    place; programs return at once where the factor is exactly 1."""
+    if grad.numel() == 0:
+        return
+    g2 = grad.view(grad.shape[0], -1) if grad.dim() != 2 else grad
+    n_rows, n_cols = g2.shape
+    per_row = grad_output.dim() == 1
+    block_n = min(_next_pow2(n_cols), 4096)
+    rows = max(1, 4096 // block_n)
+    n_tiles = triton.cdiv(n_rows, rows) * triton.cdiv(n_cols, block_n)
+    with _device_guard(grad):
+        _scale_kernel[(_persistent_programs(n_tiles, grad.device),)](
+            g2, grad_output, count if count is not None else grad_output, n_rows, n_cols, g2.stride(0),
+            grad_output.stride(0) if per_row else 0, PER_ROW=per_row, DIVIDE=count is not None,
+            ROWS=rows, BLOCK_N=block_n, num_warps=8)
+
+
+def defers_scale(dtype: torch.dtype) -> bool:
+    """Whether the forward leaves 1 / n_valid to the backward (float16: see the module docstring)."""
+    return dtype == torch.float16
+
+
+def forward(logits: Tensor, targets: Tensor, ignore_index: int, reduction: str, compute_grad: bool,
+            p: Optional[Plan] = None) -> tuple[Tensor, Tensor, Tensor]:
+    """(loss rows, n_valid, gradient or an empty tensor) of logits (N, V)."""
+    n_rows, n_cols = logits.shape
+    count = count_targets(targets, n_cols, ignore_index)
+    loss_rows = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
+    grad = torch.empty((n_rows, n_cols), dtype=logits.dtype, device=logits.device) if compute_grad else None
+    mean_now = reduction == "mean" and not defers_scale(logits.dtype)
+    launch_ce(logits, targets, loss_rows, grad, ignore_index, count=count if mean_now else None, p=p)
+    return loss_rows, count, grad if grad is not None else logits.new_empty(0)
+
+
+def recompute_grad(logits: Tensor, targets: Tensor, count: Tensor, grad_output: Tensor, ignore_index: int,
+                   reduction: str, p: Optional[Plan] = None) -> Tensor:
+    """The gradient from the logits again, grad_output (and 1 / n_valid) folded in: one read, one write."""
+    grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+    go = grad_output.float().reshape(-1)  # (1,) or (N,)
+    launch_ce(logits, targets, None, grad, ignore_index, scale=go,
+              count=count if reduction == "mean" else None, p=p)
+    return grad

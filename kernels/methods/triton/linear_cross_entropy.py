@@ -1,0 +1,259 @@
+"""`triton` linear cross-entropy: the loss of ``hidden @ weight.T`` over chunks of tokens, never all logits.
+
+Algorithm. For each chunk of ``chunk_rows`` tokens (forward, when gradients are needed):
+logits_c = hidden_c @ weight.T (cuBLAS, in the compute dtype), then the cross-entropy kernel
+(:mod:`.cross_entropy_kernels`) writes the chunk's loss rows and its gradient (softmax - onehot) / n_valid
+into logits_c itself (in place: the buffer is ours and the kernel never re-reads a column it has
+written), then grad_hidden_c = grad_c @ weight and grad_weight += grad_c.T @ hidden_c, accumulated in
+fp32 (``weight_grad_mode``: cuBLAS with an fp32 output accumulating into it, ``addmm``/``baddbmm`` with
+``out_dtype`` where this PyTorch takes an fp32 input, else a 16-bit product per chunk added into an
+fp32 buffer). The backward only multiplies the saved gradients by grad_output (no work when it is 1).
+reduction='none' cannot be done that way (grad_weight sums rows that grad_output weights
+differently), so there the forward computes the loss rows only and the backward recomputes each
+chunk's logits and writes its gradient scaled by grad_output per row. float16 keeps its gradients
+unscaled and divides by n_valid in the backward (see :mod:`.cross_entropy_kernels`); its grad_weight
+stays fp32 until then. Under torch.compile the same ops run; Inductor copies the saved grad_hidden and
+grad_weight before the backward scales them (it does not reinplace mutations of saved tensors):
+(N + V) C elements, small next to the GEMMs.
+
+Autocast: under ``torch.autocast`` the wrapper casts hidden and weight (the fp32 parameter) to the
+autocast dtype before the op, as F.linear would, and the gradients flow back through the casts;
+outside autocast they must share a dtype. The weight may be tied (the model's embedding): its gradient
+is an ordinary gradient that autograd adds to the embedding's.
+
+Bytes and memory (N tokens, C hidden, V vocabulary, b bytes): the GEMMs (6 N C V flops) dominate;
+the cross-entropy moves 2 N V b (one read and one write of each chunk, which stays in L2 only for
+small chunks); grad_weight's fp32 accumulator is read and written once per chunk inside the GEMM
+(V C x 8 bytes per chunk; chunks of >= 1024 rows keep that GEMM compute-bound). Extra memory:
+one logits chunk (``LINEAR_CHUNK_BYTES``), grad_hidden, the fp32 accumulator and the cast gradient
+(``extra_bytes``): 442 MiB at N = 16384, C = 768, V = 50304 in bf16 (chunks of 2048 tokens).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from kernels.methods.triton.cross_entropy import SECOND_BACKWARD, triton_cross_entropy_bwd
+from kernels.methods.triton.cross_entropy_kernels import count_targets, defers_scale, launch_ce, reduce_loss, validate
+
+#: Bytes of one chunk's logits (rows are rounded down to a multiple of 64, then balanced over chunks).
+LINEAR_CHUNK_BYTES = 200 * 2**20
+_WEIGHT_GRAD_MODE: dict = {}
+
+
+def chunk_rows(n_rows: int, n_cols: int, elem_bytes: int) -> int:
+    """Tokens per chunk: at most LINEAR_CHUNK_BYTES of logits, chunks of equal size (multiples of 8)."""
+    cap = max(1, LINEAR_CHUNK_BYTES // (n_cols * elem_bytes))
+    if cap >= 64:
+        cap -= cap % 64
+    chunks = -(-n_rows // cap)
+    rows = -(-n_rows // chunks)
+    return min(cap, -(-rows // 8) * 8) if rows > 8 else rows
+
+
+def extra_bytes(n_rows: int, hidden_dim: int, n_cols: int, elem_bytes: int) -> int:
+    """An upper bound of what the forward allocates beyond its inputs when both gradients are needed:
+    a logits chunk, grad_hidden, the fp32 grad_weight and its cast, loss rows and workspaces."""
+    rows = chunk_rows(n_rows, n_cols, elem_bytes)
+    splits = -(-n_cols // 1024)
+    work = rows * splits * 8 + (rows + 1) * 4 + n_rows * 4 + 64
+    cast = n_cols * hidden_dim * elem_bytes if elem_bytes != 4 else 0
+    return rows * n_cols * elem_bytes + n_rows * hidden_dim * elem_bytes + n_cols * hidden_dim * 4 + cast + work
+
+
+def _accumulate(mode: str, acc: Tensor, a: Tensor, b: Tensor, tmp: Optional[Tensor]) -> None:
+    """acc (fp32) += a @ b."""
+    if mode == "direct":  # fp32 inputs
+        acc.addmm_(a, b)
+    elif mode == "addmm_dtype":
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    elif mode == "baddbmm_dtype":
+        acc3 = acc.unsqueeze(0)
+        torch.baddbmm(acc3, a.unsqueeze(0), b.unsqueeze(0), out_dtype=torch.float32, out=acc3)
+    else:  # a 16-bit product added into the fp32 sums
+        torch.mm(a, b, out=tmp)
+        acc.add_(tmp)
+
+
+def weight_grad_mode(device: torch.device, dtype: torch.dtype) -> str:
+    """How grad_weight accumulates in fp32 here: 'direct' (fp32), 'addmm_dtype' or 'baddbmm_dtype'
+    (cuBLAS writes into the fp32 sums: this PyTorch's ``out_dtype`` accepts them), else 'product'.
+    Asked once per device and dtype (errors are raised on the host: no sync)."""
+    if dtype == torch.float32:
+        return "direct"
+    key = (str(device), dtype)
+    if key not in _WEIGHT_GRAD_MODE:
+        mode = "product"
+        a = torch.zeros(8, 8, dtype=dtype, device=device)
+        acc = torch.zeros(8, 8, dtype=torch.float32, device=device)
+        for name in ("addmm_dtype", "baddbmm_dtype"):
+            try:
+                _accumulate(name, acc, a, a, None)
+            except (RuntimeError, NotImplementedError, TypeError):
+                continue
+            mode = name
+            break
+        _WEIGHT_GRAD_MODE[key] = mode
+    return _WEIGHT_GRAD_MODE[key]
+
+
+def _chunked(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, loss_rows: Optional[Tensor],
+             scale: Optional[Tensor], count: Optional[Tensor], need_h: bool, need_w: bool) -> tuple[Tensor, Tensor]:
+    """Every chunk: logits, loss rows and gradient (in place; times ``scale`` per row, / ``count``; see
+    ``launch_ce``), grad_hidden and the fp32 grad_weight.
+    Returns (grad_hidden or empty, grad_weight (fp32; the compute dtype where that saves memory) or empty)."""
+    n, c = hidden.shape
+    v = weight.shape[0]
+    write_grad = need_h or need_w
+    gh = torch.empty((n, c), dtype=hidden.dtype, device=hidden.device) if need_h else None
+    acc = torch.zeros((v, c), dtype=torch.float32, device=hidden.device) if need_w else None
+    mode = weight_grad_mode(hidden.device, hidden.dtype) if need_w else ""
+    tmp = torch.empty((v, c), dtype=hidden.dtype, device=hidden.device) if mode == "product" else None
+    rows = chunk_rows(n, v, hidden.element_size())
+    buf = torch.empty((min(rows, n), v), dtype=hidden.dtype, device=hidden.device)
+    with torch.autocast(hidden.device.type, enabled=False):
+        for s in range(0, n, rows):
+            e = min(n, s + rows)
+            logits = buf[: e - s]
+            h = hidden[s:e]
+            torch.mm(h, weight.t(), out=logits)  # (rows, V)
+            launch_ce(logits, targets[s:e], None if loss_rows is None else loss_rows[s:e],
+                      logits if write_grad else None, ignore_index,
+                      scale=None if scale is None else scale[s:e], count=count)
+            if gh is not None:
+                torch.mm(logits, weight, out=gh[s:e])  # (rows, C)
+            if acc is not None:
+                _accumulate(mode, acc, logits.t(), h, tmp)  # (V, C)
+    del buf
+    gh = hidden.new_empty(0) if gh is None else gh  # (two distinct empties: op outputs may not alias)
+    if acc is None:
+        return gh, hidden.new_empty(0)
+    if hidden.dtype == torch.float32 or defers_scale(hidden.dtype):
+        return gh, acc  # (fp16: cast in the backward, after the scaling)
+    return gh, (tmp.copy_(acc) if tmp is not None else acc.to(hidden.dtype))
+
+
+def _check_op_input(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, reduction: str) -> None:
+    from kernels.contract import check_linear_cross_entropy
+
+    check_linear_cross_entropy(hidden, weight, targets, ignore_index, reduction)
+    if hidden.dim() != 2 or targets.dtype != torch.int64 or hidden.dtype != weight.dtype:
+        raise ValueError("the triton linear cross-entropy op takes hidden (N, C) and weight (V, C) of one "
+                         "dtype and int64 targets (N,)")
+    validate(hidden)
+
+
+def _weight_grad_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if defers_scale(dtype) else dtype
+
+
+@torch.library.custom_op("softmax_harness::triton_linear_cross_entropy_fwd", mutates_args=())
+def triton_linear_cross_entropy_fwd(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int,
+                                    reduction: str, need_hidden_grad: bool,
+                                    need_weight_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(loss rows, n_valid, grad_hidden, grad_weight); the gradients (before grad_output) only for
+    'mean' and 'sum' and where asked for, else empty."""
+    _check_op_input(hidden, weight, targets, ignore_index, reduction)
+    count = count_targets(targets, weight.shape[0], ignore_index)
+    loss_rows = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+    now = reduction != "none"
+    mean_now = reduction == "mean" and not defers_scale(hidden.dtype)
+    gh, gw = _chunked(hidden, weight, targets, ignore_index, loss_rows, None, count if mean_now else None,
+                      need_hidden_grad and now, need_weight_grad and now)
+    return loss_rows, count, gh, gw
+
+
+@triton_linear_cross_entropy_fwd.register_fake
+def _(hidden, weight, targets, ignore_index, reduction, need_hidden_grad, need_weight_grad):
+    now = reduction != "none"
+    gh = hidden.new_empty(hidden.shape) if need_hidden_grad and now else hidden.new_empty(0)
+    gw = (weight.new_empty(weight.shape, dtype=_weight_grad_dtype(weight.dtype)) if need_weight_grad and now
+          else hidden.new_empty(0))
+    rows = hidden.new_empty(hidden.shape[0], dtype=torch.float32)
+    return rows, hidden.new_empty(1, dtype=torch.float32), gh, gw
+
+
+@torch.library.custom_op("softmax_harness::triton_linear_cross_entropy_bwd", mutates_args=())
+def triton_linear_cross_entropy_bwd(hidden: Tensor, weight: Tensor, targets: Tensor, grad_output: Tensor,
+                                    ignore_index: int, need_hidden_grad: bool,
+                                    need_weight_grad: bool) -> tuple[Tensor, Tensor]:
+    """reduction='none': the gradients recomputed chunk by chunk, each row's scaled by grad_output."""
+    go = grad_output.float().expand(hidden.shape[0])  # (N,): one factor per row
+    gh, gw = _chunked(hidden, weight, targets, ignore_index, None, go, None, need_hidden_grad, need_weight_grad)
+    return gh, (gw.to(weight.dtype) if gw.numel() else gw)
+
+
+@triton_linear_cross_entropy_bwd.register_fake
+def _(hidden, weight, targets, grad_output, ignore_index, need_hidden_grad, need_weight_grad):
+    gh = hidden.new_empty(hidden.shape) if need_hidden_grad else hidden.new_empty(0)
+    return gh, (weight.new_empty(weight.shape) if need_weight_grad else hidden.new_empty(0))
+
+
+@torch.library.custom_op("softmax_harness::triton_linear_cross_entropy_loss", mutates_args=())
+def triton_linear_cross_entropy_loss(hidden: Tensor, weight: Tensor, targets: Tensor, loss_rows: Tensor,
+                                     count: Tensor, grad_hidden: Tensor, grad_weight: Tensor, ignore_index: int,
+                                     reduction: str) -> Tensor:
+    """The loss from the forward's rows; its autograd formula returns the forward's gradients scaled by
+    grad_output ('none': recomputed)."""
+    return reduce_loss(loss_rows, count, reduction)
+
+
+@triton_linear_cross_entropy_loss.register_fake
+def _(hidden, weight, targets, loss_rows, count, grad_hidden, grad_weight, ignore_index, reduction):
+    return loss_rows.new_empty(loss_rows.shape if reduction == "none" else ())
+
+
+def _setup_loss(ctx, inputs, output) -> None:
+    hidden, weight, targets, _, count, gh, gw, ignore_index, reduction = inputs
+    ctx.reduction, ctx.ignore_index, ctx.weight_dtype = reduction, ignore_index, weight.dtype
+    ctx.divide = reduction == "mean" and defers_scale(hidden.dtype)
+    ctx.backward_done = False
+    if reduction == "none":
+        ctx.save_for_backward(hidden, weight, targets)
+    else:
+        ctx.save_for_backward(gh, gw, count)
+
+
+def _loss_backward(ctx, grad_output: Tensor):
+    nones = (None,) * 7
+    if ctx.reduction == "none":
+        hidden, weight, targets = ctx.saved_tensors
+        gh, gw = triton_linear_cross_entropy_bwd(hidden, weight, targets, grad_output, ctx.ignore_index,
+                                                 ctx.needs_input_grad[0], ctx.needs_input_grad[1])
+        return (gh if ctx.needs_input_grad[0] else None), (gw if ctx.needs_input_grad[1] else None), *nones
+    if ctx.backward_done:
+        raise RuntimeError(SECOND_BACKWARD)
+    ctx.backward_done = True
+    gh, gw, count = ctx.saved_tensors
+    if ctx.needs_input_grad[0]:
+        triton_cross_entropy_bwd(gh, grad_output, count, ctx.divide)
+    if ctx.needs_input_grad[1]:
+        if gw.dtype != ctx.weight_dtype:  # float16: the fp32 sums, scaled, then cast
+            factor = grad_output / count.clamp(min=1.0) if ctx.divide else grad_output
+            gw = (gw * factor).to(ctx.weight_dtype)
+        else:
+            triton_cross_entropy_bwd(gw, grad_output, count, ctx.divide)
+    return (gh if ctx.needs_input_grad[0] else None), (gw if ctx.needs_input_grad[1] else None), *nones
+
+
+triton_linear_cross_entropy_loss.register_autograd(_loss_backward, setup_context=_setup_loss)
+
+
+def triton_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int,
+                                reduction: str) -> Tensor:
+    """The method's op function (hidden (N, C), weight (V, C), int64 targets (N,), already checked)."""
+    device_type = hidden.device.type
+    if torch.is_autocast_enabled(device_type):  # compute in the autocast dtype, as F.linear would
+        dtype = torch.get_autocast_dtype(device_type)
+        hidden, weight = hidden.to(dtype), weight.to(dtype)
+    elif hidden.dtype != weight.dtype:
+        raise TypeError(f"linear_cross_entropy: hidden ({hidden.dtype}) and weight ({weight.dtype}) need one "
+                        "dtype outside autocast")
+    grad_on = torch.is_grad_enabled()
+    need_h, need_w = grad_on and hidden.requires_grad, grad_on and weight.requires_grad
+    rows, count, gh, gw = triton_linear_cross_entropy_fwd(hidden.detach(), weight.detach(), targets, ignore_index,
+                                                          reduction, need_h, need_w)
+    return triton_linear_cross_entropy_loss(hidden, weight, targets, rows, count, gh, gw, ignore_index, reduction)
