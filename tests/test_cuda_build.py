@@ -58,8 +58,9 @@ def test_tuning_variants_compile_for_sm90(builds, source):
     assert obj.stat().st_size > 0
 
 
-# The cross-entropy kernels (csrc/cross_entropy/paths.cuh): the production dispatch (with -Xptxas -v).
-_CE_SOURCES = ("cross_entropy_kernels.cu",)
+# The cross-entropy kernels (csrc/cross_entropy/paths.cuh): the production dispatch (with -Xptxas -v)
+# and the sweep's two translation units of launch variants.
+_CE_SOURCES = ("cross_entropy_kernels.cu", "cross_entropy_tuning.cu", "cross_entropy_tuning_split.cu")
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +111,14 @@ def test_cross_entropy_kernels_compile_for_sm90_without_spills(ce_builds):
     assert not hybrid, hybrid
 
 
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found (CI installs the CUDA toolkit's compiler)")
+@pytest.mark.parametrize("source", ["cross_entropy_tuning.cu", "cross_entropy_tuning_split.cu"])
+def test_cross_entropy_tuning_variants_compile_for_sm90(ce_builds, source):
+    """The launch variants that `python -m kernels.methods.cuda.ce_sweep` times."""
+    _, obj = _finish(ce_builds, source)
+    assert obj.stat().st_size > 0
+
+
 def _device_headers():
     headers = sorted((CSRC / "softmax").glob("*.cuh")) + sorted((CSRC / "cross_entropy").glob("*.cuh"))
     assert len({p.parent.name for p in headers}) == 2, "no headers in csrc/softmax or csrc/cross_entropy"
@@ -118,7 +127,8 @@ def _device_headers():
 
 def test_kernel_sources_include_no_torch_header():
     names = ("softmax_kernels.cu", "softmax_kernels.h", "softmax_tuning.cu", "softmax_tuning_persist.cu",
-             "softmax_tuning.h", "cross_entropy_kernels.cu", "cross_entropy_kernels.h")
+             "softmax_tuning.h", "cross_entropy_kernels.cu", "cross_entropy_kernels.h", "cross_entropy_tuning.cu",
+             "cross_entropy_tuning_split.cu", "cross_entropy_tuning.h")
     for path in [CSRC / name for name in names] + _device_headers():
         text = path.read_text()
         assert not re.search(r"#include\s*[<\"](torch|ATen|c10)/", text), path.name
