@@ -58,23 +58,86 @@ def test_tuning_variants_compile_for_sm90(builds, source):
     assert obj.stat().st_size > 0
 
 
+# The cross-entropy kernels (csrc/cross_entropy/paths.cuh): the production dispatch (with -Xptxas -v)
+# and the sweep's two translation units of launch variants.
+_CE_SOURCES = ("cross_entropy_kernels.cu", "cross_entropy_tuning.cu", "cross_entropy_tuning_split.cu")
+
+
+@pytest.fixture(scope="module")
+def ce_builds(tmp_path_factory):
+    """The cross-entropy nvcc builds, started together (as `builds` above)."""
+    out = tmp_path_factory.mktemp("nvcc-ce")
+    procs = {}
+    for source in _CE_SOURCES:
+        obj = out / (source + ".o")
+        cmd = [NVCC, "-std=c++17", "-O3", "-arch=sm_90", "-Xptxas", "-v", "-c", str(CSRC / source), "-o", str(obj)]
+        procs[source] = (subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), obj)
+    yield procs
+    for proc, _ in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _kernel_resources(stderr):
+    """(kernel, registers, spill store bytes) for every kernel in ptxas -v output."""
+    out, name, spill = [], None, 0
+    for line in stderr.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", line)
+        if m:
+            name, spill = m.group(1), 0
+        m = re.search(r"(\d+) bytes spill stores", line)
+        if m and name:
+            spill = int(m.group(1))
+        m = re.search(r"Used (\d+) registers", line)
+        if m and name:
+            out.append((name, int(m.group(1)), spill))
+            name = None
+    return out
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found (CI installs the CUDA toolkit's compiler)")
+def test_cross_entropy_kernels_compile_for_sm90_without_spills(ce_builds):
+    stderr, obj = _finish(ce_builds, "cross_entropy_kernels.cu")
+    assert obj.stat().st_size > 0
+    kernels = _kernel_resources(stderr)
+    names = " ".join(k for k, _, _ in kernels)
+    for kernel in ("ce_rows_kernel", "ce_stream_kernel", "scale_grad_kernel"):
+        assert kernel in names, f"{kernel} was not compiled"
+    spilling = [(k, r, s) for k, r, s in kernels if s]
+    assert not spilling, f"kernels that spill registers to local memory: {spilling}"
+    # the 512-thread packed kernels (hybrid rows; 16-bit register rows of 16385-32768) run two blocks per
+    # SM: at most 64 registers
+    hybrid = [(k, r) for k, r, _ in kernels if re.search(r"ce_rows_kernel.*Li512ELi1ELb1ELb0E", k) and r > 64]
+    assert not hybrid, hybrid
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found (CI installs the CUDA toolkit's compiler)")
+@pytest.mark.parametrize("source", ["cross_entropy_tuning.cu", "cross_entropy_tuning_split.cu"])
+def test_cross_entropy_tuning_variants_compile_for_sm90(ce_builds, source):
+    """The launch variants that `python -m kernels.methods.cuda.ce_sweep` times."""
+    _, obj = _finish(ce_builds, source)
+    assert obj.stat().st_size > 0
+
+
 def _device_headers():
-    headers = sorted((CSRC / "softmax").glob("*.cuh"))
-    assert headers, "no headers in csrc/softmax"
+    headers = sorted((CSRC / "softmax").glob("*.cuh")) + sorted((CSRC / "cross_entropy").glob("*.cuh"))
+    assert len({p.parent.name for p in headers}) == 2, "no headers in csrc/softmax or csrc/cross_entropy"
     return headers
 
 
 def test_kernel_sources_include_no_torch_header():
-    for path in [CSRC / name for name in ("softmax_kernels.cu", "softmax_kernels.h", "softmax_tuning.cu",
-                                          "softmax_tuning_persist.cu", "softmax_tuning.h")] + _device_headers():
+    names = ("softmax_kernels.cu", "softmax_kernels.h", "softmax_tuning.cu", "softmax_tuning_persist.cu",
+             "softmax_tuning.h", "cross_entropy_kernels.cu", "cross_entropy_kernels.h", "cross_entropy_tuning.cu",
+             "cross_entropy_tuning_split.cu", "cross_entropy_tuning.h")
+    for path in [CSRC / name for name in names] + _device_headers():
         text = path.read_text()
         assert not re.search(r"#include\s*[<\"](torch|ATen|c10)/", text), path.name
 
 
 def test_device_headers_hold_no_host_launchers():
-    """Kernel launches, occupancy queries and kernel attributes live in softmax/launch.cuh (included by
-    the .cu files only); the other headers are device code."""
+    """Kernel launches, occupancy queries and kernel attributes live in softmax/launch.cuh and
+    cross_entropy/launch.cuh (included by the .cu files only); the other headers are device code."""
     host = re.compile(r"<<<|cudaLaunch|cudaOccupancy|cudaFuncSetAttribute|cudaMemsetAsync|cudaGetDevice")
     for path in _device_headers():
         if path.name != "launch.cuh":
-            assert not host.search(path.read_text()), path.name
+            assert not host.search(path.read_text()), f"{path.parent.name}/{path.name}"

@@ -1,4 +1,5 @@
-"""`cuda`: fused scale + causal mask + softmax as a CUDA C++ extension, forward and backward.
+"""`cuda`: fused scale + causal mask + softmax as a CUDA C++ extension, forward and backward, and a fused
+cross-entropy (``cross_entropy``, ``linear_cross_entropy``: :mod:`.cross_entropy`).
 
 The kernels (``csrc/softmax/``, no torch header) pick a code path by row length and alignment: the
 code paths are listed in ``csrc/softmax/paths.cuh``; the launch table that picks them is
@@ -8,21 +9,32 @@ with ``TORCH_LIBRARY``; :mod:`.op` registers their fake implementations and auto
 ``torch.compile(fullgraph=True)`` traces through them and ``torch.library.opcheck`` passes.
 :mod:`.build` builds the extension on first use (or ``prepare()``); without a GPU, nvcc or ninja the
 method reports itself unavailable with the reason.
+
+The cross-entropy (:mod:`.cross_entropy`): the primitives ``softmax_harness_cuda::ce_rows`` and
+``scale_grad_`` (``csrc/cross_entropy_binding.cpp``; code paths: ``csrc/cross_entropy/paths.cuh``, launch
+table: ``csrc/cross_entropy_kernels.cu``, measured with ``python -m kernels.methods.cuda.ce_sweep``), and the
+method-agnostic drivers of :mod:`.ce_driver` on them.
 """
 
 from __future__ import annotations
 
 from kernels.methods.cuda.build import prepare, unavailable_reason
+from kernels.methods.cuda.cross_entropy import (ce_code_path, check_targets, cuda_cross_entropy,
+                                                cuda_linear_cross_entropy)
 from kernels.methods.cuda.op import code_path, cuda_softmax, validate
 from kernels.registry import Method, register
 
-__all__ = ["code_path", "cuda_softmax", "prepare", "unavailable_reason", "validate"]
+__all__ = ["ce_code_path", "check_targets", "code_path", "cuda_cross_entropy", "cuda_linear_cross_entropy",
+           "cuda_softmax", "prepare", "unavailable_reason", "validate"]
 
 register(
     Method(
         name="cuda",
         softmax=cuda_softmax,
-        summary="fused CUDA C++ extension: scale + causal mask + softmax, forward and backward, any N",
+        cross_entropy=cuda_cross_entropy,
+        linear_cross_entropy=cuda_linear_cross_entropy,
+        summary="fused CUDA C++ extension: scale + causal mask + softmax, forward and backward, any N; "
+        "fused (linear) cross-entropy, the gradient in the forward, any V",
         unavailable_reason=unavailable_reason,
         validate=validate,
         prepare=prepare,

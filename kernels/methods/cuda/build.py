@@ -17,10 +17,12 @@ from typing import Optional
 import torch
 
 CSRC = Path(__file__).resolve().parents[3] / "csrc"
-SOURCES = [CSRC / "softmax_binding.cpp", CSRC / "softmax_kernels.cu"]
-# the headers the kernels are made of (the code paths: csrc/softmax/paths.cuh)
+SOURCES = [CSRC / "softmax_binding.cpp", CSRC / "softmax_kernels.cu", CSRC / "cross_entropy_binding.cpp",
+           CSRC / "cross_entropy_kernels.cu"]
+# the headers the kernels are made of (the code paths: csrc/softmax/paths.cuh, csrc/cross_entropy/paths.cuh)
 DEVICE_HEADERS = sorted((CSRC / "softmax").glob("*.cuh"))
-HEADERS = [CSRC / "softmax_kernels.h", *DEVICE_HEADERS]
+CE_DEVICE_HEADERS = sorted((CSRC / "cross_entropy").glob("*.cuh"))
+HEADERS = [CSRC / "softmax_kernels.h", CSRC / "cross_entropy_kernels.h", *DEVICE_HEADERS, *CE_DEVICE_HEADERS]
 _LOCK = threading.Lock()
 STATE: dict = {"loaded": False, "error": None, "build_s": None}
 

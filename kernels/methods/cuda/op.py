@@ -1,5 +1,6 @@
 """The `cuda` method's ops: ``softmax_harness_cuda::softmax_fwd`` / ``softmax_bwd`` (registered in C++
-by ``csrc/softmax_binding.cpp``) get their fake implementations and autograd here, so
+by ``csrc/softmax_binding.cpp``) and the cross-entropy primitives ``ce_rows`` / ``scale_grad_``
+(``csrc/cross_entropy_binding.cpp``) get their fake implementations (and the softmax its autograd) here, so
 ``torch.compile(fullgraph=True)`` traces through them and ``torch.library.opcheck`` passes; and the
 Python entry points, which build the extension on first use.
 
@@ -36,10 +37,19 @@ def register_python_side() -> None:
 
     torch.library.register_autograd("softmax_harness_cuda::softmax_fwd", backward, setup_context=setup_context)
 
+    # the cross-entropy primitives (csrc/cross_entropy_binding.cpp; used by .cross_entropy)
+    @torch.library.register_fake("softmax_harness_cuda::ce_rows")
+    def _ce_rows_fake(logits, targets, ignore_index, grad_scale, grad, path=-1):
+        return logits.new_empty((logits.shape[0],), dtype=torch.float32)
+
+    @torch.library.register_fake("softmax_harness_cuda::scale_grad_")
+    def _scale_grad_fake(grad, g):
+        return None
+
 
 def validate(x: torch.Tensor) -> None:
     if x.device.type != "cuda":
-        raise ValueError(f"the cuda softmax runs on CUDA tensors; got a tensor on {x.device}")
+        raise ValueError(f"the cuda method runs on CUDA tensors; got a tensor on {x.device}")
 
 
 def _fwd_below_autograd(x: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
