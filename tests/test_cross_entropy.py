@@ -16,8 +16,8 @@ import kernels
 from kernels import BWD_TOL, FWD_TOL, rounding_floor
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-CE_METHODS = kernels.runnable_methods(op="cross_entropy")
-LINEAR_METHODS = kernels.runnable_methods(op="linear_cross_entropy")
+CE_METHODS = [m for m in kernels.runnable_methods(op="cross_entropy") if not kernels.get_method(m).peer]
+LINEAR_METHODS = [m for m in kernels.runnable_methods(op="linear_cross_entropy") if not kernels.get_method(m).peer]
 # compiling costs seconds per signature on a CPU: `compile` gets a representative subset there
 FAST = [m for m in CE_METHODS if m != "compile" or DEVICE == "cuda"]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -40,8 +40,11 @@ def grad_tol(method: str, dtype: torch.dtype, ref: torch.Tensor) -> float:
         return 1e-5
     if method == "torch":
         return max(BWD_TOL[dtype], 3 * rounding_floor(ref, dtype))
-    k = 8 if (method == "triton" and DEVICE == "cpu" and dtype == torch.bfloat16) else 3
-    return k * rounding_floor(ref, dtype)
+    if method == "triton" and DEVICE == "cpu" and dtype == torch.bfloat16:
+        # truncation errs by up to one unit in the last place (2^-7 relative) whatever the rounding
+        # floor of these values (near-uniform rows can round almost exactly)
+        return max(8 * rounding_floor(ref, dtype), 2.0**-7)
+    return 3 * rounding_floor(ref, dtype)
 
 
 def logits_like(shape, dtype, layout="contiguous", spread=3.0, seed=0) -> torch.Tensor:
