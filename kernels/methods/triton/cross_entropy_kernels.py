@@ -57,7 +57,7 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)  # a global a @jit function reads must be a constexpr
 #: Rows up to this many columns are held whole in one program's registers (32 fp32 values per thread
 #: at 16 warps; 32768 would need 32 warps at 64 registers a thread, one program per SM).
 TILE_MAX_N = 16384
