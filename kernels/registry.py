@@ -63,9 +63,12 @@ class Method:
     ``validate`` (optional) rejects an op's main input that the method cannot take (a CPU tensor for
     a GPU method) with a clear error. ``prepare`` (optional) does one-time work such as building an
     extension and returns what it cost. ``exact=False`` marks a timing-only stand-in that does not
-    compute what its ops promise (never reported as a speedup). ``options``: option name -> the
-    accepted values, the first being the default (``sdpa``'s ``backend``, say);
-    ``options_unavailable(options)`` (optional) says why the method cannot run here with those options.
+    compute what its ops promise (never reported as a speedup). ``approximate=True`` marks a method
+    that is approximate by design (its ops are not expected to match float64 within the contract's
+    tolerances): the correctness gate skips it and a study judges it by loss parity alone.
+    ``options``: option name -> the accepted values, the first being the default (``sdpa``'s
+    ``backend``, say); ``options_unavailable(options)`` (optional) says why the method cannot run
+    here with those options.
     """
 
     name: str
@@ -78,6 +81,7 @@ class Method:
     validate: Optional[Callable[[torch.Tensor], None]] = None
     prepare: Optional[Callable[[], dict]] = None
     exact: bool = True
+    approximate: bool = False
     options: Mapping[str, tuple] = field(default_factory=dict)
     options_unavailable: Optional[Callable[[Mapping[str, Any]], Optional[str]]] = None
 
