@@ -212,7 +212,8 @@ def run_training(
     tps = f"{summary.tokens_per_s:,.0f}" if summary.tokens_per_s else "n/a"
     console.print(
         f"[bold]harness[/]: done: accel={label} on {device}: {tps} tokens/s (median of {summary.windows} "
-        f"windows), warm-up {summary.warmup_s or 0:.1f}s, final loss {results['final_train_loss']}, "
+        f"windows{f', NOISY: step p90/p50 {summary.step_ms_spread:.2f}' if summary.noisy else ''}), "
+        f"warm-up {summary.warmup_s or 0:.1f}s, final loss {results['final_train_loss']}, "
         f"results -> {run_dir / 'results.json'}"
     )
     return results
