@@ -48,6 +48,7 @@ class DataConfig:
     val_fraction: float = 0.05
     batch_size: int = 8  # sequences per step (per rank); each model file sets its own
     seq_len: Optional[int] = None  # training sequence length; None: the model's context
+    seed: Optional[int] = None  # the batch order's seed; None: the run's seed (a study's spread run sets it)
     cache_dir: str = "~/.cache/softmax-harness"
 
 
