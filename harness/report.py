@@ -9,7 +9,8 @@ of one method are its repeats (medians and intervals, harness.stats), the eager 
 (``--reference``, default ``torch``) is the one every loss curve is checked against, and a reference
 run on another data order (``data.seed``) is the spread run that sets the tolerance (harness.parity);
 other runs on another data order are not compared. Crashed and failed jobs appear with their error
-and no speedup.
+and no speedup. Groups that differ only in the sequence length (or only in the model) are the points
+of a sweep, with its scaling charts: a sweep split over several studies reads back as one.
 
 The report is written to ``--out``, by default a new directory beside the source
 (``<dir>-report-<time>``); nothing in the source directory is created, changed or removed unless
@@ -111,6 +112,23 @@ def _row_from(res: dict, role: str = "", point: str = "", seed: Optional[int] = 
     return row
 
 
+def _context(settings: dict) -> Optional[int]:
+    return settings.get("data.seq_len") or settings.get("model.context")
+
+
+def _sweep_kind(differing: list[str], groups: dict) -> Optional[str]:
+    """'context' when the groups differ only in the sequence length (and the batch), 'model' when only
+    in the model's shape (and the batch), as a study's sweeps do; else None."""
+    if len(groups) < 2 or not differing:
+        return None
+    if set(differing) <= {"model.context", "data.seq_len", "data.batch_size"}:
+        return "context"
+    if all(k.startswith("model.") or k == "data.batch_size" for k in differing):
+        names = {(g[0].get("model") or {}).get("name") for g in groups.values()}
+        return "model" if len(names) == len(groups) else None
+    return None
+
+
 def _label(settings: dict, differing: list[str]) -> str:
     return ", ".join(f"{k}={settings.get(k)}" for k in differing)
 
@@ -170,19 +188,31 @@ def build_report(root: Path, out: Optional[Path] = None, parity_steps: Optional[
     settings_of = {key: curve_settings(members[0]) for key, members in groups.items()}
     all_keys = sorted({k_ for s in settings_of.values() for k_ in s})
     differing = [k_ for k_ in all_keys if len({json.dumps(s.get(k_)) for s in settings_of.values()}) > 1]
+    sweep = _sweep_kind(differing, groups)
+    if sweep == "context":  # groups in order of T, labelled as a study's sweep points
+        groups = dict(sorted(groups.items(), key=lambda kv: _context(settings_of[kv[0]])))
 
     rows: list[StudyRow] = []
     by_run_dir: dict[str, str] = {}  # run dir -> the point (group label) its row went to
     for gi, (key, members) in enumerate(groups.items(), 1):
-        label = (_label(settings_of[key], differing) or f"group {gi}") if len(groups) > 1 else ""
+        st = settings_of[key]
+        if sweep == "context":
+            label = f"T={_context(st)} batch {st.get('data.batch_size')}"
+        elif sweep == "model":
+            label = str((members[0].get("model") or {}).get("name"))
+        else:
+            label = (_label(st, differing) or f"group {gi}") if len(groups) > 1 else ""
+        values = {"context": _context(st), "batch_size": st.get("data.batch_size")}
+        if sweep == "model":
+            values["model"] = label
         ref_seeds = [data_seed(r) for r in members if r.get("method") == reference and not r.get("compile_model")]
         unset = [data_seed(r) for r in members if r.get("method") == reference and not r.get("compile_model")
                  and ((r.get("data") or {}).get("seed") is None)]
         main_seed = (unset or sorted(s for s in ref_seeds if s is not None) or [None])[0]
         keyed: dict[tuple, StudyRow] = {}
-        def order(r: dict) -> tuple:  # the reference first, the baseline next, compiled runs last
+        def order(r: dict) -> tuple:  # the reference first (then its spread run), the baseline, compiled last
             return (bool(r.get("compile_model")), r.get("method") != reference, r.get("method") != baseline,
-                    r.get("method") or "", r.get("run_dir", ""))
+                    r.get("method") or "", data_seed(r) != main_seed, r.get("run_dir", ""))
 
         for i, res in enumerate(sorted(members, key=order), 1):
             seed = data_seed(res)
@@ -195,6 +225,7 @@ def build_report(root: Path, out: Optional[Path] = None, parity_steps: Optional[
             row = keyed.get(rk)
             if row is None:
                 row = keyed[rk] = _row_from(res, role, point, seed)
+                row.point_values = dict(values)
                 rows.append(row)
             elif STATUS.get(res.get("status", "crashed"), "CRASH") != "PASS" and row.status == "PASS":
                 row.status, row.reason = _row_from(res).status, _row_from(res).reason
@@ -213,7 +244,7 @@ def build_report(root: Path, out: Optional[Path] = None, parity_steps: Optional[
                     "warmup_steps": ((first.get("config") or {}).get("trainer") or {}).get("warmup_steps", "?")},
         "seed": first.get("seed", "?"),
         "study": {"parity_steps": steps, "parity_tol": fixed, "parity_k": k, "parity_floor": floor,
-                  "reference": reference, "baseline": baseline, "sweep": None},
+                  "reference": reference, "baseline": baseline, "sweep": sweep},
     })
     settings = finish(rows, cfg)
     notes = [f"Collected from `{root}`: {len(runs)} runs in {len(groups)} group(s) of comparable runs"
@@ -236,6 +267,7 @@ def _add_study_rows(rows: list[StudyRow], study_rows: list, by_run_dir: dict, ru
         row = StudyRow(r.get("method", "?"), bool(r.get("compiled")), r.get("status") or "CRASH",
                        reason=r.get("reason") or "", exact=r.get("exact", True) is not False, point=point,
                        role=r.get("role") or "", data_seed=r.get("data_seed"))
+        row.point_values = dict(r.get("point_values") or {})
         if row.status not in ("SKIPPED", "OOM", "FAIL", "CRASH"):
             row.status, row.reason = "CRASH", row.reason or "recorded by the study, but its run is missing here"
         rows.append(row)

@@ -19,7 +19,7 @@ from typing import Optional
 
 from harness.parity import envelope, rel_diffs, tolerance_at
 
-COLORS = {"FAIL": "tab:red", "CRASH": "tab:red", "OOM": "tab:red", "TIMING-ONLY": "tab:gray"}
+COLORS = {"FAIL": "tab:red", "CRASH": "tab:red", "OOM": "tab:red", "TIMING-ONLY": "tab:gray", "UNCHECKED": "tab:olive"}
 
 
 def _plt():
@@ -75,7 +75,7 @@ def plot_throughput(rows: list, path: Path, baseline: str, title: str) -> None:
                   xerr=_errs(timed, "tokens_per_s"), capsize=3)
     a.bar_label(bars, labels=[f"{r.tokens_per_s:,.0f}" for r in timed], padding=4, fontsize=7)
     a.set_xlabel("tokens/s (median" + (", 95% interval)" if _errs(timed, "tokens_per_s") else ")"))
-    a.set_title("throughput (red: FAIL, gray: timing only)", fontsize=9)
+    a.set_title("throughput (red: FAIL, gray: timing only, olive: no reference to check against)", fontsize=9)
     a.invert_yaxis()
     a.margins(x=0.18)
     sp = [r for r in timed if r.speedup_vs_baseline]

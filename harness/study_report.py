@@ -30,7 +30,7 @@ NO_NUMBERS = ("SKIPPED", "CRASH", "FAIL", "OOM")
 class StudyRow:
     method: str
     compiled: bool
-    status: str  # PASS | FAIL | CRASH | OOM | SKIPPED | TIMING-ONLY | REFERENCE
+    status: str  # PASS | FAIL | CRASH | OOM | SKIPPED | TIMING-ONLY | REFERENCE | UNCHECKED (no reference)
     reason: str = ""
     exact: bool = True  # False: a timing-only method (the registry's flag): timed, never compared
     approximate: bool = False  # approximate by design (the registry's flag): judged by parity alone
@@ -173,9 +173,9 @@ def _finish_point(rows: list[StudyRow], cfg: DictConfig) -> dict:
         if not r.exact:
             r.status, r.parity, r.judged = "TIMING-ONLY", "n/a", "timing only"
             continue
-        if ref is None:
-            r.parity = "n/a"
-            r.reason = r.reason or f"no reference run ({ref_name}) to compare with"
+        if ref is None:  # it ran, but nothing says it trained right: numbers shown, no speedup
+            r.parity, r.status = "n/a", "UNCHECKED" if r.status == "PASS" else r.status
+            r.reason = r.reason or f"no reference run ({ref_name}) here to compare with"
             continue
         if r is ref:
             r.parity, r.status, r.loss_diff_vs_reference = "reference", "REFERENCE", 0.0
@@ -416,7 +416,7 @@ def sweep_lines(rows: list[StudyRow]) -> list[str]:
                 cells.append("OOM")
             elif r.tokens_per_s:
                 mem = f" ({r.peak_mem_gib:.1f})" if r.peak_mem_gib is not None else ""
-                cells.append(f"{r.tokens_per_s:,.0f}{mem}" + ("" if r.status in ("PASS", "REFERENCE", "TIMING-ONLY")
+                cells.append(f"{r.tokens_per_s:,.0f}{mem}" + ("" if r.status in ("PASS", "REFERENCE")
                                                              else f" {r.status}"))
             else:
                 cells.append(r.status)

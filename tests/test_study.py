@@ -220,6 +220,13 @@ def test_context_sweep_charts_and_records_an_oom(tmp_path, monkeypatch):
     assert got >= {("64", "naive", "OOM"), ("32", "torch", "REFERENCE")}
     report = (tmp_path / "report.md").read_text()
     assert "## T=64 batch 4" in report and "Scaling" in report and "| naive | " in report and "OOM" in report
+    # the report tool reads the sweep back: the same points, the OOM from study.json, the scaling charts
+    from harness.report import build_report
+
+    again = build_report(tmp_path, tmp_path.parent / "sweep-report")
+    assert {(r.point, r.method, r.status) for r in again} >= {("T=64 batch 4", "naive", "OOM"),
+                                                            ("T=32 batch 8", "naive", "PASS")}
+    assert (tmp_path.parent / "sweep-report" / "scaling.png").exists()
 
 
 def _write_run(d: Path, method: str, max_steps: int, curve: list, tps: float, **extra) -> None:
