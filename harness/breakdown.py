@@ -1,25 +1,43 @@
-"""Where the time goes: one training step split into softmax forward, softmax backward and the rest.
+"""Where the time goes: one training step split into the attention, the loss, the matmuls and the rest.
 
-Identity autograd functions placed before and after the softmax in every attention block (the
-method's softmax inside the attention composed from it, see kernels.compose) record CUDA
-events (wall-clock marks on a CPU): forward marks bracket the softmax's forward kernels; in backward the
-outer mark's backward runs first and the inner one's last, so they bracket exactly the softmax's
-backward nodes (autograd runs nodes in reverse creation order, and nothing else was created between
-the two marks). The device is synchronized once per measured step, after it. Eager models only: the
-marks would break a compiled graph.
+Marks are identity autograd functions that record a CUDA event (a wall-clock time on a CPU, where the
+numbers mean little but the plumbing is the same) when the forward passes them and another when the
+gradient does. A pair of marks brackets an op: the first mark before its inputs, the second on its
+output. In the forward the two marks bracket the op's kernels. In the backward the output mark's
+backward runs first and the input mark's last, so they bracket exactly the op's backward nodes:
+autograd runs the nodes in reverse order of creation, and nothing else was created between the two
+marks. A mark takes all of an op's tensor inputs at once (one autograd node, so its backward runs
+once, after every input's gradient is done). The device is synchronized once per measured step, after
+it. Eager models only: the marks would break a compiled graph.
 
-Amdahl: if the softmax took no time at all, a step would take ``step - softmax``, so no softmax method
-can speed the step up by more than ``step / (step - softmax_fwd - softmax_bwd)``.
+What is bracketed, and how each part of the step is measured:
+
+* **attention**: the model's attention core (``models.set_attention``), around the whole op. For a
+  method whose attention is composed from its softmax (kernels.compose: q k^T, softmax, @ v) the
+  softmax is bracketed too, inside, and the attention part is that softmax alone; the two attention
+  matmuls around it (the core minus the softmax) count as matmuls. For a method with a native
+  (fused) attention the part is the whole fused op, matmuls included. A model whose attention was
+  not patched keeps its eager attention, reported whole.
+* **loss**: the model's loss (``models.set_loss``): the cross-entropy on the logits, or, in the linear
+  form, the fused LM head + cross-entropy.
+* **matmuls**: every ``nn.Linear`` (forward hooks put marks around each: the QKV, output and MLP
+  projections and, in the logits form, the LM head), plus the composed attention's two matmuls.
+* **rest**: the step minus the parts above: embeddings, layer norms, GELU, residual adds, the
+  optimizer step, the launch gaps.
+
+Amdahl: if a part took no time at all a step would take ``step - part``, so nothing that speeds up
+that part alone can make the step more than ``step / (step - part)`` times faster.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
-from typing import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional
 
 import torch
+import torch.nn as nn
 
 
 class _Marks:
@@ -40,52 +58,140 @@ class _Marks:
 
 
 class _Mark(torch.autograd.Function):
-    """Identity that records ``fwd_name`` when the forward passes it and ``bwd_name`` when the gradient
-    does."""
+    """Identity on its tensors that records ``<part>:fwd_<edge>`` when the forward passes it and
+    ``<part>:bwd_<other edge>`` when the gradients do (one node for all the tensors)."""
 
     @staticmethod
-    def forward(ctx, x, marks, fwd_name, bwd_name):
+    def forward(ctx, marks, fwd_name, bwd_name, *xs):
         ctx.marks, ctx.bwd_name = marks, bwd_name
         marks.mark(fwd_name)
-        return x.view_as(x)
+        out = tuple(x.view_as(x) for x in xs)
+        return out if len(out) > 1 else out[0]
 
     @staticmethod
-    def backward(ctx, g):
+    def backward(ctx, *grads):
         ctx.marks.mark(ctx.bwd_name)
-        return g, None, None, None
+        return (None, None, None, *grads)
 
 
-def marked(fn: Callable, marks: _Marks) -> Callable:
-    def softmax_with_marks(scores, scale, causal):
-        scores = _Mark.apply(scores, marks, "fwd_start", "bwd_end")  # its backward runs last
-        return _Mark.apply(fn(scores, scale, causal), marks, "fwd_end", "bwd_start")  # ... and this one first
+def _open(marks: _Marks, part: str, *xs):
+    """Mark the inputs of an op of ``part``: the forward's start; its backward is the op's backward end."""
+    return _Mark.apply(marks, f"{part}:fwd_start", f"{part}:bwd_end", *xs)
+
+
+def _close(marks: _Marks, part: str, y):
+    """Mark the output of an op of ``part``: the forward's end; its backward is the op's backward start."""
+    return _Mark.apply(marks, f"{part}:fwd_end", f"{part}:bwd_start", y)
+
+
+def marked_softmax(fn: Callable, marks: _Marks) -> Callable:
+    def softmax_with_marks(scores, scale, causal, **options):
+        return _close(marks, "softmax", fn(_open(marks, "softmax", scores), scale, causal, **options))
 
     return softmax_with_marks
+
+
+def marked_attention(fn: Callable, marks: _Marks) -> Callable:
+    def attention_with_marks(q, k, v, scale, causal, dropout_p):
+        q, k, v = _open(marks, "attention", q, k, v)
+        return _close(marks, "attention", fn(q, k, v, scale, causal, dropout_p))
+
+    return attention_with_marks
+
+
+def marked_loss(fn: Callable, marks: _Marks) -> Callable:
+    def loss_with_marks(*args):
+        idx = [i for i, a in enumerate(args) if torch.is_tensor(a) and a.is_floating_point()]
+        opened = _open(marks, "loss", *[args[i] for i in idx])
+        opened = opened if isinstance(opened, tuple) else (opened,)
+        args = list(args)
+        for i, t in zip(idx, opened):
+            args[i] = t
+        return _close(marks, "loss", fn(*args))
+
+    return loss_with_marks
+
+
+def _mark_linears(model: nn.Module, marks: _Marks) -> list:
+    handles = []
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            handles.append(m.register_forward_pre_hook(lambda mod, args: (_open(marks, "linear", args[0]),) + args[1:]))
+            handles.append(m.register_forward_hook(lambda mod, args, out: _close(marks, "linear", out)))
+    return handles
+
+
+def _sums(marks: _Marks) -> dict[str, dict[str, float]]:
+    """part -> {"fwd": ms, "bwd": ms}: the bracketed intervals of each part, summed."""
+    out: dict[str, dict[str, float]] = {}
+    opened: dict[tuple[str, str], object] = {}
+    for name, p in marks.points:
+        if ":" not in name:
+            continue
+        part, edge = name.split(":")
+        phase, which = edge.split("_")
+        if which == "start":
+            opened[(part, phase)] = p
+        elif (part, phase) in opened:
+            d = out.setdefault(part, {"fwd": 0.0, "bwd": 0.0})
+            d[phase] += marks.elapsed_ms(opened.pop((part, phase)), p)
+    return out
+
+
+@dataclass
+class Part:
+    name: str  # what the part is ("attention softmax", "fused attention", "loss (cross-entropy)", ...)
+    ms: float
+    fwd_ms: Optional[float] = None
+    bwd_ms: Optional[float] = None
+    share: float = 0.0
+    amdahl: float = 1.0  # the most the whole step could speed up if this part took no time
 
 
 @dataclass
 class Breakdown:
     step_ms: float
-    softmax_fwd_ms: float
-    softmax_bwd_ms: float
-    other_ms: float
-    softmax_share: float
-    amdahl_max_speedup: float
+    parts: dict = field(default_factory=dict)  # attention | loss | matmuls | rest -> Part
+    # the attention part alone, under the names of the earlier softmax-only breakdown
+    softmax_fwd_ms: float = 0.0
+    softmax_bwd_ms: float = 0.0
+    other_ms: float = 0.0
+    softmax_share: float = 0.0
+    amdahl_max_speedup: float = 1.0
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["parts"] = {k: asdict(v) if isinstance(v, Part) else v for k, v in self.parts.items()}
+        return d
 
 
-def measure(model: torch.nn.Module, batches: list, softmax: Callable, steps: int = 5, warmup: int = 2) -> Breakdown:
-    """Train ``model`` (already on its device) for warmup + steps on ``batches`` with the marked softmax
-    in every attention core (attention composed from it); medians over the measured steps."""
+def _part(name: str, fwd: float, bwd: Optional[float], step: float) -> Part:
+    ms = fwd + (bwd or 0.0)
+    rest = max(step - ms, 1e-9)
+    return Part(name, ms, fwd, bwd, ms / step if step else 0.0, step / rest)
+
+
+def measure(model: nn.Module, batches: list, applied=None, softmax: Optional[Callable] = None, steps: int = 5,
+            warmup: int = 2, loss_form: str = "logits") -> Breakdown:
+    """Train ``model`` (already on its device, the method already applied: ``applied`` is its
+    harness.accel.Applied) for warmup + steps on ``batches`` with marks around its parts; medians
+    over the measured steps. ``softmax``: the method's bound softmax, for attention composed from it
+    (the core is then rebuilt from the marked softmax, as kernels.compose builds it)."""
     from kernels.compose import attention_from_softmax
-    from models import set_attention
+    from models import attention_cores, set_attention
 
     device = next(model.parameters()).device
     cuda = device.type == "cuda"
     marks = _Marks(cuda)
-    undo = set_attention(model, attention_from_softmax(marked(softmax, marks)))
+    how = getattr(applied, "attention", None)
+    composed = softmax is not None and (how == "composed" or applied is None)
+    cores = [a.core for a in attention_cores(model)]
+    inner = attention_from_softmax(marked_softmax(softmax, marks)) if composed else cores[0].attention_fn
+    undo = [set_attention(model, marked_attention(inner, marks))]
+    old_loss = model.loss_fn
+    model.loss_fn = marked_loss(old_loss, marks)
+    undo.append(lambda: setattr(model, "loss_fn", old_loss))
+    hooks = _mark_linears(model, marks)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda)
     rows = []
@@ -103,28 +209,32 @@ def measure(model: torch.nn.Module, batches: list, softmax: Callable, steps: int
             marks.mark("step_end")
             if cuda:
                 torch.cuda.synchronize()
-            if i < warmup:
-                continue
-            pts = marks.points
-            step = marks.elapsed_ms(pts[0][1], pts[-1][1])
-            fwd = bwd = 0.0
-            open_fwd = open_bwd = None
-            for name, p in pts:
-                if name == "fwd_start":
-                    open_fwd = p
-                elif name == "fwd_end" and open_fwd is not None:
-                    fwd += marks.elapsed_ms(open_fwd, p)
-                    open_fwd = None
-                elif name == "bwd_start":
-                    open_bwd = p
-                elif name == "bwd_end" and open_bwd is not None:
-                    bwd += marks.elapsed_ms(open_bwd, p)
-                    open_bwd = None
-            rows.append((step, fwd, bwd))
+            if i >= warmup:
+                rows.append((marks.elapsed_ms(marks.points[0][1], marks.points[-1][1]), _sums(marks)))
     finally:
-        undo()
+        for h in hooks:
+            h.remove()
+        for fn in reversed(undo):
+            fn()
     step = statistics.median(r[0] for r in rows)
-    fwd = statistics.median(r[1] for r in rows)
-    bwd = statistics.median(r[2] for r in rows)
-    other = max(step - fwd - bwd, 1e-9)
-    return Breakdown(step, fwd, bwd, other, (fwd + bwd) / step, step / other)
+
+    def med(part: str, phase: str) -> float:
+        return statistics.median(r[1].get(part, {}).get(phase, 0.0) for r in rows)
+
+    att_f, att_b = med("attention", "fwd"), med("attention", "bwd")
+    sm_f, sm_b = med("softmax", "fwd"), med("softmax", "bwd")
+    lin = med("linear", "fwd") + med("linear", "bwd")
+    if composed:
+        attention = _part("attention softmax", sm_f, sm_b, step)
+        matmul_ms = lin + max(att_f + att_b - sm_f - sm_b, 0.0)
+    else:
+        attention = _part("fused attention" if how == "native" else "attention (eager, unpatched)", att_f, att_b, step)
+        matmul_ms = lin
+    loss_name = "loss (LM head + cross-entropy)" if loss_form == "linear" else "loss (cross-entropy)"
+    loss = _part(loss_name, med("loss", "fwd"), med("loss", "bwd"), step)
+    matmuls = _part("matmuls", matmul_ms, None, step)
+    rest = _part("rest", max(step - attention.ms - loss.ms - matmuls.ms, 0.0), None, step)
+    return Breakdown(step, {"attention": attention, "loss": loss, "matmuls": matmuls, "rest": rest},
+                     softmax_fwd_ms=attention.fwd_ms or 0.0, softmax_bwd_ms=attention.bwd_ms or 0.0,
+                     other_ms=max(step - attention.ms, 1e-9), softmax_share=attention.share,
+                     amdahl_max_speedup=attention.amdahl)

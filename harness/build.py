@@ -27,6 +27,12 @@ def tokens_per_step(cfg: DictConfig) -> int:
     return int(cfg.data.batch_size) * seq_len(cfg)
 
 
+def data_seed(cfg: DictConfig) -> int:
+    """The seed of the batch order: data.seed, or the run's seed."""
+    seed = cfg.data.get("seed")
+    return int(cfg.seed if seed is None else seed)
+
+
 def on_gpu(cfg: DictConfig) -> bool:
     """Whether the run trains on a GPU (trainer.accelerator auto/gpu and one is there); gpu without
     one is an error."""

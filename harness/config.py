@@ -48,6 +48,7 @@ class DataConfig:
     val_fraction: float = 0.05
     batch_size: int = 8  # sequences per step (per rank); each model file sets its own
     seq_len: Optional[int] = None  # training sequence length; None: the model's context
+    seed: Optional[int] = None  # the batch order's seed; None: the run's seed (a study's spread run sets it)
     cache_dir: str = "~/.cache/softmax-harness"
 
 
@@ -99,13 +100,25 @@ class TrainConfig:
 
 @dataclass
 class StudyConfig:
+    """The study's keys (conf/study.yaml documents each; harness.study.validate_study checks them)."""
+
     methods: Optional[list] = None  # accel configs to run; None: every one whose method can run here
     compiled: list = field(default_factory=lambda: ["naive", "triton", "cuda"])  # also with compile_model
     reference: str = "torch"  # the accel config every loss curve is compared with (parity)
     baseline: str = "naive"  # the accel config speedups are given against
-    parity_steps: int = 20  # K: loss curves compared with the reference run over the first K steps
-    parity_tol: float = 0.02  # max |loss - reference loss| / reference loss over those steps
-    profile: bool = False  # also split a step into softmax fwd / bwd / the rest (eager runs), Amdahl
+    kernel_gate: bool = True  # false: no float64 gate before a run (parity alone judges)
+    parity_steps: Optional[int] = None  # the parity window: the first K steps (None: the whole run)
+    parity_every: Optional[int] = None  # probe the held-out loss every N steps (None: trainer.window)
+    parity_batches: int = 2  # held-out batches in the probe
+    parity_k: float = 3.0  # tolerance = max(parity_floor, parity_k * the reference's spread)
+    parity_floor: float = 0.005  # the smallest tolerance (relative)
+    parity_tol: Optional[float] = None  # a fixed tolerance instead (no spread run)
+    repeats: int = 1  # runs of every method, interleaved round-robin; medians and 95% intervals
+    sweep: Optional[str] = None  # None | context | model
+    contexts: list = field(default_factory=lambda: [512, 1024, 2048, 4096, 8192, 16384])  # sweep=context
+    tokens_per_step: Optional[int] = None  # sweep=context: batch = tokens / T (None: the model's batch x context)
+    models: list = field(default_factory=lambda: ["small", "gpt2s", "gpt2m"])  # sweep=model
+    profile: Optional[bool] = None  # where a step's time goes (eager runs); None: on when a GPU is there
 
 
 @dataclass

@@ -1,108 +1,249 @@
-"""What a study reports: one row per run (:class:`StudyRow`), parity against the reference run and
-speedups against the baseline (:func:`finish`), and the report files (``report.md``, ``results.csv``,
-``study.json``, ``throughput.png``, ``loss.png``). Shared by ``harness.study`` (which runs the methods) and
-``harness.report`` (which collects runs from any directory)."""
+"""What a study reports: one row per method and sweep point (:class:`StudyRow`, its repeats in
+``runs``), parity against the reference run and speedups with confidence intervals (:func:`finish`),
+and the report files (``report.md``, ``results.csv``, ``runs.csv``, ``study.json``, the charts of
+harness.study_charts). Shared by ``harness.study`` (which runs the methods) and ``harness.report``
+(which collects runs from any directory). How PASS/FAIL, intervals and noise are decided:
+docs/studies.md.
+"""
 
 from __future__ import annotations
 
 import csv
 import io
+import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from harness.parity import envelope, judge
 from harness.results import atomic_write_text, write_json
+from harness.stats import NOISY_SPREAD, log_interval, ratio_interval
+
+#: Statuses that leave a row without any number to compare.
+NO_NUMBERS = ("SKIPPED", "CRASH", "FAIL", "OOM")
 
 
 @dataclass
 class StudyRow:
     method: str
     compiled: bool
-    status: str  # PASS | FAIL | CRASH | SKIPPED | TIMING-ONLY | REFERENCE
+    status: str  # PASS | FAIL | CRASH | OOM | SKIPPED | TIMING-ONLY | REFERENCE | UNCHECKED (no reference)
     reason: str = ""
     exact: bool = True  # False: a timing-only method (the registry's flag): timed, never compared
-    tokens_per_s: Optional[float] = None
+    approximate: bool = False  # approximate by design (the registry's flag): judged by parity alone
+    judged: str = ""  # what decided its status: gate + parity | parity only (...) | timing only
+    point: str = ""  # the sweep point ("T=1024 batch 16", "gpt2m"); "" outside a sweep
+    point_values: dict = field(default_factory=dict)  # context / batch_size / model of the point
+    role: str = ""  # "" | "spread": the second reference run (another data order), for the tolerance
+    data_seed: Optional[int] = None  # the batch order's seed, when it is not the run's seed
+    tokens_per_s: Optional[float] = None  # median over repeats
+    tokens_per_s_lo: Optional[float] = None  # 95% interval (repeats >= 2)
+    tokens_per_s_hi: Optional[float] = None
     speedup_vs_baseline: Optional[float] = None
+    speedup_vs_baseline_lo: Optional[float] = None
+    speedup_vs_baseline_hi: Optional[float] = None
     speedup_vs_reference: Optional[float] = None
+    speedup_vs_reference_lo: Optional[float] = None
+    speedup_vs_reference_hi: Optional[float] = None
+    noise: str = ""  # "within noise" when an interval of a speedup contains 1.0 (vs baseline / reference)
     step_ms_p50: Optional[float] = None
     step_ms_p90: Optional[float] = None
+    step_spread: Optional[float] = None  # p90 / p50 of the step times, the worst repeat
+    noisy: Optional[bool] = None  # some repeat's step_spread > NOISY_SPREAD
     peak_mem_gib: Optional[float] = None
     mfu: Optional[float] = None
     warmup_s: Optional[float] = None
     final_loss: Optional[float] = None
     loss_diff_vs_reference: Optional[float] = None
-    parity: str = ""  # pass | FAIL | n/a
-    breakdown: Optional[dict] = None  # study.profile: softmax fwd/bwd/other per step
+    parity: str = ""  # pass | FAIL | n/a | reference | spread
+    parity_dev: Optional[float] = None  # relative difference from the reference at the worst probe point
+    parity_tol: Optional[float] = None  # the tolerance there
+    parity_step: Optional[int] = None
+    repeats: int = 0  # runs that produced numbers
+    breakdown: Optional[dict] = None  # where a step's time goes (harness.breakdown)
     patched: Optional[dict] = None  # which softmaxes the method computed (harness.accel.Applied.as_dict)
-    loss_curve: list = field(default_factory=list, repr=False)
+    runs: list = field(default_factory=list, repr=False)  # one dict per repeat (see add_run)
+    loss_curve: list = field(default_factory=list, repr=False)  # the first repeat's train loss per step
+    probe_curve: list = field(default_factory=list, repr=False)  # the first repeat's probe (step, loss)
 
     @property
     def label(self) -> str:
-        return self.method + (" + compile" if self.compiled else "")
+        extra = f" (data seed {self.data_seed})" if self.role == "spread" else ""
+        return self.method + (" + compile" if self.compiled else "") + extra
+
+    @property
+    def slug(self) -> str:
+        return self.label.replace(" + ", "+").replace(" (data seed ", "-dataseed").replace(")", "").replace(" ", "_")
 
 
-def parity(curve: list[float], ref: list[float], k: int, tol: float) -> tuple[bool, float, str]:
-    n = min(k, len(curve), len(ref))
-    if n == 0:
-        return False, float("nan"), "no loss values to compare"
-    worst = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(curve[:n], ref[:n]))
-    finite = all(v == v and abs(v) != float("inf") for v in curve[:n])
-    if not finite:
-        return False, worst, "non-finite loss"
-    if worst > tol:
-        return False, worst, f"loss departs from the reference run by {worst:.1%} within {n} steps (tolerance {tol:.0%})"
-    return True, worst, ""
+def add_run(row: StudyRow, res: dict, round_: int, probe_curve: Optional[list] = None) -> None:
+    """Record one repeat of ``row`` from its results.json record and aggregate the repeats."""
+    row.runs.append({
+        "round": round_, "run_dir": res.get("run_dir"), "status": res.get("status"),
+        "tokens_per_s": res.get("tokens_per_s"), "step_ms_p50": res.get("step_ms_p50"),
+        "step_ms_p90": res.get("step_ms_p90"), "step_ms_spread": res.get("step_ms_spread"),
+        "noisy": res.get("noisy"), "peak_mem_gib": res.get("peak_mem_gib"), "mfu": res.get("mfu"),
+        "warmup_s": res.get("warmup_s"), "final_loss": res.get("final_train_loss"),
+        "loss_curve": list(res.get("loss_curve") or []), "probe_curve": [list(p) for p in (probe_curve or [])],
+    })
+    aggregate(row)
 
 
-def finish(rows: list[StudyRow], cfg: DictConfig) -> None:
-    """Parity against the eager reference run (``study.reference``), then speedups against it and
-    against the baseline (``study.baseline``) for the methods that passed everything."""
+def _median(values: list) -> Optional[float]:
+    v = [x for x in values if x is not None]
+    return statistics.median(v) if v else None
+
+
+def aggregate(row: StudyRow) -> None:
+    """The row's figures from its repeats: medians, the tokens/s interval, the worst step spread."""
+    runs = [r for r in row.runs if r.get("tokens_per_s") or r.get("loss_curve")]
+    row.repeats = len(runs)
+    if not runs:
+        return
+    est = log_interval([r["tokens_per_s"] for r in runs if r.get("tokens_per_s")])
+    row.tokens_per_s, row.tokens_per_s_lo, row.tokens_per_s_hi = est.value, est.lo, est.hi
+    row.step_ms_p50 = _median([r.get("step_ms_p50") for r in runs])
+    row.step_ms_p90 = _median([r.get("step_ms_p90") for r in runs])
+    spreads = []
+    for r in runs:
+        s = r.get("step_ms_spread")
+        if s is None and r.get("step_ms_p50") and r.get("step_ms_p90") is not None:
+            s = r["step_ms_p90"] / r["step_ms_p50"]
+        if s is not None:
+            spreads.append(s)
+    row.step_spread = max(spreads) if spreads else None
+    row.noisy = None if row.step_spread is None else row.step_spread > NOISY_SPREAD
+    mems = [r["peak_mem_gib"] for r in runs if r.get("peak_mem_gib") is not None]
+    row.peak_mem_gib = max(mems) if mems else None
+    row.mfu = _median([r.get("mfu") for r in runs])
+    row.warmup_s = _median([r.get("warmup_s") for r in runs])
+    row.final_loss = runs[0].get("final_loss")
+    row.loss_curve = runs[0].get("loss_curve") or []
+    row.probe_curve = runs[0].get("probe_curve") or []
+
+
+def _study(cfg: DictConfig, key: str, default: Any = None) -> Any:
+    v = cfg.study.get(key) if "study" in cfg else None
+    return default if v is None else v
+
+
+def parity_window(cfg: DictConfig) -> int:
+    """The parity window: study.parity_steps, or the whole run."""
+    steps = _study(cfg, "parity_steps")
+    if steps is None:
+        steps = OmegaConf.select(cfg, "trainer.max_steps", default=None)
+    return int(steps) if isinstance(steps, int) else 10**9
+
+
+def finish(rows: list[StudyRow], cfg: DictConfig) -> dict[str, dict]:
+    """Parity and speedups, point by point; returns the parity settings each point used (point ->
+    {"spread", "tolerance", ...}) for the report."""
+    settings = {}
+    for point in dict.fromkeys(r.point for r in rows):
+        settings[point] = _finish_point([r for r in rows if r.point == point], cfg)
+    return settings
+
+
+def _curve(r: StudyRow) -> list:
+    return r.probe_curve or [[i, v] for i, v in enumerate(r.loss_curve)]
+
+
+def _finish_point(rows: list[StudyRow], cfg: DictConfig) -> dict:
     ref_name, base_name = cfg.study.reference, cfg.study.baseline
-    ref = next((r for r in rows if r.method == ref_name and not r.compiled and r.loss_curve), None)
+    k, floor, fixed = float(_study(cfg, "parity_k", 3.0)), float(_study(cfg, "parity_floor", 0.005)), \
+        _study(cfg, "parity_tol")
+    steps = parity_window(cfg)
+    ref = next((r for r in rows if r.method == ref_name and not r.compiled and not r.role and r.runs
+                and r.status not in NO_NUMBERS), None)
+    spread_row = next((r for r in rows if r.role == "spread" and r.runs and r.status not in NO_NUMBERS), None)
+    on_probe = bool(ref and ref.probe_curve)
+    info: dict = {"reference": ref.label if ref else None, "k": k, "floor": floor, "fixed": fixed, "steps": steps,
+                  "probe": on_probe, "spread": None, "spread_run": spread_row.label if spread_row else None}
+    spread_curve = _curve(spread_row) if (spread_row and ref and fixed is None) else None
+    if spread_curve and ref:
+        env = envelope(spread_curve, _curve(ref), steps)
+        info["spread"] = max(env.values()) if env else None
     for r in rows:
-        if r.status in ("SKIPPED", "CRASH", "FAIL") or not r.exact:
-            r.parity = "n/a"
+        if r.status in NO_NUMBERS:
+            r.parity = r.parity or "n/a"
             continue
-        if ref is None:
-            r.parity = "n/a"
+        if not r.exact:
+            r.status, r.parity, r.judged = "TIMING-ONLY", "n/a", "timing only"
+            continue
+        if ref is None:  # it ran, but nothing says it trained right: numbers shown, no speedup
+            r.parity, r.status = "n/a", "UNCHECKED" if r.status == "PASS" else r.status
+            r.reason = r.reason or f"no reference run ({ref_name}) here to compare with"
             continue
         if r is ref:
-            r.parity, r.status = "reference", "REFERENCE"
-            r.loss_diff_vs_reference = 0.0
+            r.parity, r.status, r.loss_diff_vs_reference = "reference", "REFERENCE", 0.0
             continue
-        ok, worst, why = parity(r.loss_curve, ref.loss_curve, cfg.study.parity_steps, cfg.study.parity_tol)
-        r.parity = "pass" if ok else "FAIL"
+        if r.role == "spread":
+            r.parity, r.status = "spread", "REFERENCE"
+            r.reason = r.reason or "the reference on another data order: its spread sets the parity tolerance"
+            continue
+        verdicts = []
+        for run in (r.runs or [{}]):  # every repeat must pass; the worst one is reported
+            curve = run.get("probe_curve") or [[i, v] for i, v in enumerate(run.get("loss_curve") or [])]
+            verdicts.append(judge(curve, _curve(ref), steps, k, floor, spread_curve, fixed))
+        worst = max([v for v in verdicts if not v.passed] or verdicts,
+                    key=lambda v: v.margin if v.margin == v.margin else math.inf)
+        r.parity_dev, r.parity_tol, r.parity_step = worst.dev, worst.tol, worst.step
+        r.parity = "pass" if worst.passed else "FAIL"
         if r.final_loss is not None and ref.final_loss is not None:
             r.loss_diff_vs_reference = r.final_loss - ref.final_loss
-        if not ok:
-            r.status, r.reason = "FAIL", why
-    base = next((r for r in rows if r.method == base_name and not r.compiled and r.status in ("PASS", "REFERENCE")),
-                None)
+        if not worst.passed:
+            r.status, r.reason = "FAIL", worst.reason
+    info["tolerance_end"] = None if ref is None else (
+        fixed if fixed is not None else max(floor, k * (info["spread"] or 0.0)))
+    base = next((r for r in rows if r.method == base_name and not r.compiled and not r.role
+                 and r.status in ("PASS", "REFERENCE")), None)
     for r in rows:
-        if r.status not in ("PASS", "REFERENCE") or not r.tokens_per_s:
+        r.noise = ""
+        if r.status not in ("PASS", "REFERENCE") or not r.tokens_per_s or r.role:
             continue  # no speedup for a failed, crashed or timing-only method
-        if base and base.tokens_per_s:
-            r.speedup_vs_baseline = r.tokens_per_s / base.tokens_per_s
-        if ref and ref.tokens_per_s:
-            r.speedup_vs_reference = r.tokens_per_s / ref.tokens_per_s
+        notes = []
+        for other, attr, name in ((base, "speedup_vs_baseline", base_name), (ref, "speedup_vs_reference", ref_name)):
+            if other is None or not other.tokens_per_s:
+                continue
+            est = speedup(r, other)
+            setattr(r, attr, est.value)
+            setattr(r, attr + "_lo", est.lo)
+            setattr(r, attr + "_hi", est.hi)
+            if est.within_noise and r is not other:
+                notes.append(f"vs {name}")
+        if notes:
+            r.noise = "within noise (" + ", ".join(notes) + ")"
+    return info
+
+
+def speedup(a: StudyRow, b: StudyRow):
+    """a's tokens/s over b's: paired by round where both ran in the same rounds (harness.stats)."""
+    ra = {run["round"]: run["tokens_per_s"] for run in a.runs if run.get("tokens_per_s")}
+    rb = {run["round"]: run["tokens_per_s"] for run in b.runs if run.get("tokens_per_s")}
+    paired = bool(ra) and set(ra) == set(rb)
+    if paired:
+        rounds = sorted(ra)
+        return ratio_interval([ra[i] for i in rounds], [rb[i] for i in rounds], paired=True)
+    return ratio_interval(list(ra.values()), list(rb.values()), paired=False)
 
 
 COLUMNS = [
-    ("method", "method"), ("compiled", "compiled"), ("status", "status"), ("tokens_per_s", "tokens/s"),
-    ("speedup_vs_baseline", "vs baseline"), ("speedup_vs_reference", "vs reference"), ("step_ms_p50", "step ms p50"),
-    ("step_ms_p90", "step ms p90"), ("peak_mem_gib", "peak GiB"), ("mfu", "MFU"), ("warmup_s", "warm-up s"),
-    ("final_loss", "final loss"), ("loss_diff_vs_reference", "loss - reference"), ("parity", "parity"),
-    ("reason", "reason"),
+    ("point", "point"), ("method", "method"), ("compiled", "compiled"), ("status", "status"), ("judged", "judged by"),
+    ("repeats", "repeats"), ("tokens_per_s", "tokens/s"), ("tokens_per_s_lo", "tokens/s lo"),
+    ("tokens_per_s_hi", "tokens/s hi"), ("speedup_vs_baseline", "vs baseline"),
+    ("speedup_vs_baseline_lo", "vs baseline lo"), ("speedup_vs_baseline_hi", "vs baseline hi"),
+    ("speedup_vs_reference", "vs reference"), ("speedup_vs_reference_lo", "vs reference lo"),
+    ("speedup_vs_reference_hi", "vs reference hi"), ("noise", "noise"), ("step_ms_p50", "step ms p50"),
+    ("step_ms_p90", "step ms p90"), ("step_spread", "p90/p50"), ("noisy", "noisy"), ("peak_mem_gib", "peak GiB"),
+    ("mfu", "MFU"), ("warmup_s", "warm-up s"), ("final_loss", "final loss"),
+    ("loss_diff_vs_reference", "loss - reference"), ("parity", "parity"), ("parity_dev", "parity dev"),
+    ("parity_tol", "parity tol"), ("parity_step", "parity step"), ("data_seed", "data seed"), ("reason", "reason"),
 ]
-
-
-def headers(cfg: DictConfig) -> list[str]:
-    """Column headers, naming the study's baseline and reference."""
-    names = {"speedup_vs_baseline": f"vs {cfg.study.baseline}", "speedup_vs_reference": f"vs {cfg.study.reference}",
-             "loss_diff_vs_reference": f"loss - {cfg.study.reference}"}
-    return [names.get(k, h) for k, h in COLUMNS]
+#: CSV columns beyond COLUMNS: the sweep point's values
+POINT_COLUMNS = ("context", "batch_size", "model")
 
 
 def _cell(v: Any, key: str) -> str:
@@ -111,87 +252,198 @@ def _cell(v: Any, key: str) -> str:
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, float):
-        spec = {"tokens_per_s": ",.0f", "mfu": ".1%", "loss_diff_vs_reference": "+.4f", "final_loss": ".4f"}.get(key, ".2f")
+        spec = {"tokens_per_s": ",.0f", "mfu": ".1%", "loss_diff_vs_reference": "+.4f", "final_loss": ".4f",
+                "parity_dev": ".2%", "parity_tol": ".2%", "step_spread": ".2f", "speedup_vs_baseline": ".3f",
+                "speedup_vs_reference": ".3f"}.get(key, ".2f")
         return format(v, spec)
     return str(v)
 
 
-def write_outputs(rows: list[StudyRow], cfg: DictConfig, out: Path, partial: bool) -> None:
+def _with_interval(r: StudyRow, key: str) -> str:
+    v, lo, hi = getattr(r, key), getattr(r, key + "_lo"), getattr(r, key + "_hi")
+    if v is None:
+        return "-"
+    text = _cell(v, key)
+    if lo is not None and hi is not None:
+        text += f" [{_cell(lo, key)}, {_cell(hi, key)}]"
+    return text
+
+
+def _noise_mark(r: StudyRow, name: str) -> str:
+    """' within noise' when the row's speedup against ``name`` has an interval containing 1.0."""
+    inside = r.noise[len("within noise ("):-1].split(", ") if r.noise else []
+    return " within noise" if f"vs {name}" in inside else ""
+
+
+def _parity_cell(r: StudyRow) -> str:
+    if r.parity in ("pass", "FAIL") and r.parity_dev is not None:
+        return f"{r.parity} ({r.parity_dev:.2%} / {r.parity_tol:.2%} at step {r.parity_step})"
+    return r.parity or "-"
+
+
+def _spread_cell(r: StudyRow) -> str:
+    if r.step_spread is None:
+        return "-"
+    return f"{r.step_spread:.2f}" + (" NOISY" if r.noisy else "")
+
+
+TABLE = ["method", "status", "judged by", "repeats", "tokens/s [95% CI]", "vs {baseline} [95% CI]",
+         "vs {reference} [95% CI]", "step ms p50 / p90", "p90/p50", "peak GiB", "MFU", "warm-up s", "final loss",
+         "loss - {reference}", "parity (dev / tol at step)", "reason"]
+
+
+def table_lines(rows: list[StudyRow], cfg: DictConfig) -> list[str]:
+    names = {"baseline": cfg.study.baseline, "reference": cfg.study.reference}
+    lines = ["| " + " | ".join(h.format(**names) for h in TABLE) + " |", "|" + "---|" * len(TABLE)]
+    for r in rows:
+        steps = "-" if r.step_ms_p50 is None else f"{r.step_ms_p50:.2f} / {_cell(r.step_ms_p90, 'step_ms_p90')}"
+        vs_b = _with_interval(r, "speedup_vs_baseline") + _noise_mark(r, names["baseline"])
+        vs_r = _with_interval(r, "speedup_vs_reference") + _noise_mark(r, names["reference"])
+        reason = r.reason.replace("|", "/").replace("\n", " ")
+        lines.append("| " + " | ".join([
+            r.label, r.status, r.judged or "-", str(r.repeats), _with_interval(r, "tokens_per_s"), vs_b, vs_r, steps,
+            _spread_cell(r), _cell(r.peak_mem_gib, "peak_mem_gib"), _cell(r.mfu, "mfu"), _cell(r.warmup_s, "warmup_s"),
+            _cell(r.final_loss, "final_loss"), _cell(r.loss_diff_vs_reference, "loss_diff_vs_reference"),
+            _parity_cell(r), reason or "-"]) + " |")
+    return lines
+
+
+def parity_sentence(info: dict, cfg: DictConfig) -> str:
+    if info.get("reference") is None:
+        return f"Parity: no reference run (`{cfg.study.reference}`) here, so no parity and no speedups."
+    what = ("held-out probe loss (the same fixed batches in every run)" if info["probe"] else
+            "per-step training loss (no probe losses recorded: these carry batch noise)")
+    if info["fixed"] is not None:
+        rule = f"within a fixed {info['fixed']:.2%}"
+    elif info["spread"] is None:
+        rule = (f"within the floor, {info['floor']:.2%} (no spread run: the reference on a second data order "
+                "did not run or did not finish)")
+    else:
+        rule = (f"within max({info['floor']:.2%}, {info['k']:g} x the spread of two reference runs on different "
+                f"data orders up to that step); that spread reached {info['spread']:.2%} over the window "
+                f"(`{info['spread_run']}`), so the tolerance ends at {info['tolerance_end']:.2%}")
+    window = "the whole run" if info["steps"] >= 10**9 else f"the first {info['steps']} steps"
+    return f"Parity: {what} over {window}, at every probe point {rule}."
+
+
+def write_outputs(rows: list[StudyRow], cfg: DictConfig, out: Path, partial: bool,
+                  settings: Optional[dict] = None, title: str = "Speedup study", notes: tuple = (),
+                  round_robin: bool = True) -> None:
     from harness.env import environment
 
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow([k for k, _ in COLUMNS])
-    for r in rows:
-        w.writerow(["" if getattr(r, k) is None else getattr(r, k) for k, _ in COLUMNS])
-    atomic_write_text(out / "results.csv", buf.getvalue())
+    out.mkdir(parents=True, exist_ok=True)
+    settings = settings or {}
+    _write_csv(rows, out)
     env = environment()
+    m, d, t = cfg.model, cfg.data, cfg.trainer
+    repeats = max([r.repeats for r in rows] or [0])
     lines = [
-        f"# Speedup study{' (in progress)' if partial else ''}",
+        f"# {title}{' (in progress)' if partial else ''}",
         "",
-        f"Model `{cfg.model.name}` ({cfg.model.n_layer} layers, {cfg.model.n_embd} dim, {cfg.model.n_head} heads, "
-        f"context {cfg.model.context}, batch {cfg.data.batch_size}), data `{cfg.data.name}`, "
-        f"{cfg.trainer.max_steps} steps ({cfg.trainer.warmup_steps} warm-up), seed {cfg.seed}; "
-        f"{env['device_name']}, torch {env['torch']}, triton {env['triton']}, git {env['git_revision']}.",
-        f"Parity: loss over the first {cfg.study.parity_steps} steps within {cfg.study.parity_tol:.0%} of the eager "
-        f"`{cfg.study.reference}` run. Speedups (against `{cfg.study.baseline}` and `{cfg.study.reference}`) only "
-        "for methods that passed the gate and parity; timing-only methods are timed, never compared.",
-        "",
-        "| " + " | ".join(headers(cfg)) + " |",
-        "|" + "---|" * len(COLUMNS),
+        f"Model `{m.name}` ({m.n_layer} layers, {m.n_embd} dim, {m.n_head} heads, context {m.context}, vocabulary "
+        f"{m.get('vocab_size') or 'of the data'}, batch {d.batch_size}), data `{d.name}`, {t.max_steps} steps "
+        f"({t.warmup_steps} warm-up), seed {cfg.seed}; {env['device_name']}, torch {env['torch']}, triton "
+        f"{env['triton']}, git {env['git_revision']}.",
+        (f"Repeats: {repeats} per method, interleaved round-robin. " if round_robin else
+         f"Repeats: the runs of one method in a group (up to {repeats}). ")
+        + "Figures are medians over repeats; with two or more, [lo, hi] is a 95% t-interval on log values "
+        "(speedups: paired by round where the runs came in rounds), and a speedup whose interval contains 1.0 is "
+        f"marked \"within noise\". A run whose step times spread beyond p90/p50 = {NOISY_SPREAD:.2f} is NOISY. "
+        "Speedups only for methods that passed the gate and parity; timing-only methods are timed, never compared "
+        "(docs/studies.md).",
+        *notes,
     ]
-    for r in rows:
-        lines.append("| " + " | ".join(_cell(getattr(r, k), k) for k, _ in COLUMNS) + " |")
-    prof = [r for r in rows if r.breakdown and "error" not in r.breakdown]
-    if prof:
-        lines += ["", "## Where the time goes (one eager training step)", "",
-                  "| method | step ms | softmax fwd ms | softmax bwd ms | everything else ms | softmax share "
-                  "| max speedup if the softmax were free |", "|---|---|---|---|---|---|---|"]
-        for r in prof:
-            b = r.breakdown
-            lines.append(f"| {r.label} | {b['step_ms']:.2f} | {b['softmax_fwd_ms']:.2f} | {b['softmax_bwd_ms']:.2f} "
-                         f"| {b['other_ms']:.2f} | {b['softmax_share']:.1%} | {b['amdahl_max_speedup']:.2f}x |")
+    if d.name == "synthetic":
+        lines.append("**Warning**: data `synthetic` (uniform random tokens): nothing can be learned, so parity "
+                     "cannot tell a wrong method from a right one.")
+    noisy = [f"{(r.point + ': ') if r.point else ''}{r.label} ({r.step_spread:.2f})" for r in rows if r.noisy]
+    if noisy:
+        lines.append(f"**Noisy runs** (step p90/p50 > {NOISY_SPREAD:.2f}): " + ", ".join(noisy) + ".")
+    for point in dict.fromkeys(r.point for r in rows):
+        prow = [r for r in rows if r.point == point]
+        lines.append("")
+        if point:
+            lines += [f"## {point}", ""]
+        if point in settings:
+            lines += [parity_sentence(settings[point], cfg), ""]
+        lines += table_lines(prow, cfg)
+    lines += sweep_lines(rows)
+    lines += breakdown_lines(rows)
     atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
     write_json(out / "study.json", {"env": env, "config": OmegaConf.to_container(cfg, resolve=True),
-                                    "rows": [r.__dict__ for r in rows]})
+                                    "parity": settings, "rows": [r.__dict__ for r in rows]})
     if not partial:
-        plot_study(rows, out, cfg.study.baseline)
+        from harness.study_charts import plot_study
+
+        plot_study(rows, out, cfg, settings, env["device_name"])
 
 
-def plot_study(rows: list[StudyRow], out: Path, baseline: str = "baseline") -> None:
-    import matplotlib
+def _write_csv(rows: list[StudyRow], out: Path) -> None:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow([k for k, _ in COLUMNS] + list(POINT_COLUMNS))
+    for r in rows:
+        w.writerow(["" if getattr(r, k) is None else getattr(r, k) for k, _ in COLUMNS]
+                   + ["" if r.point_values.get(k) is None else r.point_values[k] for k in POINT_COLUMNS])
+    atomic_write_text(out / "results.csv", buf.getvalue())
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    keys = ["round", "tokens_per_s", "step_ms_p50", "step_ms_p90", "step_ms_spread", "noisy", "peak_mem_gib",
+            "warmup_s", "final_loss", "status", "run_dir"]
+    w.writerow(["point", "method", "compiled", "data_seed"] + keys)
+    for r in rows:
+        for run in r.runs:
+            w.writerow([r.point, r.method, r.compiled, "" if r.data_seed is None else r.data_seed]
+                       + ["" if run.get(k) is None else run.get(k) for k in keys])
+    atomic_write_text(out / "runs.csv", buf.getvalue())
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    timed = [r for r in rows if r.tokens_per_s]
-    if timed:
-        fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.5))
-        colors = ["tab:red" if r.status in ("FAIL", "CRASH") else "tab:gray" if not r.exact else "tab:blue"
-                  for r in timed]
-        a.barh([r.label for r in timed], [r.tokens_per_s for r in timed], color=colors)
-        a.set_xlabel("tokens/s (median)")
-        a.set_title("throughput (red: FAIL, gray: timing only)")
-        sp = [r for r in timed if r.speedup_vs_baseline]
-        b.barh([r.label for r in sp], [r.speedup_vs_baseline for r in sp], color="tab:green")
-        b.axvline(1.0, color="black", linewidth=0.8)
-        b.set_xlabel(f"speedup vs eager {baseline}")
-        b.set_title("speedup (passing methods only)")
-        fig.tight_layout()
-        fig.savefig(out / "throughput.png", dpi=110)
-        plt.close(fig)
-    curves = [r for r in rows if r.loss_curve and r.exact]
-    if curves:
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        for r in curves:
-            ax.plot(range(len(r.loss_curve)), r.loss_curve, label=f"{r.label} ({r.status})", linewidth=1)
-        ax.set_xlabel("step")
-        ax.set_ylabel("train loss")
-        ax.set_title("loss curves (same seed, same batches)")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "loss.png", dpi=110)
-        plt.close(fig)
+def sweep_lines(rows: list[StudyRow]) -> list[str]:
+    """A method x point table of tokens/s (OOM where it ran out of memory) for a sweep."""
+    points = list(dict.fromkeys(r.point for r in rows))
+    if len(points) < 2:
+        return []
+    labels = list(dict.fromkeys(r.label for r in rows if not r.role))
+    lines = ["", "## Scaling: tokens/s (peak GiB)", "", "| method | " + " | ".join(points) + " |",
+             "|" + "---|" * (len(points) + 1)]
+    for label in labels:
+        cells = []
+        for p in points:
+            r = next((x for x in rows if x.point == p and x.label == label), None)
+            if r is None:
+                cells.append("-")
+            elif r.status == "OOM":
+                cells.append("OOM")
+            elif r.tokens_per_s:
+                mem = f" ({r.peak_mem_gib:.1f})" if r.peak_mem_gib is not None else ""
+                cells.append(f"{r.tokens_per_s:,.0f}{mem}" + ("" if r.status in ("PASS", "REFERENCE")
+                                                             else f" {r.status}"))
+            else:
+                cells.append(r.status)
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def breakdown_lines(rows: list[StudyRow]) -> list[str]:
+    prof = [r for r in rows if r.breakdown and "parts" in r.breakdown]
+    if not prof:
+        return []
+    lines = ["", "## Where the time goes (one eager training step, harness.breakdown)", "",
+             "Each part: ms per step (share); the bound in brackets is the most the whole step could speed up if "
+             "that part took no time at all (Amdahl).", "",
+             "| method | step ms | attention | loss | matmuls | rest |", "|---|---|---|---|---|---|"]
+    for r in prof:
+        b = r.breakdown
+        cells = []
+        for key in ("attention", "loss", "matmuls", "rest"):
+            p = b["parts"].get(key)
+            cells.append("-" if p is None else f"{p['name']}: {p['ms']:.2f} ({p['share']:.0%}) [{p['amdahl']:.2f}x]")
+        where = f"{r.point}: " if r.point else ""
+        lines.append(f"| {where}{r.label} | {b['step_ms']:.2f} | " + " | ".join(cells) + " |")
+    errors = [f"{r.label}: {r.breakdown['error']}" for r in rows if r.breakdown and "error" in r.breakdown]
+    if errors:
+        lines += ["", "Not profiled: " + "; ".join(errors) + "."]
+    return lines
 
 
 def log_to_wandb(rows: list[StudyRow], cfg: DictConfig, out: Path, group: str) -> None:
@@ -203,12 +455,11 @@ def log_to_wandb(rows: list[StudyRow], cfg: DictConfig, out: Path, group: str) -
 
     run = wandb.init(project=cfg.logger.project, group=group, job_type="study", name=group, dir=str(out),
                      mode=wandb_mode(cfg.logger.mode), config=OmegaConf.to_container(cfg, resolve=True))
-    table = wandb.Table(columns=headers(cfg))
+    table = wandb.Table(columns=[k for k, _ in COLUMNS])
     for r in rows:
         table.add_data(*[_cell(getattr(r, k), k) for k, _ in COLUMNS])
     logged: dict = {"study/report": table}
-    for name in ("throughput.png", "loss.png"):
-        if (out / name).exists():
-            logged[f"study/{name[:-4]}"] = wandb.Image(str(out / name))
+    for path in sorted(out.glob("*.png")):
+        logged[f"study/{path.stem}"] = wandb.Image(str(path))
     run.log(logged)
     run.finish()

@@ -10,6 +10,10 @@ Logged under ``train/`` (from rank 0): ``tokens_per_s`` (global: the sum of ever
 gathered once per window), ``tokens_per_s_per_device``, ``samples_per_s``, ``step_ms``, ``mfu`` (per
 device, against the dense bf16 peak of the GPU, see :data:`PEAK_BF16_FLOPS`), ``peak_mem_gib``, and
 ``warmup_s`` once.
+
+A run is flagged **noisy** when its step times spread: p90 / p50 above :data:`NOISY_SPREAD` (1.10)
+(``step_ms_spread`` and ``noisy`` in the summary and results.json), a sign that something else ran
+on the machine or the clocks moved; its throughput is still reported, with the flag beside it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from typing import Any, Optional
 
 import torch
 from lightning.pytorch import Callback
+
+from harness.stats import NOISY_SPREAD  # noqa: F401  (p90 / p50 above which a run is noisy; re-exported)
 
 #: Dense (no sparsity) bf16 tensor-core peak FLOP/s by device-name fragment, first match wins.
 #: Datasheet figures; H200 SXM has the H100 SXM's compute (989.4 TFLOP/s).
@@ -66,6 +72,14 @@ def percentile(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
+def spread(p50: Optional[float], p90: Optional[float]) -> tuple[Optional[float], Optional[bool]]:
+    """(p90 / p50, whether that exceeds NOISY_SPREAD); (None, None) without both figures."""
+    if not p50 or p90 is None or p50 <= 0:
+        return None, None
+    s = p90 / p50
+    return s, s > NOISY_SPREAD
+
+
 @dataclass
 class ThroughputSummary:
     tokens_per_s: Optional[float] = None  # median over windows, global (summed over ranks)
@@ -74,6 +88,8 @@ class ThroughputSummary:
     step_ms_p50: Optional[float] = None
     step_ms_p90: Optional[float] = None
     step_ms_mean: Optional[float] = None
+    step_ms_spread: Optional[float] = None  # p90 / p50 of the step times
+    noisy: Optional[bool] = None  # step_ms_spread > NOISY_SPREAD
     mfu: Optional[float] = None
     peak_mem_gib: Optional[float] = None
     warmup_s: Optional[float] = None
@@ -260,6 +276,7 @@ class ThroughputMonitor(Callback):
             s.step_ms_p50 = percentile(self.step_ms, 50)
             s.step_ms_p90 = percentile(self.step_ms, 90)
             s.step_ms_mean = statistics.fmean(self.step_ms)
+            s.step_ms_spread, s.noisy = spread(s.step_ms_p50, s.step_ms_p90)
         if self._cuda:
             s.peak_mem_gib = torch.cuda.max_memory_allocated() / 2**30
         return s

@@ -98,7 +98,7 @@ def run_training(
     from rich.console import Console
 
     import kernels
-    from harness.build import build, on_gpu, resolve_precision, seq_len, tokens_per_step
+    from harness.build import build, data_seed, on_gpu, resolve_precision, seq_len, tokens_per_step
     from harness.config import to_container
     from harness.env import environment
     from harness.loggers import make_logger, wandb_mode
@@ -145,8 +145,8 @@ def run_training(
         compile_mode=cfg.compile_mode, grad_clip=float(t.grad_clip or 0.0), fused_optimizer=precision != "16-mixed",
     )
     seq = seq_len(cfg)
-    dm = TokenDataModule(built.corpus, model.config.vocab_size, int(cfg.data.batch_size), seq, cfg.seed, t.max_steps,
-                         t.val_batches)
+    dm = TokenDataModule(built.corpus, model.config.vocab_size, int(cfg.data.batch_size), seq, data_seed(cfg),
+                         t.max_steps, t.val_batches)
 
     config = to_container(cfg)
     config["env"] = env
@@ -212,7 +212,8 @@ def run_training(
     tps = f"{summary.tokens_per_s:,.0f}" if summary.tokens_per_s else "n/a"
     console.print(
         f"[bold]harness[/]: done: accel={label} on {device}: {tps} tokens/s (median of {summary.windows} "
-        f"windows), warm-up {summary.warmup_s or 0:.1f}s, final loss {results['final_train_loss']}, "
+        f"windows{f', NOISY: step p90/p50 {summary.step_ms_spread:.2f}' if summary.noisy else ''}), "
+        f"warm-up {summary.warmup_s or 0:.1f}s, final loss {results['final_train_loss']}, "
         f"results -> {run_dir / 'results.json'}"
     )
     return results

@@ -63,12 +63,15 @@ class Method:
     ``validate`` (optional) rejects an op's main input that the method cannot take (a CPU tensor for
     a GPU method) with a clear error. ``prepare`` (optional) does one-time work such as building an
     extension and returns what it cost. ``exact=False`` marks a timing-only stand-in that does not
-    compute what its ops promise (never reported as a speedup). ``peer=True`` marks a public
-    implementation wrapped as shipped, to be measured beside the project's methods: the gate and the
-    parity check judge it on every run, but the unit tests do not hold it to the contract's corner
-    cases (e.g. fully masked rows, all targets ignored). ``options``: option name -> the
-    accepted values, the first being the default (``sdpa``'s ``backend``, say);
-    ``options_unavailable(options)`` (optional) says why the method cannot run here with those options.
+    compute what its ops promise (never reported as a speedup). ``approximate=True`` marks a method
+    that is approximate by design (its ops are not expected to match float64 within the contract's
+    tolerances): the correctness gate skips it and a study judges it by loss parity alone.
+    ``peer=True`` marks a public implementation wrapped as shipped, to be measured beside the
+    project's methods: the gate and the parity check judge it on every run, but the unit tests do not
+    hold it to the contract's corner cases (e.g. fully masked rows, all targets ignored).
+    ``options``: option name -> the accepted values, the first being the default (``sdpa``'s
+    ``backend``, say); ``options_unavailable(options)`` (optional) says why the method cannot run
+    here with those options.
     """
 
     name: str
@@ -82,6 +85,7 @@ class Method:
     prepare: Optional[Callable[[], dict]] = None
     exact: bool = True
     peer: bool = False
+    approximate: bool = False
     options: Mapping[str, tuple] = field(default_factory=dict)
     options_unavailable: Optional[Callable[[Mapping[str, Any]], Optional[str]]] = None
 

@@ -26,3 +26,12 @@ def test_percentile():
     assert percentile([3.0], 90) == 3.0
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
     assert percentile([0.0, 10.0], 90) == pytest.approx(9.0)
+
+
+def test_spread_flags_noisy_runs():
+    from harness.throughput import NOISY_SPREAD, spread
+
+    assert spread(10.0, 10.5) == (1.05, False)
+    s, noisy = spread(10.0, 12.0)
+    assert s == pytest.approx(1.2) and noisy and NOISY_SPREAD == 1.10
+    assert spread(None, 3.0) == (None, None)
