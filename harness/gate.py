@@ -160,12 +160,12 @@ def run_gate(applied, shapes: RunShapes) -> dict:
     if m.approximate:
         return {"checked": False, "reason": "approximate by design: judged by loss parity only"}
     results = []
+    heads = max(1, min(shapes.heads, GATE_SCORES // (shapes.seq_len * shapes.seq_len)))  # float64 scores bounded
     if applied.attention == "composed":  # the method's own softmax, on the run's scores
-        heads = max(1, min(shapes.heads, GATE_SCORES // (shapes.seq_len * shapes.seq_len)))
         results.append(check_softmax(applied.method, (1, heads, shapes.seq_len, shapes.seq_len), shapes.dtype,
                                      shapes.device, scale=shapes.head_dim ** -0.5, causal=True))
     elif applied.attention == "native":
-        results.append(check_attention(applied.method, (1, shapes.heads, shapes.seq_len, shapes.head_dim),
+        results.append(check_attention(applied.method, (1, heads, shapes.seq_len, shapes.head_dim),
                                        shapes.dtype, shapes.device, options=applied.options))
     if applied.loss:
         op = "cross_entropy" if applied.loss_form == "logits" else "linear_cross_entropy"
