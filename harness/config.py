@@ -29,10 +29,10 @@ class AccelConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = MISSING
-    n_layer: int = 2
-    n_head: int = 2
-    n_embd: int = 64
+    name: str = MISSING  # tiny | small | gpt2s (one file in conf/model/)
+    n_layer: int = 2  # transformer blocks
+    n_head: int = 2  # attention heads
+    n_embd: int = 64  # model width
     context: int = 64  # the longest sequence the position embedding supports
     dropout: float = 0.0
     bias: bool = False
@@ -53,22 +53,22 @@ class DataConfig:
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 200
+    max_steps: int = 200  # optimizer steps to train (resume=<run> trainer.max_steps=N extends a run)
     warmup_steps: int = 5  # first steps (compile, autotune, allocator warm-up) kept out of throughput
     window: int = 10  # throughput window (steps); also the logging / progress-bar interval
     val_every: int = 100  # run validation every this many steps (0: only at the end)
-    val_batches: int = 8
-    lr: float = 6e-4
-    min_lr_ratio: float = 0.1
-    lr_warmup_steps: int = 20
+    val_batches: int = 8  # validation batches per validation
+    lr: float = 6e-4  # peak learning rate (AdamW)
+    min_lr_ratio: float = 0.1  # the cosine decays to this fraction of lr
+    lr_warmup_steps: int = 20  # linear learning-rate warm-up steps
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0
     accelerator: str = "auto"  # auto | gpu | cpu
-    devices: Any = 1
-    num_nodes: int = 1
-    strategy: str = "auto"
+    devices: Any = 1  # GPUs per node (with trainer=ddp)
+    num_nodes: int = 1  # hosts (with trainer=ddp, started by your scheduler)
+    strategy: str = "auto"  # Lightning strategy (ddp with trainer=ddp)
     precision: str = "auto"  # auto: bf16-mixed on a GPU, 32-true on the CPU
     ckpt_every: int = 0  # save a checkpoint every this many steps (0: only on a graceful stop)
     on_nonfinite: str = "stop"  # stop | warn: what a NaN/inf training loss does
@@ -90,11 +90,11 @@ class TrainConfig:
     data: DataConfig = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    seed: int = 1337
+    seed: int = 1337  # model initialization and batch order
     compile_model: bool = False  # torch.compile the whole model (independent of the softmax method)
     compile_mode: str = "default"  # torch.compile mode for the whole model
     check_kernel: bool = True  # gate: check the softmax against float64 on the run's shapes first
-    resume: Optional[str] = None  # a run directory to continue (its checkpoints/last.ckpt and config)
+    resume: Optional[str] = None  # a run directory to continue (its config and checkpoints/last.ckpt)
 
 
 @dataclass
@@ -211,5 +211,48 @@ def validate(cfg: DictConfig | TrainConfig) -> None:
         raise _bad("trainer.precision", c.trainer.precision, f"one of {', '.join(PRECISIONS)}")
 
 
+def accel_names() -> list[str]:
+    """The accel configurations (conf/accel/*.yaml)."""
+    return sorted(p.stem for p in (Path(CONF_DIR) / "accel").glob("*.yaml"))
+
+
+def validate_study(cfg: DictConfig) -> None:
+    """``validate`` plus the study's own keys: every method it names is an accel configuration."""
+    validate(cfg)
+    names = accel_names()
+    for key in ("methods", "compiled"):
+        chosen = cfg.study[key]
+        for name in chosen or []:
+            if name not in names:
+                raise _bad(f"study.{key}", list(chosen), f"a list of accel configs ({', '.join(names)}); "
+                           f"{name!r} is none of them")
+    for key in ("reference", "baseline"):
+        name = cfg.study[key]
+        if name and name not in names:
+            raise _bad(f"study.{key}", name, f"one of the accel configs: {', '.join(names)}")
+
+
 def to_container(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)  # type: ignore[return-value]
+
+
+#: config prefix of each schema dataclass (for field_comments)
+_PREFIXES = {"AccelConfig": "accel", "ModelConfig": "model", "DataConfig": "data", "TrainerConfig": "trainer",
+             "LoggerConfig": "logger", "TrainConfig": "", "StudyConfig": "study"}
+
+
+def field_comments() -> dict[str, str]:
+    """dotted key -> the comment beside its field in this module (the meaning ``--help`` shows)."""
+    import re
+
+    out: dict[str, str] = {}
+    prefix: Optional[str] = None
+    for line in Path(__file__).read_text().splitlines():
+        cls = re.match(r"class (\w+)\b", line)
+        if cls:
+            prefix = _PREFIXES.get(cls.group(1))
+            continue
+        m = re.match(r"    (\w+): [^#]+#\s*(.*)$", line)
+        if m and prefix is not None:
+            out[f"{prefix}.{m.group(1)}" if prefix else m.group(1)] = m.group(2).strip()
+    return out

@@ -196,7 +196,9 @@ def hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    run_app(hydra_main, "study", validate)
+    from harness.config import validate_study
+
+    run_app(hydra_main, "study", validate_study, app="study")
 
 
 if __name__ == "__main__":

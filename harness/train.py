@@ -17,7 +17,7 @@ from typing import Any, Optional
 import hydra
 from omegaconf import DictConfig
 
-from harness.cli import run_app
+from harness.cli import UsageError, fail, method_unavailable_message, run_app
 from harness.config import CONF_DIR, validate  # also registers the structured-config schema
 from harness.gate import GateError  # noqa: F401  (re-exported: callers catch it from here)
 
@@ -219,12 +219,27 @@ def run_training(
 
 
 def validate_with_data(cfg: DictConfig) -> None:
-    """Config ranges plus the cheap data checks (a missing text file) that need no corpus build."""
+    """Config ranges plus the cheap data checks (a missing text file) that need no corpus build, and
+    whether the method can run on this machine."""
     validate(cfg)
     if cfg.data.name == "text" and not Path(str(cfg.data.path)).expanduser().is_file():
         from harness.data import DataError
 
         raise DataError(f"data.path={cfg.data.path!r}: no such file (data=text needs an existing text file)")
+    msg = method_unavailable_message(str(cfg.accel.name), str(cfg.accel.method), dict(cfg.accel.options or {}))
+    if msg:
+        raise UsageError(msg)
+
+
+def _user_error(exc: BaseException) -> bool:
+    """A mistake in what the user asked for (said in one paragraph), not a failure of the run."""
+    import kernels
+    from harness.config import ConfigError
+    from harness.data import DataError
+    from harness.resume import ResumeError
+
+    return isinstance(exc, (ConfigError, DataError, UsageError, ResumeError, OutputDirError,
+                            kernels.MethodUnavailableError, kernels.UnknownMethodError))
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -237,6 +252,7 @@ def hydra_main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     previous = None
     run_dir = Path(hc.runtime.output_dir)
+    single = hc.mode != RunMode.MULTIRUN
     if cfg.resume:
         cfg, previous = load_resume(Path(cfg.resume))
         run_dir = Path(cfg.resume)
@@ -255,6 +271,8 @@ def hydra_main(cfg: DictConfig) -> None:
     except Exception as exc:
         # a sweep goes on past a failed job (Hydra reports it at the end); its results.json says why
         record_failure(run_dir, cfg, exc)
+        if single and _user_error(exc):
+            fail(str(exc))  # one paragraph, exit status 2, no traceback
         raise
 
 
