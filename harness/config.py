@@ -14,8 +14,23 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 
-#: The Hydra configs (conf/ at the top of the repository).
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+def _find_conf_dir() -> Path:
+    """The Hydra configs: ``conf/`` at the top of a checkout (editable installs too), or the copy an
+    installed wheel carries as ``harness/conf`` (pyproject.toml maps the one into the other)."""
+    here = Path(__file__).resolve().parent
+    candidates = (here / "conf", here.parent / "conf")
+    for candidate in candidates:
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    raise FileNotFoundError(
+        "the harness's Hydra configs are missing: looked for config.yaml in "
+        + " and ".join(str(c) for c in candidates) + " (reinstall the package: pip install .)"
+    )
+
+
+#: Where the Hydra configs are: the one place every Hydra app (train, study), the benchmarks and the
+#: tests take them from (an absolute path, so ``hydra.main`` finds them from any working directory).
+CONF_DIR = str(_find_conf_dir())
 
 
 @dataclass

@@ -188,7 +188,7 @@ def _free_memory() -> None:
         torch.cuda.empty_cache()
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="study")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="study")
 def hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 

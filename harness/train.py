@@ -242,7 +242,7 @@ def _user_error(exc: BaseException) -> bool:
                             kernels.MethodUnavailableError, kernels.UnknownMethodError))
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
