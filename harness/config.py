@@ -76,6 +76,7 @@ class TrainerConfig:
     lr: float = 6e-4  # peak learning rate (AdamW)
     min_lr_ratio: float = 0.1  # the cosine decays to this fraction of lr
     lr_warmup_steps: int = 20  # linear learning-rate warm-up steps
+    lr_decay_steps: Optional[int] = None  # steps the cosine decays over (None: max_steps); later steps keep the final lr
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -179,6 +180,8 @@ def validate(cfg: DictConfig | TrainConfig) -> None:
         raise _bad("model.vocab_size", c.model.vocab_size, "null (the data's vocabulary) or >= 2")
     if c.trainer.lr <= 0:
         raise _bad("trainer.lr", c.trainer.lr, "a float > 0")
+    if c.trainer.lr_decay_steps is not None and c.trainer.lr_decay_steps < 1:
+        raise _bad("trainer.lr_decay_steps", c.trainer.lr_decay_steps, "null (trainer.max_steps) or an integer >= 1")
     if c.trainer.warmup_steps >= c.trainer.max_steps:
         raise _bad(
             "trainer.warmup_steps",

@@ -17,7 +17,7 @@ from typing import Any, Optional
 import hydra
 from omegaconf import DictConfig
 
-from harness.cli import UsageError, fail, method_unavailable_message, run_app
+from harness.cli import UsageError, fail, method_unavailable_message, run_app, wants_help
 from harness.config import CONF_DIR, validate  # also registers the structured-config schema
 from harness.gate import GateError  # noqa: F401  (re-exported: callers catch it from here)
 
@@ -140,7 +140,7 @@ def run_training(
 
     t = cfg.trainer
     task = LanguageModelTask(
-        model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2), max_steps=t.max_steps,
+        model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2), max_steps=t.lr_decay_steps or t.max_steps,
         lr_warmup_steps=t.lr_warmup_steps, min_lr_ratio=t.min_lr_ratio, compile_model=cfg.compile_model,
         compile_mode=cfg.compile_mode, grad_clip=float(t.grad_clip or 0.0), fused_optimizer=precision != "16-mixed",
     )
@@ -153,7 +153,7 @@ def run_training(
     config["precision_resolved"] = precision
     run_name = f"{label.replace(' + compiled model', '+compile')}-{cfg.model.name}"
     wandb_id = ((previous or {}).get("wandb") or {}).get("id")
-    logger = make_logger(cfg.logger, run_dir, run_name, group, config, wandb_id=wandb_id)
+    logger = make_logger(cfg.logger, run_dir, run_name, group, config, wandb_id=wandb_id, resuming=previous is not None)
     if rank_zero_only.rank == 0 and previous is None:
         # a run killed outright leaves this behind: enough to resume it from its last checkpoint
         wid = logger.experiment.id if cfg.logger.name == "wandb" else None
@@ -247,17 +247,26 @@ def hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from harness.resume import load_resume, record_failure
+    from harness.resume import load_resume, override_value, record_failure
 
     hc = HydraConfig.get()
     previous = None
     run_dir = Path(hc.runtime.output_dir)
     single = hc.mode != RunMode.MULTIRUN
     if cfg.resume:
-        cfg, previous = load_resume(Path(cfg.resume))
+        more = override_value(list(hc.overrides.task), "trainer.max_steps")
+        try:
+            cfg, previous = load_resume(Path(cfg.resume), int(more) if more is not None else None)
+        except Exception as exc:
+            if single and (_user_error(exc) or isinstance(exc, FileNotFoundError)):
+                fail(str(exc))
+            raise
         run_dir = Path(cfg.resume)
-        print(f"harness: resuming {run_dir} from its last checkpoint ({previous.get('status')} run) with its "
-              "saved config (other overrides are ignored)", file=sys.stderr)
+        done = previous.get("steps_done")
+        what = (f"extending it to {cfg.trainer.max_steps} steps" if previous.get("status") in ("completed", "nonfinite")
+                else f"continuing its {previous.get('status')} run" + (f" (stopped at step {done})" if done else ""))
+        print(f"harness: resuming {run_dir} from checkpoints/last.ckpt with its saved config, {what}",
+              file=sys.stderr)
     group = cfg.logger.group
     if group is None and hc.mode == RunMode.MULTIRUN:
         group = Path(hc.sweep.dir).name
@@ -289,6 +298,15 @@ def _run_job_in_subprocess(overrides: list[str], run_dir: Path, group: str) -> N
 
 
 def main() -> None:
+    from harness.resume import resume_command_line, resume_request
+    from harness.cli import split_argv
+
+    argv = sys.argv[1:]
+    if not wants_help(argv) and resume_request(split_argv(argv)[1]):
+        # into the run's own directory, checked first: a finished run is left untouched (exit 0)
+        sys.argv[1:] = resume_command_line(argv)
+        hydra_main()
+        return
     run_app(hydra_main, "config", validate_with_data)
 
 
