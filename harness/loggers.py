@@ -57,6 +57,9 @@ class ResumableWandbLogger(WandbLogger):
     def __init__(self, *args, progress_dir: Path, skip_through_step: Optional[int] = None,
                  start_step: Optional[int] = None, **kwargs):
         super().__init__(*args, **kwargs)
+        if self._wandb_init.get("anonymous") is None:
+            # Lightning passes anonymous=None, which W&B now warns about ("has no effect")
+            self._wandb_init.pop("anonymous", None)
         self._progress_path = Path(progress_dir) / PROGRESS_FILE
         self._skip_through = skip_through_step
         self._start_step = start_step

@@ -1,9 +1,10 @@
 """Training entry point: ``python -m harness.train [group=option ...] [key=value ...]`` (or ``harness-train``).
 
-A Hydra app (``--help`` lists the config groups and their options). It builds the model, applies the
-acceleration method chosen by ``accel=...`` (harness.accel), checks every op it patched against
-float64 (harness.gate), trains it with Lightning, logs throughput to W&B (offline by default) and
-writes ``results.json`` into the run directory (harness.results).
+A Hydra app (``--help`` lists the methods, models, data and the keys people change most; harness.cli).
+It builds the model, applies the acceleration method chosen by ``accel=...`` (harness.accel), checks
+every op it patched against float64 (harness.gate), trains it with Lightning, logs throughput to W&B
+(offline by default) and writes ``results.json`` into the run directory (harness.results).
+``resume=<run dir>`` continues or extends a run in its own directory (harness.resume).
 """
 
 from __future__ import annotations
@@ -65,13 +66,14 @@ def _gate(cfg: DictConfig, built, gpu: bool, precision: str, console) -> dict:
 
 
 def _callbacks(cfg: DictConfig, run_dir: Path, monitor, extra: tuple):
-    from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+    from lightning.pytorch.callbacks import ModelCheckpoint
 
+    from harness.console import HarnessProgressBar
     from harness.reliability import GracefulStop, NonFiniteLossGuard
 
     graceful = GracefulStop(run_dir / "checkpoints")
     guard = NonFiniteLossGuard(cfg.trainer.window, cfg.accel.name, cfg.trainer.on_nonfinite)
-    callbacks: list = [monitor, guard, graceful, TQDMProgressBar(refresh_rate=cfg.trainer.window), *extra]
+    callbacks: list = [monitor, guard, graceful, HarnessProgressBar(refresh_rate=cfg.trainer.window), *extra]
     if cfg.trainer.ckpt_every:
         callbacks.append(ModelCheckpoint(
             dirpath=str(run_dir / "checkpoints"), filename="step{step}", every_n_train_steps=cfg.trainer.ckpt_every,
@@ -100,6 +102,7 @@ def run_training(
     import kernels
     from harness.build import build, on_gpu, resolve_precision, seq_len, tokens_per_step
     from harness.config import to_container
+    from harness.console import quiet_third_party
     from harness.env import environment
     from harness.loggers import make_logger, wandb_mode
     from harness.reliability import NonFiniteLossError
@@ -109,6 +112,7 @@ def run_training(
 
     validate(cfg)
     _quiet_lightning_handlers()
+    quiet_third_party(resuming=previous is not None)
     console = Console(stderr=True, quiet=rank_zero_only.rank != 0)  # one voice in a distributed run
     run_dir = prepare_run_dir(run_dir)
     gpu = on_gpu(cfg)
@@ -209,13 +213,33 @@ def run_training(
     if graceful.requested:
         console.print(f"[bold]harness[/]: stopped at step {trainer.global_step} ({graceful.requested}); "
                       f"continue with: python -m harness.train resume={run_dir}")
-    tps = f"{summary.tokens_per_s:,.0f}" if summary.tokens_per_s else "n/a"
-    console.print(
-        f"[bold]harness[/]: done: accel={label} on {device}: {tps} tokens/s (median of {summary.windows} "
-        f"windows), warm-up {summary.warmup_s or 0:.1f}s, final loss {results['final_train_loss']}, "
-        f"results -> {run_dir / 'results.json'}"
-    )
+    console.print(done_message(results, label, device, summary, run_dir, cfg.logger.name), soft_wrap=True)
     return results
+
+
+def done_message(results: dict, label: str, device: str, summary, run_dir: Path, logger_name: str) -> str:
+    """The end-of-run lines: the throughput, the final loss, where the results are and how to see the
+    metrics (the offline W&B run's ``wandb sync`` command, or the CSV file)."""
+    from rich.markup import escape
+
+    tps = f"{summary.tokens_per_s:,.0f}" if summary.tokens_per_s else "n/a"
+    windows = f"{summary.windows} window" + ("" if summary.windows == 1 else "s")
+    loss = results.get("final_train_loss")
+    loss_text = f"{loss:.4f}" if isinstance(loss, float) else str(loss)
+    lines = [f"[bold]harness[/]: done: accel={escape(label)} on {escape(device)}: {tps} tokens/s (median of "
+             f"{windows}), warm-up {summary.warmup_s or 0:.1f}s, final loss {loss_text}",
+             f"  results: {escape(str(run_dir / 'results.json'))}"]
+    wb = results.get("wandb") or {}
+    if logger_name == "wandb" and wb:
+        runs = sorted(Path(run_dir, "wandb").glob(f"offline-run-*-{wb.get('id')}")) if wb.get("mode") == "offline" else []
+        if runs:
+            lines.append(f"  W&B (offline): upload with `wandb sync {escape(' '.join(str(r) for r in runs))}`, "
+                         f"or look at it here with `wandb leet {escape(str(runs[-1]))}`")
+        elif wb.get("mode") == "online":
+            lines.append(f"  W&B: run {wb.get('id')} in project {results['config']['logger']['project']}")
+    elif logger_name == "csv":
+        lines.append(f"  metrics: {escape(str(run_dir / 'csv' / 'metrics.csv'))}")
+    return "\n".join(lines)
 
 
 def validate_with_data(cfg: DictConfig) -> None:

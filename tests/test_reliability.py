@@ -141,6 +141,9 @@ def test_resume_cli_leaves_a_finished_run_alone_and_extends_it_in_place(tmp_path
     runs = sorted((run / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and all(first["wandb"]["id"] in p.name for p in runs)
     assert_wandb_history_continues(runs)
+    for noise in ("LeafSpec", "litlogger", "anonymous setting", "v_num", "exists and is not empty"):
+        assert noise not in r.stderr + r.stdout
+    assert f"wandb sync {runs[0]} {runs[1]}" in r.stderr
 
 
 def test_extending_a_run_keeps_its_learning_rate_schedule(tmp_path):
