@@ -2,18 +2,38 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# The torch to install into .venv. CI pins the CPU build: TORCH_SPEC=torch==2.13.0 (see .ci/run).
-TORCH_SPEC ?= torch
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup train test
+# The torch to install into .venv. With a GPU (nvidia-smi runs): the default wheel, from pip's index.
+# Without one: a CPU build from PyTorch's CPU index (no CUDA libraries, a few hundred MB instead of
+# several GB); when that index cannot be reached, pip's default index instead (said out loud).
+# TORCH_SPEC picks the version (CI pins the CPU build, torch==2.13.0: see .ci/run), TORCH_INDEX the
+# index (empty: pip's own). Changing either reinstalls torch on the next make.
+TORCH_SPEC ?= torch
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+ifeq ($(HAVE_GPU),yes)
+TORCH_INDEX ?=
+else
+TORCH_INDEX ?= $(TORCH_CPU_INDEX)
+endif
+TORCH_WANTED := $(TORCH_SPEC) index=$(or $(TORCH_INDEX),pip-default)
 
-$(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+.PHONY: setup train test FORCE
+
+# Holds the torch this .venv should have; rewritten only when TORCH_SPEC or TORCH_INDEX changes, which
+# makes .installed out of date and reinstalls.
+$(VENV)/.torch-wanted: FORCE
+	@mkdir -p $(VENV)
+	@echo '$(TORCH_WANTED)' | cmp -s - $@ || echo '$(TORCH_WANTED)' > $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.torch-wanted
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "make: $(if $(HAVE_GPU),a GPU is here (nvidia-smi),no GPU here (no nvidia-smi or it failed)): installing $(TORCH_SPEC) from $(or $(TORCH_INDEX),pip's default index)"
+	@sh scripts/install_torch.sh $(BIN)/python '$(TORCH_SPEC)' '$(TORCH_INDEX)' '$(TORCH_WANTED)' $(VENV)/.torch-installed
 	$(BIN)/python -m pip install -q -e '.[test]'
-	touch $@
+	@touch $@
 
 setup: $(VENV)/.installed
 

@@ -14,8 +14,23 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 
-#: The Hydra configs (conf/ at the top of the repository).
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+def _find_conf_dir() -> Path:
+    """The Hydra configs: ``conf/`` at the top of a checkout (editable installs too), or the copy an
+    installed wheel carries as ``harness/conf`` (pyproject.toml maps the one into the other)."""
+    here = Path(__file__).resolve().parent
+    candidates = (here / "conf", here.parent / "conf")
+    for candidate in candidates:
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    raise FileNotFoundError(
+        "the harness's Hydra configs are missing: looked for config.yaml in "
+        + " and ".join(str(c) for c in candidates) + " (reinstall the package: pip install .)"
+    )
+
+
+#: Where the Hydra configs are: the one place every Hydra app (train, study), the benchmarks and the
+#: tests take them from (an absolute path, so ``hydra.main`` finds them from any working directory).
+CONF_DIR = str(_find_conf_dir())
 
 
 @dataclass
@@ -29,10 +44,10 @@ class AccelConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = MISSING
-    n_layer: int = 2
-    n_head: int = 2
-    n_embd: int = 64
+    name: str = MISSING  # tiny | small | gpt2s (one file in conf/model/)
+    n_layer: int = 2  # transformer blocks
+    n_head: int = 2  # attention heads
+    n_embd: int = 64  # model width
     context: int = 64  # the longest sequence the position embedding supports
     dropout: float = 0.0
     bias: bool = False
@@ -54,22 +69,23 @@ class DataConfig:
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 200
+    max_steps: int = 200  # optimizer steps to train (resume=<run> trainer.max_steps=N extends a run)
     warmup_steps: int = 5  # first steps (compile, autotune, allocator warm-up) kept out of throughput
     window: int = 10  # throughput window (steps); also the logging / progress-bar interval
     val_every: int = 100  # run validation every this many steps (0: only at the end)
-    val_batches: int = 8
-    lr: float = 6e-4
-    min_lr_ratio: float = 0.1
-    lr_warmup_steps: int = 20
+    val_batches: int = 8  # validation batches per validation
+    lr: float = 6e-4  # peak learning rate (AdamW)
+    min_lr_ratio: float = 0.1  # the cosine decays to this fraction of lr
+    lr_warmup_steps: int = 20  # linear learning-rate warm-up steps
+    lr_decay_steps: Optional[int] = None  # steps the cosine decays over (None: max_steps); later steps keep the final lr
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0
     accelerator: str = "auto"  # auto | gpu | cpu
-    devices: Any = 1
-    num_nodes: int = 1
-    strategy: str = "auto"
+    devices: Any = 1  # GPUs per node (with trainer=ddp)
+    num_nodes: int = 1  # hosts (with trainer=ddp, started by your scheduler)
+    strategy: str = "auto"  # Lightning strategy (ddp with trainer=ddp)
     precision: str = "auto"  # auto: bf16-mixed on a GPU, 32-true on the CPU
     ckpt_every: int = 0  # save a checkpoint every this many steps (0: only on a graceful stop)
     on_nonfinite: str = "stop"  # stop | warn: what a NaN/inf training loss does
@@ -91,11 +107,11 @@ class TrainConfig:
     data: DataConfig = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    seed: int = 1337
+    seed: int = 1337  # model initialization and batch order
     compile_model: bool = False  # torch.compile the whole model (independent of the softmax method)
     compile_mode: str = "default"  # torch.compile mode for the whole model (reduce-overhead: CUDA graphs)
     check_kernel: bool = True  # gate: check the softmax against float64 on the run's shapes first
-    resume: Optional[str] = None  # a run directory to continue (its checkpoints/last.ckpt and config)
+    resume: Optional[str] = None  # a run directory to continue (its config and checkpoints/last.ckpt)
 
 
 @dataclass
@@ -178,6 +194,8 @@ def validate(cfg: DictConfig | TrainConfig) -> None:
         raise _bad("model.vocab_size", c.model.vocab_size, "null (the data's vocabulary) or >= 2")
     if c.trainer.lr <= 0:
         raise _bad("trainer.lr", c.trainer.lr, "a float > 0")
+    if c.trainer.lr_decay_steps is not None and c.trainer.lr_decay_steps < 1:
+        raise _bad("trainer.lr_decay_steps", c.trainer.lr_decay_steps, "null (trainer.max_steps) or an integer >= 1")
     if c.trainer.warmup_steps >= c.trainer.max_steps:
         raise _bad(
             "trainer.warmup_steps",
@@ -227,5 +245,39 @@ def validate(cfg: DictConfig | TrainConfig) -> None:
         raise _bad("trainer.precision", c.trainer.precision, f"one of {', '.join(PRECISIONS)}")
 
 
+def accel_names() -> list[str]:
+    """The accel configurations (conf/accel/*.yaml)."""
+    return sorted(p.stem for p in (Path(CONF_DIR) / "accel").glob("*.yaml"))
+
+
+def validate_study(cfg: DictConfig) -> None:
+    """The study's checks (harness.study.validate_study, the one implementation)."""
+    from harness.study import validate_study as check
+
+    check(cfg)
+
+
 def to_container(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)  # type: ignore[return-value]
+
+
+#: config prefix of each schema dataclass (for field_comments)
+_PREFIXES = {"AccelConfig": "accel", "ModelConfig": "model", "DataConfig": "data", "TrainerConfig": "trainer",
+             "LoggerConfig": "logger", "TrainConfig": "", "StudyConfig": "study"}
+
+
+def field_comments() -> dict[str, str]:
+    """dotted key -> the comment beside its field in this module (the meaning ``--help`` shows)."""
+    import re
+
+    out: dict[str, str] = {}
+    prefix: Optional[str] = None
+    for line in Path(__file__).read_text().splitlines():
+        cls = re.match(r"class (\w+)\b", line)
+        if cls:
+            prefix = _PREFIXES.get(cls.group(1))
+            continue
+        m = re.match(r"    (\w+): [^#]+#\s*(.*)$", line)
+        if m and prefix is not None:
+            out[f"{prefix}.{m.group(1)}" if prefix else m.group(1)] = m.group(2).strip()
+    return out

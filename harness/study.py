@@ -455,7 +455,7 @@ def _free_memory(force: bool = False) -> None:
         torch.cuda.empty_cache()
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="study")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="study")
 def hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
@@ -463,7 +463,7 @@ def hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    run_app(hydra_main, "study", validate_study)
+    run_app(hydra_main, "study", validate_study, app="study")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Training entry point: ``python -m harness.train [group=option ...] [key=value ...]`` (or ``harness-train``).
 
-A Hydra app (``--help`` lists the config groups and their options). It builds the model, applies the
-acceleration method chosen by ``accel=...`` (harness.accel), checks every op it patched against
-float64 (harness.gate), trains it with Lightning, logs throughput to W&B (offline by default) and
-writes ``results.json`` into the run directory (harness.results).
+A Hydra app (``--help`` lists the methods, models, data and the keys people change most; harness.cli).
+It builds the model, applies the acceleration method chosen by ``accel=...`` (harness.accel), checks
+every op it patched against float64 (harness.gate), trains it with Lightning, logs throughput to W&B
+(offline by default) and writes ``results.json`` into the run directory (harness.results).
+``resume=<run dir>`` continues or extends a run in its own directory (harness.resume).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Optional
 import hydra
 from omegaconf import DictConfig
 
-from harness.cli import run_app
+from harness.cli import UsageError, fail, method_unavailable_message, run_app, wants_help
 from harness.config import CONF_DIR, validate  # also registers the structured-config schema
 from harness.gate import GateError  # noqa: F401  (re-exported: callers catch it from here)
 
@@ -65,13 +66,14 @@ def _gate(cfg: DictConfig, built, gpu: bool, precision: str, console) -> dict:
 
 
 def _callbacks(cfg: DictConfig, run_dir: Path, monitor, extra: tuple):
-    from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+    from lightning.pytorch.callbacks import ModelCheckpoint
 
+    from harness.console import HarnessProgressBar
     from harness.reliability import GracefulStop, NonFiniteLossGuard
 
     graceful = GracefulStop(run_dir / "checkpoints")
     guard = NonFiniteLossGuard(cfg.trainer.window, cfg.accel.name, cfg.trainer.on_nonfinite)
-    callbacks: list = [monitor, guard, graceful, TQDMProgressBar(refresh_rate=cfg.trainer.window), *extra]
+    callbacks: list = [monitor, guard, graceful, HarnessProgressBar(refresh_rate=cfg.trainer.window), *extra]
     if cfg.trainer.ckpt_every:
         callbacks.append(ModelCheckpoint(
             dirpath=str(run_dir / "checkpoints"), filename="step{step}", every_n_train_steps=cfg.trainer.ckpt_every,
@@ -100,6 +102,7 @@ def run_training(
     import kernels
     from harness.build import build, data_seed, on_gpu, resolve_precision, seq_len, tokens_per_step
     from harness.config import to_container
+    from harness.console import quiet_third_party
     from harness.env import environment
     from harness.loggers import make_logger, wandb_mode
     from harness.reliability import NonFiniteLossError
@@ -109,6 +112,7 @@ def run_training(
 
     validate(cfg)
     _quiet_lightning_handlers()
+    quiet_third_party(resuming=previous is not None)
     console = Console(stderr=True, quiet=rank_zero_only.rank != 0)  # one voice in a distributed run
     run_dir = prepare_run_dir(run_dir)
     gpu = on_gpu(cfg)
@@ -140,7 +144,7 @@ def run_training(
 
     t = cfg.trainer
     task = LanguageModelTask(
-        model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2), max_steps=t.max_steps,
+        model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2), max_steps=t.lr_decay_steps or t.max_steps,
         lr_warmup_steps=t.lr_warmup_steps, min_lr_ratio=t.min_lr_ratio, compile_model=cfg.compile_model,
         compile_mode=cfg.compile_mode, grad_clip=float(t.grad_clip or 0.0), fused_optimizer=precision != "16-mixed",
     )
@@ -153,7 +157,7 @@ def run_training(
     config["precision_resolved"] = precision
     run_name = f"{label.replace(' + compiled model', '+compile')}-{cfg.model.name}"
     wandb_id = ((previous or {}).get("wandb") or {}).get("id")
-    logger = make_logger(cfg.logger, run_dir, run_name, group, config, wandb_id=wandb_id)
+    logger = make_logger(cfg.logger, run_dir, run_name, group, config, wandb_id=wandb_id, resuming=previous is not None)
     if rank_zero_only.rank == 0 and previous is None:
         # a run killed outright leaves this behind: enough to resume it from its last checkpoint
         wid = logger.experiment.id if cfg.logger.name == "wandb" else None
@@ -209,40 +213,85 @@ def run_training(
     if graceful.requested:
         console.print(f"[bold]harness[/]: stopped at step {trainer.global_step} ({graceful.requested}); "
                       f"continue with: python -m harness.train resume={run_dir}")
-    tps = f"{summary.tokens_per_s:,.0f}" if summary.tokens_per_s else "n/a"
-    console.print(
-        f"[bold]harness[/]: done: accel={label} on {device}: {tps} tokens/s (median of {summary.windows} "
-        f"windows{f', NOISY: step p90/p50 {summary.step_ms_spread:.2f}' if summary.noisy else ''}), "
-        f"warm-up {summary.warmup_s or 0:.1f}s, final loss {results['final_train_loss']}, "
-        f"results -> {run_dir / 'results.json'}"
-    )
+    console.print(done_message(results, label, device, summary, run_dir, cfg.logger.name), soft_wrap=True)
     return results
 
 
+def done_message(results: dict, label: str, device: str, summary, run_dir: Path, logger_name: str) -> str:
+    """The end-of-run lines: the throughput, the final loss, where the results are and how to see the
+    metrics (the offline W&B run's ``wandb sync`` command, or the CSV file)."""
+    from rich.markup import escape
+
+    tps = f"{summary.tokens_per_s:,.0f}" if summary.tokens_per_s else "n/a"
+    windows = f"{summary.windows} window" + ("" if summary.windows == 1 else "s")
+    loss = results.get("final_train_loss")
+    loss_text = f"{loss:.4f}" if isinstance(loss, float) else str(loss)
+    noisy = f", NOISY: step p90/p50 {summary.step_ms_spread:.2f}" if getattr(summary, "noisy", False) else ""
+    lines = [f"[bold]harness[/]: done: accel={escape(label)} on {escape(device)}: {tps} tokens/s (median of "
+             f"{windows}{noisy}), warm-up {summary.warmup_s or 0:.1f}s, final loss {loss_text}",
+             f"  results: {escape(str(run_dir / 'results.json'))}"]
+    wb = results.get("wandb") or {}
+    if logger_name == "wandb" and wb:
+        runs = sorted(Path(run_dir, "wandb").glob(f"offline-run-*-{wb.get('id')}")) if wb.get("mode") == "offline" else []
+        if runs:
+            lines.append(f"  W&B (offline): upload with `wandb sync {escape(' '.join(str(r) for r in runs))}`, "
+                         f"or look at it here with `wandb leet {escape(str(runs[-1]))}`")
+        elif wb.get("mode") == "online":
+            lines.append(f"  W&B: run {wb.get('id')} in project {results['config']['logger']['project']}")
+    elif logger_name == "csv":
+        lines.append(f"  metrics: {escape(str(run_dir / 'csv' / 'metrics.csv'))}")
+    return "\n".join(lines)
+
+
 def validate_with_data(cfg: DictConfig) -> None:
-    """Config ranges plus the cheap data checks (a missing text file) that need no corpus build."""
+    """Config ranges plus the cheap data checks (a missing text file) that need no corpus build, and
+    whether the method can run on this machine."""
     validate(cfg)
     if cfg.data.name == "text" and not Path(str(cfg.data.path)).expanduser().is_file():
         from harness.data import DataError
 
         raise DataError(f"data.path={cfg.data.path!r}: no such file (data=text needs an existing text file)")
+    msg = method_unavailable_message(str(cfg.accel.name), str(cfg.accel.method), dict(cfg.accel.options or {}))
+    if msg:
+        raise UsageError(msg)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def _user_error(exc: BaseException) -> bool:
+    """A mistake in what the user asked for (said in one paragraph), not a failure of the run."""
+    import kernels
+    from harness.config import ConfigError
+    from harness.data import DataError
+    from harness.resume import ResumeError
+
+    return isinstance(exc, (ConfigError, DataError, UsageError, ResumeError, OutputDirError,
+                            kernels.MethodUnavailableError, kernels.UnknownMethodError))
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from harness.resume import load_resume, record_failure
+    from harness.resume import load_resume, override_value, record_failure
 
     hc = HydraConfig.get()
     previous = None
     run_dir = Path(hc.runtime.output_dir)
+    single = hc.mode != RunMode.MULTIRUN
     if cfg.resume:
-        cfg, previous = load_resume(Path(cfg.resume))
+        more = override_value(list(hc.overrides.task), "trainer.max_steps")
+        try:
+            cfg, previous = load_resume(Path(cfg.resume), int(more) if more is not None else None)
+        except Exception as exc:
+            if single and (_user_error(exc) or isinstance(exc, FileNotFoundError)):
+                fail(str(exc))
+            raise
         run_dir = Path(cfg.resume)
-        print(f"harness: resuming {run_dir} from its last checkpoint ({previous.get('status')} run) with its "
-              "saved config (other overrides are ignored)", file=sys.stderr)
+        done = previous.get("steps_done")
+        what = (f"extending it to {cfg.trainer.max_steps} steps" if previous.get("status") in ("completed", "nonfinite")
+                else f"continuing its {previous.get('status')} run" + (f" (stopped at step {done})" if done else ""))
+        print(f"harness: resuming {run_dir} from checkpoints/last.ckpt with its saved config, {what}",
+              file=sys.stderr)
     group = cfg.logger.group
     if group is None and hc.mode == RunMode.MULTIRUN:
         group = Path(hc.sweep.dir).name
@@ -256,6 +305,8 @@ def hydra_main(cfg: DictConfig) -> None:
     except Exception as exc:
         # a sweep goes on past a failed job (Hydra reports it at the end); its results.json says why
         record_failure(run_dir, cfg, exc)
+        if single and _user_error(exc):
+            fail(str(exc))  # one paragraph, exit status 2, no traceback
         raise
 
 
@@ -272,6 +323,15 @@ def _run_job_in_subprocess(overrides: list[str], run_dir: Path, group: str) -> N
 
 
 def main() -> None:
+    from harness.resume import resume_command_line, resume_request
+    from harness.cli import split_argv
+
+    argv = sys.argv[1:]
+    if not wants_help(argv) and resume_request(split_argv(argv)[1]):
+        # into the run's own directory, checked first: a finished run is left untouched (exit 0)
+        sys.argv[1:] = resume_command_line(argv)
+        hydra_main()
+        return
     run_app(hydra_main, "config", validate_with_data)
 
 

@@ -1,0 +1,1 @@
+"""The training harness: Hydra apps (train, study), benchmarks, throughput, reliability."""

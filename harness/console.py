@@ -1,0 +1,95 @@
+"""What a run prints: a progress bar with the numbers people read (tokens/s as 882k, step time, MFU in
+percent, the loss), and no third-party noise the user cannot act on.
+
+The filters are targeted: one Lightning deprecation warning that Lightning itself triggers, Lightning's
+advertising tips and its TPU/HPU lines, W&B's warning about a setting Lightning passes, and, when a run
+resumes, Lightning's warning that its checkpoint directory is not empty. Every other warning and log
+line still shows.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any, Optional
+
+from lightning.pytorch.callbacks import TQDMProgressBar
+
+#: Lightning's INFO lines (logger lightning.pytorch.utilities.rank_zero) that say nothing about this run
+_LIGHTNING_NOISE = ("💡 Tip:", "TPU available:", "HPU available:")
+
+
+class _DropLines(logging.Filter):
+    def __init__(self, prefixes: tuple[str, ...]):
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith(self.prefixes)
+
+
+_FILTER = _DropLines(_LIGHTNING_NOISE)
+
+
+def quiet_third_party(resuming: bool = False) -> None:
+    """Silence the third-party messages a harness user cannot act on (idempotent). ``resuming``: also
+    Lightning's warning that the checkpoint directory is not empty (a resumed run's own checkpoints)."""
+    # lightning's own _pytree builds a torch LeafSpec, which torch >= 2.9 deprecates (FutureWarning)
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                            category=FutureWarning)
+    if resuming:
+        warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
+
+
+def human(value: float) -> str:
+    """882k, 1.23M, 950: a rate at a glance."""
+    v = abs(value)
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if v >= scale:
+            q = value / scale
+            return f"{q:.3g}{suffix}" if abs(q) < 100 else f"{q:.0f}{suffix}"
+    return f"{value:.3g}" if v < 100 else f"{value:.0f}"
+
+
+def step_time(ms: float) -> str:
+    return f"{ms / 1000:.2f}s" if ms >= 1000 else f"{ms:.3g}ms" if ms < 100 else f"{ms:.0f}ms"
+
+
+def _value(metrics: dict, key: str) -> Optional[float]:
+    v = metrics.get(key)
+    if v is None:
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def bar_metrics(metrics: dict) -> dict[str, Any]:
+    """The progress bar's postfix from the logged metrics: loss, val_loss, tok/s, step, mfu."""
+    out: dict[str, Any] = {}
+    for key, label in (("train/loss", "loss"), ("val/loss", "val_loss")):
+        v = _value(metrics, key)
+        if v is not None:
+            out[label] = f"{v:.3f}"
+    v = _value(metrics, "train/tokens_per_s")
+    if v is not None:
+        out["tok/s"] = human(v)
+    v = _value(metrics, "train/step_ms")
+    if v is not None:
+        out["step"] = step_time(v)
+    v = _value(metrics, "train/mfu")
+    if v is not None:
+        out["mfu"] = f"{100 * v:.1f}%"
+    return out
+
+
+class HarnessProgressBar(TQDMProgressBar):
+    """Lightning's bar without ``v_num``, with readable throughput figures."""
+
+    def get_metrics(self, trainer, pl_module) -> dict[str, Any]:
+        return bar_metrics(dict(trainer.callback_metrics))

@@ -1,0 +1,87 @@
+"""What a run prints and writes: a readable progress bar and end-of-run lines, no third-party noise the
+user cannot act on, results files readable by others, no tracked file ignored by git."""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import subprocess
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from harness.console import bar_metrics, human, quiet_third_party
+from harness.train import done_message
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_progress_bar_shows_readable_throughput():
+    shown = bar_metrics({"train/loss": torch.tensor(3.14159), "train/tokens_per_s": torch.tensor(882_345.0),
+                         "train/step_ms": torch.tensor(45.25), "train/mfu": torch.tensor(0.3123),
+                         "val/loss": torch.tensor(2.5), "v_num": "ab12"})
+    assert shown == {"loss": "3.142", "val_loss": "2.500", "tok/s": "882k", "step": "45.2ms", "mfu": "31.2%"}
+    assert [human(v) for v in (950, 2710, 1_234_567, 12_500_000_000)] == ["950", "2.71k", "1.23M", "12.5G"]
+
+
+def test_end_of_run_lines_round_the_loss_and_say_where_things_are(tmp_path):
+    summary = SimpleNamespace(tokens_per_s=1234.5, windows=1, warmup_s=1.0)
+    (tmp_path / "wandb" / "offline-run-20261204_000000-abc").mkdir(parents=True)
+    results = {"final_train_loss": 3.171724319458008, "wandb": {"id": "abc", "mode": "offline"},
+               "config": {"logger": {"project": "p"}}}
+    text = done_message(results, "torch", "CPU", summary, tmp_path, "wandb")
+    assert "median of 1 window)" in text and "final loss 3.1717," not in text and "final loss 3.1717" in text
+    assert f"wandb sync {tmp_path / 'wandb' / 'offline-run-20261204_000000-abc'}" in text
+    assert str(tmp_path / "results.json") in text
+    assert "metrics.csv" in done_message(results, "torch", "CPU", summary, tmp_path, "csv")
+
+
+def test_third_party_noise_is_filtered_and_nothing_else(caplog):
+    from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+    quiet_third_party()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")
+        quiet_third_party()  # the filter goes in front of whatever is set
+        warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use ...", FutureWarning)
+        warnings.warn("something else is deprecated", FutureWarning)
+    assert [str(w.message) for w in seen] == ["something else is deprecated"]
+    with caplog.at_level(logging.INFO):
+        rank_zero_info("💡 Tip: For seamless cloud logging ... litlogger")
+        rank_zero_info("TPU available: False, using: 0 TPU cores")
+        rank_zero_info("`Trainer.fit` stopped: `max_steps=3` reached.")
+    assert "litlogger" not in caplog.text and "TPU" not in caplog.text and "max_steps=3" in caplog.text
+
+
+def test_wandb_logger_does_not_pass_the_deprecated_anonymous_setting(tmp_path):
+    from harness.loggers import ResumableWandbLogger
+
+    logger = ResumableWandbLogger(progress_dir=tmp_path, save_dir=str(tmp_path), mode="offline")
+    assert "anonymous" not in logger._wandb_init  # W&B warns about it ("has no effect")
+
+
+def test_results_files_are_readable_by_everyone(tmp_path):
+    from harness.results import write_json
+
+    old = os.umask(0o022)
+    try:
+        write_json(tmp_path / "results.json", {"a": 1})
+        (tmp_path / "other.txt").write_text("")  # any other output, as Hydra and W&B write theirs
+    finally:
+        os.umask(old)
+    mode = stat.S_IMODE((tmp_path / "results.json").stat().st_mode)
+    assert mode == 0o644 == stat.S_IMODE((tmp_path / "other.txt").stat().st_mode)
+
+
+def test_no_tracked_file_is_gitignored():
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    r = subprocess.run(["git", "ls-files", "--cached", "--ignored", "--exclude-standard"], cwd=ROOT,
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip("git is not usable here")
+    assert r.stdout.split() == []
