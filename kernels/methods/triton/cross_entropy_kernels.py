@@ -57,6 +57,8 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
+from kernels.methods.triton.tile import _split_arrive_and_wait, _split_chunk
+
 LOG2E = tl.constexpr(1.4426950408889634)  # a global a @jit function reads must be a constexpr
 #: Rows up to this many columns are held whole in one program's registers (32 fp32 values per thread
 #: at 16 warps; 32768 would need 32 warps at 64 registers a thread, one program per SM).
@@ -144,15 +146,9 @@ def _ce_split_kernel(
     WRITE_LOSS: tl.constexpr, WRITE_GRAD: tl.constexpr, PHASE: tl.constexpr,
 ):
     """PHASE 0: the whole kernel, chunks from the ticket counter CNT[0] (GPU). PHASE 1: partials only;
-    PHASE 2: outputs only (the interpreter, whose programs run one after another)."""
-    if PHASE == 0:
-        vid = tl.atomic_add(CNT, 1)
-    else:
-        vid = tl.program_id(0)
-    row = (vid // splits).to(tl.int64)
-    part = vid % splits
-    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
-    inside = cols < n_cols
+    PHASE 2: outputs only (the interpreter, whose programs run one after another). The chunk and the
+    arrival are the softmax split path's (``tile._split_chunk``, ``tile._split_arrive_and_wait``)."""
+    row, part, cols, inside = _split_chunk(CNT, splits, n_cols, 1, 0, BLOCK_N, False, PHASE)
     t = tl.load(T + row)
     x = tl.load(X + row * stride_xr + cols * stride_xc, mask=inside, other=float("-inf")).to(tl.float32)
     is_t = cols == t
@@ -164,11 +160,8 @@ def _ce_split_kernel(
     if PHASE != 2:
         tl.store(stat + part, m)
         tl.store(stat + splits + part, tl.sum(e, axis=0))
-    if PHASE == 0:  # publish (the barrier orders every thread's stores before the release), then wait
-        tl.debug_barrier()
-        tl.atomic_add(CNT + 1 + row, 1, sem="release")
-        while tl.atomic_add(CNT + 1 + row, 0, sem="acquire") < splits:
-            pass
+    if PHASE == 0:  # publish, then wait for every chunk of the row
+        _split_arrive_and_wait(CNT + 1 + row, splits)
     if PHASE != 1:
         p = tl.arange(0, SPLITS_P2)
         ms = tl.load(stat + p, mask=p < splits, other=float("-inf"), cache_modifier=".cg")
