@@ -30,6 +30,9 @@ STATE: dict = {"loaded": False, "error": None, "build_s": None}
 def _toolchain_problem() -> Optional[str]:
     if not torch.cuda.is_available():
         return "it needs a CUDA GPU and none was found"
+    if not all(src.is_file() for src in SOURCES):
+        return (f"its CUDA sources are not here ({CSRC} is missing: an installed wheel does not carry csrc/); "
+                "install from a checkout of the repository (pip install -e .)")
     if torch.version.cuda is None:
         return "this PyTorch build has no CUDA support"
     from torch.utils.cpp_extension import CUDA_HOME, is_ninja_available
