@@ -17,6 +17,8 @@ from typing import Callable, NoReturn, Optional
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from harness.config import group_options
+
 #: exit status of a user error (a bad command line or config), as argparse uses
 USAGE_ERROR = 2
 
@@ -51,11 +53,6 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def is_multirun(argv: list[str]) -> bool:
     return "-m" in argv or "--multirun" in argv
-
-
-def group_options(conf_dir: str, group: str) -> list[str]:
-    """The options of a config group: the YAML files in ``conf/<group>/``."""
-    return sorted(p.stem for p in (Path(conf_dir) / group).glob("*.yaml"))
 
 
 def _groups(conf_dir: str) -> set[str]:
@@ -136,7 +133,7 @@ def precheck_overrides(
             continue
         if key in groups:
             values = list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
-            valid = group_options(conf_dir, key)
+            valid = group_options(key, conf_dir)
             for v in values:
                 if str(v) not in valid:
                     fail(f"unknown {key} option {v!r} (there is no {key}/{v}.yaml in {conf_dir}); valid {key} "
@@ -200,7 +197,7 @@ def accel_choices(conf_dir: Optional[str] = None) -> list[dict]:
     conf_dir = conf_dir or CONF_DIR
     known = kernels.available_methods(include_timing_only=True)
     out = []
-    for name in group_options(conf_dir, "accel"):
+    for name in group_options("accel", conf_dir):
         path = Path(conf_dir) / "accel" / f"{name}.yaml"
         raw = OmegaConf.load(path)
         method, options = str(raw.get("method")), dict(raw.get("options") or {})
@@ -296,7 +293,7 @@ def help_text(app: str, conf_dir: str, config_name: str) -> str:
     for group, title in (("model", "the GPT's shape"), ("data", "what it trains on"), ("trainer", "how it trains"),
                          ("logger", "where metrics go")):
         lines += ["", f"{group}= ({title}; default: {defaults.get(group, 'default')})"]
-        opts = group_options(conf_dir, group)
+        opts = group_options(group, conf_dir)
         w = max(len(o) for o in opts)
         for o in opts:
             path = Path(conf_dir) / group / f"{o}.yaml"

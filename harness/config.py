@@ -245,9 +245,14 @@ def validate(cfg: DictConfig | TrainConfig) -> None:
         raise _bad("trainer.precision", c.trainer.precision, f"one of {', '.join(PRECISIONS)}")
 
 
+def group_options(group: str, conf_dir: Optional[str] = None) -> list[str]:
+    """The options of a config group: the YAML files in ``conf/<group>/``, sorted."""
+    return sorted(p.stem for p in (Path(conf_dir or CONF_DIR) / group).glob("*.yaml"))
+
+
 def accel_names() -> list[str]:
     """The accel configurations (conf/accel/*.yaml)."""
-    return sorted(p.stem for p in (Path(CONF_DIR) / "accel").glob("*.yaml"))
+    return group_options("accel")
 
 
 def validate_study(cfg: DictConfig) -> None:

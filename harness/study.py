@@ -46,20 +46,15 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from harness.cli import run_app
-from harness.config import CONF_DIR, AccelConfig, ConfigError
+from harness.config import CONF_DIR, AccelConfig, ConfigError, accel_names, group_options
 from harness.results import atomic_write_text, write_json
 from harness.study_report import NO_NUMBERS, StudyRow, add_run, finish, log_to_wandb, write_outputs
 
 SWEEPS = ("context", "model")
 
 
-def accel_names() -> list[str]:
-    """Every accel configuration in ``conf/accel/``, sorted."""
-    return sorted(p.stem for p in (Path(CONF_DIR) / "accel").glob("*.yaml"))
-
-
 def model_names() -> list[str]:
-    return sorted(p.stem for p in (Path(CONF_DIR) / "model").glob("*.yaml"))
+    return group_options("model")
 
 
 def accel_config(name: str) -> DictConfig:

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 import kernels
-from harness.bench.common import eager_and_graph_ms, error_text, fmt, free_memory, write_rows_csv
+from harness.bench.common import eager_and_graph_ms, error_text, fmt, free_memory, peak_extra_gib, write_rows_csv
 from harness.results import atomic_write_text, write_json
 
 MAX_SCORES_GIB = 4.0
@@ -100,13 +100,7 @@ def measure_attention(method: str, shape: tuple, device: str, rep_ms: int, optio
         tf = lambda flops, ms: None if ms is None else flops / (ms * 1e-3) / 1e12  # noqa: E731
         row.fwd_tflops, row.fwd_graph_tflops = tf(f, row.fwd_ms), tf(f, row.fwd_graph_ms)
         row.fwd_bwd_tflops, row.fwd_bwd_graph_tflops = tf(3.5 * f, row.fwd_bwd_ms), tf(3.5 * f, row.fwd_bwd_graph_ms)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-            before = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            forward_backward()
-            torch.cuda.synchronize()
-            row.extra_gib = (torch.cuda.max_memory_allocated() - before) / 2**30
+        row.extra_gib = peak_extra_gib(forward_backward)
     except Exception as exc:
         row.error = error_text(exc)
     finally:

@@ -37,6 +37,19 @@ def free_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def peak_extra_gib(fn: Callable[[], object]) -> Optional[float]:
+    """GiB allocated at the peak of ``fn()`` above what was allocated before it (None without a GPU)."""
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.synchronize()
+    free_memory()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**30
+
+
 def fmt(v, spec: str = ".0f") -> str:
     return "-" if v is None else format(v, spec)
 

@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 import kernels
-from harness.bench.common import eager_and_graph_ms, error_text, fmt, free_memory, write_rows_csv
+from harness.bench.common import eager_and_graph_ms, error_text, fmt, free_memory, peak_extra_gib, write_rows_csv
 from harness.results import atomic_write_text, write_json
 from kernels.timing import copy_bandwidth
 
@@ -48,18 +48,6 @@ class LossRow:
 
 def default_methods(op: str = "cross_entropy") -> list[str]:
     return [n for n, a in kernels.available_methods(op=op).items() if a.available]
-
-
-def _peak_extra_gib(fn) -> Optional[float]:
-    if not torch.cuda.is_available():
-        return None
-    torch.cuda.synchronize()
-    free_memory()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - before) / 2**30
 
 
 def _check(loss_rows: torch.Tensor, grad: Optional[torch.Tensor], logits: torch.Tensor, t: torch.Tensor) -> bool:
@@ -99,7 +87,7 @@ def measure_ce(method: str, tokens: int, vocab: int, device: str, rep_ms: int, a
 
         row.fwd_bwd_ms, row.fwd_bwd_graph_ms = eager_and_graph_ms(forward_backward, rep_ms)
         row.fwd_ms, _ = eager_and_graph_ms(forward, rep_ms)
-        row.extra_gib = _peak_extra_gib(forward_backward)
+        row.extra_gib = peak_extra_gib(forward_backward)
     except Exception as exc:
         row.error = error_text(exc)
     finally:
@@ -126,7 +114,7 @@ def measure_linear(method: str, tokens: int, hidden: int, vocab: int, device: st
             return torch.autograd.grad(fn(h, w, t, -100, "mean"), (h, w))
 
         row.fwd_bwd_ms, row.fwd_bwd_graph_ms = eager_and_graph_ms(forward_backward, rep_ms)
-        row.extra_gib = _peak_extra_gib(forward_backward)
+        row.extra_gib = peak_extra_gib(forward_backward)
     except Exception as exc:
         row.error = error_text(exc)
     finally:
