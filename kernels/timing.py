@@ -5,6 +5,7 @@ float64 checks a timed kernel must pass first. Wall clock on a CPU, where the nu
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from typing import Callable
@@ -46,7 +47,12 @@ def bench_graph_ms(fn: Callable[[], object], rep_ms: int = 100) -> tuple[float, 
         with torch.cuda.graph(graph):
             fn()
     except Exception:
+        # A failed capture keeps its private memory pool (every tensor fn allocated inside it) until the
+        # graph is gone: drop it and hand the memory back, or a table of several sizes runs out of memory.
+        del graph
+        gc.collect()
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()
         return bench_ms(fn, rep_ms), False
     return bench_ms(graph.replay, rep_ms), True
 

@@ -10,6 +10,8 @@
 #   sweep    python -m harness.bench triton-sweep (Triton launch settings per N; extra args in SWEEP_ARGS;
 #            the same as python -m kernels.methods.triton.sweep)
 #   cuda-sweep  python -m harness.bench cuda-sweep (CUDA launch variants per N; CUDA_SWEEP_ARGS)
+#   triton-ce-sweep  python -m kernels.methods.triton.ce_sweep (Triton cross-entropy plans per V; TRITON_CE_SWEEP_ARGS)
+#   ce-sweep python -m kernels.methods.cuda.ce_sweep (CUDA cross-entropy launch variants per V; CE_SWEEP_ARGS)
 #   overhead python -m harness.bench overhead model=gpt2s
 #   study    python -m harness.study (STUDY_ARGS)
 #   profile  Nsight Compute on scripts/profile_softmax.py (PROFILE_ARGS: method, N, direction; NCU_KERNEL:
@@ -54,6 +56,14 @@ for stage in "$@"; do
     cuda-sweep)
       timeout ${CUDA_SWEEP_TIMEOUT:-300} python3 -m harness.bench cuda-sweep --out "$OUT" ${CUDA_SWEEP_ARGS:-} 2>&1 | tee "$OUT/cuda_sweep.log" | grep -E "^N=|^cuda-sweep|Error" | tail -20
       summary+=("cuda-sweep: see $OUT/cuda_sweep.json")
+      ;;
+    triton-ce-sweep)
+      timeout ${TRITON_CE_SWEEP_TIMEOUT:-300} python3 -m kernels.methods.triton.ce_sweep --out "$OUT" ${TRITON_CE_SWEEP_ARGS:-} 2>&1 | tee "$OUT/triton_ce_sweep.log" | grep -E "best|current|Error" | tail -30
+      summary+=("triton-ce-sweep: see $OUT/triton_ce_sweep.json")
+      ;;
+    ce-sweep)
+      timeout ${CE_SWEEP_TIMEOUT:-300} python3 -m kernels.methods.cuda.ce_sweep --out "$OUT" ${CE_SWEEP_ARGS:-} 2>&1 | tee "$OUT/ce_sweep.log" | grep -E "^V=|best|^ce-sweep|WRONG|Error" | tail -30
+      summary+=("ce-sweep: see $OUT/ce_sweep.json")
       ;;
     overhead)
       timeout ${OVERHEAD_TIMEOUT:-300} python3 -m harness.bench overhead --out "$OUT/overhead" ${OVERHEAD_ARGS:-model=gpt2s} 2>&1 | tee "$OUT/overhead.log" | grep -E "round|harness /|Error|error" | tail -20

@@ -141,3 +141,31 @@ def test_launch_table_reports_host_time_per_call(tmp_path):
     assert {(r.method, r.op) for r in rows} == {("torch", "softmax"), ("torch", "cross_entropy"), ("sdpa", "attention")}
     assert all(r.one_shot_us > 0 and r.bound_us > 0 and r.bound_fwd_bwd_us > 0 and not r.error for r in rows), rows
     assert "one-shot / bound" in (tmp_path / "launch.md").read_text()
+
+
+def test_a_failed_capture_is_not_tried_again_for_the_same_key(monkeypatch):
+    from harness.bench import common
+
+    tried = []
+    monkeypatch.setattr(common.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(common, "bench_ms", lambda fn, rep_ms: 1.5)
+    monkeypatch.setattr(common, "bench_graph_ms", lambda fn, rep_ms: tried.append(fn) or (2.0, False))
+    monkeypatch.setattr(common, "_UNCAPTURABLE", set())
+    assert common.eager_and_graph_ms(lambda: None, 5, "liger") == (1.5, None)
+    assert common.eager_and_graph_ms(lambda: None, 5, "liger") == (1.5, None)
+    assert len(tried) == 1  # the second call did not capture again
+    monkeypatch.setattr(common, "bench_graph_ms", lambda fn, rep_ms: (0.5, True))
+    assert common.eager_and_graph_ms(lambda: None, 5, "cuda") == (1.5, 0.5)
+    assert common.eager_and_graph_ms(lambda: None, 5) == (1.5, 0.5)  # no key: always tried
+
+
+def test_loss_table_shows_a_measurement_error_even_after_a_correct_check(tmp_path, monkeypatch):
+    from harness.bench import loss
+
+    def boom(*a, **k):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(loss, "eager_and_graph_ms", boom)
+    rows = loss.run_loss_bench(["torch"], [33], 16, None, tmp_path, rep_ms=5)
+    assert rows[0].correct and "out of memory" in rows[0].error
+    assert "error: RuntimeError: CUDA out of memory" in (tmp_path / "loss.md").read_text()

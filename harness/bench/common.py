@@ -22,12 +22,22 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def eager_and_graph_ms(fn: Callable[[], object], rep_ms: int) -> tuple[float, Optional[float]]:
+#: keys (e.g. a method's name) whose capture failed once: not tried again in this process, since a
+#: failed capture can keep the memory it allocated (a table over several sizes would run out of it)
+_UNCAPTURABLE: set = set()
+
+
+def eager_and_graph_ms(fn: Callable[[], object], rep_ms: int, key: Optional[str] = None) -> tuple[float, Optional[float]]:
     """(eager ms, graph-replay ms): ``triton.testing.do_bench`` medians (CUDA events, L2 flushed between
     repetitions), first calling ``fn`` as a training loop does (host launch cost included), then
-    replaying one CUDA-graph capture of it (kernel time alone; None where capture is not possible)."""
+    replaying one CUDA-graph capture of it (kernel time alone; None where capture is not possible,
+    and from then on for the same ``key``)."""
     eager = bench_ms(fn, rep_ms)
-    graph, captured = bench_graph_ms(fn, rep_ms) if torch.cuda.is_available() else (None, False)
+    if not torch.cuda.is_available() or (key is not None and key in _UNCAPTURABLE):
+        return eager, None
+    graph, captured = bench_graph_ms(fn, rep_ms)
+    if not captured and key is not None:
+        _UNCAPTURABLE.add(key)
     return eager, graph if captured else None
 
 

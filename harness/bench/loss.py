@@ -85,8 +85,9 @@ def measure_ce(method: str, tokens: int, vocab: int, device: str, rep_ms: int, a
             with torch.no_grad(), ctx():
                 return fn(logits, t, -100, "mean")
 
-        row.fwd_bwd_ms, row.fwd_bwd_graph_ms = eager_and_graph_ms(forward_backward, rep_ms)
-        row.fwd_ms, _ = eager_and_graph_ms(forward, rep_ms)
+        key = f"cross_entropy:{method}:{autocast}"
+        row.fwd_bwd_ms, row.fwd_bwd_graph_ms = eager_and_graph_ms(forward_backward, rep_ms, key)
+        row.fwd_ms, _ = eager_and_graph_ms(forward, rep_ms, key)
         row.extra_gib = peak_extra_gib(forward_backward)
     except Exception as exc:
         row.error = error_text(exc)
@@ -113,7 +114,8 @@ def measure_linear(method: str, tokens: int, hidden: int, vocab: int, device: st
         def forward_backward():
             return torch.autograd.grad(fn(h, w, t, -100, "mean"), (h, w))
 
-        row.fwd_bwd_ms, row.fwd_bwd_graph_ms = eager_and_graph_ms(forward_backward, rep_ms)
+        row.fwd_bwd_ms, row.fwd_bwd_graph_ms = eager_and_graph_ms(forward_backward, rep_ms,
+                                                                  f"linear_cross_entropy:{method}")
         row.extra_gib = peak_extra_gib(forward_backward)
     except Exception as exc:
         row.error = error_text(exc)
@@ -149,7 +151,7 @@ def run_loss_bench(methods: Optional[list[str]], vocabs: list[int], tokens: int,
                 r.frac_ideal = r.ideal_ms / r.fwd_bwd_ms
         print(f"  {r.method:8s}{'+autocast' if r.autocast else '':9s} {r.op:21s} {r.tokens}x{r.vocab}: fwd+bwd "
               f"{fmt(r.fwd_bwd_ms, '.3f')} ms (graph {fmt(r.fwd_bwd_graph_ms, '.3f')}), ideal {fmt(r.ideal_ms, '.3f')}, "
-              f"extra {fmt(r.extra_gib, '.2f')} GiB {'ok' if r.correct else r.error or 'WRONG'}", flush=True)
+              f"extra {fmt(r.extra_gib, '.2f')} GiB {r.error or ('ok' if r.correct else 'WRONG')}", flush=True)
     env = environment()
     lines = [f"## Cross-entropy on {env['device_name']} (torch {env['torch']}, triton {env['triton']}), bf16 logits", "",
              f"Copy ceiling {copy_gbs:.0f} GB/s; ideal = one read of the logits + one write of their gradient at it.", "",
@@ -157,7 +159,7 @@ def run_loss_bench(methods: Optional[list[str]], vocabs: list[int], tokens: int,
              "| extra GiB | correct |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         shape = f"{r.tokens} x {r.vocab}" + (f" ({r.hidden})" if r.hidden else "")
-        ok = "yes" if r.correct else ("**NO**" if r.correct is False else f"error: {r.error}")
+        ok = f"error: {r.error}" if r.error else ("yes" if r.correct else "**NO**")
         lines.append(f"| {r.method}{' (autocast)' if r.autocast else ''} | {r.op} | {shape} | {fmt(r.fwd_bwd_ms, '.3f')} "
                      f"| {fmt(r.fwd_bwd_graph_ms, '.3f')} | {fmt(r.fwd_ms, '.3f')} | {fmt(r.ideal_ms, '.3f')} "
                      f"| {fmt(r.frac_ideal, '.2f')} | {fmt(r.extra_gib, '.2f')} | {ok} |")

@@ -190,8 +190,8 @@ def run_ce_sweep(sizes: list[int], rows: int, max_gb: float, out: Path, rep_ms: 
             record("variant", describe(c), lambda c=c: ops.ce_variant(x, t, inv, g, _PATHS[c["path"]], c["threads"],
                                                                       c["items"], c["smem"], c["packed"]), **c)
         ce_rows = torch.ops.softmax_harness_cuda.ce_rows
-        for name, code in (("table", -1), ("register", 0), ("hybrid", 1), ("split", 2), ("stream", 3)):
-            path = ce_code_path(torch.bfloat16, v, rows=n, path=name)
+        for name, code in (("auto", -1), ("register", 0), ("hybrid", 1), ("split", 2), ("stream", 3)):
+            path = ce_code_path(torch.bfloat16, v, rows=n, path=name)  # auto: the launch table's choice
             if path == "none":
                 continue
             record("production", f"ce_rows {name} -> {path}", lambda code=code: ce_rows(x, t, IGNORE, inv, g, code))
