@@ -15,10 +15,9 @@ namespace {
 using namespace ce;
 
 // ---------------------------------------------------------------------------------------------
-// launch table: every knob of the cross-entropy launches is here. Until the H200 sweep
-// (kernels/methods/cuda/ce_sweep.py) has measured them, the register and hybrid rows follow the
-// softmax forward's table (the same row work: a max, a sum of exponentials, one store per element;
-// docs/perf.md), and the split slices the softmax forward's.
+// launch table: every knob of the cross-entropy launches is here. The hybrid and split rows come from
+// the H200 sweep (kernels/methods/cuda/ce_sweep.py; docs/perf.md); the register rows follow the softmax
+// forward's table (the same row work: a max, a sum of exponentials, one store per element).
 // ---------------------------------------------------------------------------------------------
 // Register path, keyed by BLOCK_N (the next power of two >= V), the same elements per thread for every
 // dtype: 32 up to 4096 columns (fewer for shorter rows), 16 at 8192, 64 at 16384 (fp32 exponentials
@@ -31,18 +30,22 @@ constexpr int reg_max() {  // longest register row: 16-bit 32768, fp32 16384
   return sizeof(T) == 2 ? 32768 : 16384;
 }
 // Hybrid path (16-bit rows of reg_max + 1 ... kHybridMax columns, e.g. V = 50304): a block of 512 threads
-// per row, 64 elements per thread in registers (packed) and the fewest of 32, 40, 48 or 64 more in
-// shared memory that hold the row (V = 50304: 40), two blocks per SM (64-register cap).
-constexpr int kHybridThreads = 512, kHybridRegItems = 64;
-constexpr int kHybridSmemItems[] = {32, 40, 48, 64};
-constexpr int64_t kHybridMax = (int64_t)kHybridThreads * (kHybridRegItems + 64);
-// Split path (longer rows, e.g. V = 128256 or 262144): slices of `threads` x `items` columns kept in
-// registers, at most min(kMaxSplits, SMs) slices; 16-bit 256 x 64 packed (a 64-register cap, four blocks
-// per SM), fp32 256 x 32 (exponentials kept).
+// per row, 32 elements per thread in registers (packed) and 96 more in shared memory (96 KB: two blocks
+// per SM). The H200 sweep at V = 50304 (docs/perf.md): 0.86 of copy, against 0.81 for 64 + 64 and 0.75
+// for 64 + 40 (the table before the sweep): the more of the row the copy engine stages in shared
+// memory, the more loads are in flight.
+constexpr int kHybridThreads = 512, kHybridRegItems = 32, kHybridSmemItems = 96;
+constexpr int64_t kHybridMax = (int64_t)kHybridThreads * (kHybridRegItems + kHybridSmemItems);
+// Split path (longer rows, e.g. V = 128256 or 262144): slices of `threads` x (`items` in registers +
+// `smem` in shared memory) columns, at most min(kMaxSplits, SMs) slices. 16-bit: 512 x (64 packed + 64),
+// 64K-column slices (two at 128256, four at 262144): 0.81 / 0.79 of copy in the H200 sweep, against
+// 0.62 / 0.60 for 256 x 64 (16K-column slices, the table before the sweep): fewer, larger slices wait
+// less on each other. fp32: 256 x 32 in registers (exponentials kept; not swept).
 template <typename T>
 struct SplitShape {
-  static constexpr int threads = 256, items = sizeof(T) == 2 ? 64 : 32;
-  static constexpr bool packed = sizeof(T) == 2;
+  static constexpr bool b16 = sizeof(T) == 2;
+  static constexpr int threads = b16 ? 512 : 256, items = b16 ? 64 : 32, smem = b16 ? 64 : 0;
+  static constexpr bool packed = b16;
 };
 // Stream path (unaligned rows, and rows longer than the split path takes): a block of 512 threads per
 // row (128 for unaligned rows of up to 2048 columns).
@@ -56,7 +59,8 @@ enum class Path { Register, Hybrid, Split, Stream, None };
 template <typename T>
 SplitPlan plan_of(int64_t cols, bool forced) {
   using S = SplitShape<T>;
-  return split_plan(cols, (int64_t)S::threads * S::items, vec_of<T>(), forced && cols >= 2 * vec_of<T>() ? 2 : 1);
+  return split_plan(cols, (int64_t)S::threads * (S::items + S::smem), vec_of<T>(),
+                    forced && cols >= 2 * vec_of<T>() ? 2 : 1);
 }
 
 // The path for rows x cols (aligned: see is_aligned), the SM count for the split cap.
@@ -137,17 +141,13 @@ cudaError_t dispatch(const CeLaunch& a) {
       return launch_register_row<T>(p, a.stream);
     case Path::Hybrid:
       if constexpr (sizeof(T) == 2) {
-        constexpr int L = kHybridThreads, RI = kHybridRegItems;
-        static_assert(L * RI == reg_max<T>() && kHybridSmemItems[3] == 64, "hybrid rows start where register rows end");
-        if (a.cols <= (int64_t)L * (RI + kHybridSmemItems[0])) return launch_hybrid<T, L, RI, kHybridSmemItems[0]>(p, a.stream);
-        if (a.cols <= (int64_t)L * (RI + kHybridSmemItems[1])) return launch_hybrid<T, L, RI, kHybridSmemItems[1]>(p, a.stream);
-        if (a.cols <= (int64_t)L * (RI + kHybridSmemItems[2])) return launch_hybrid<T, L, RI, kHybridSmemItems[2]>(p, a.stream);
-        return launch_hybrid<T, L, RI, kHybridSmemItems[3]>(p, a.stream);
+        static_assert(kHybridMax == 2 * reg_max<T>(), "hybrid rows: reg_max + 1 ... 2 x reg_max columns");
+        return launch_hybrid<T, kHybridThreads, kHybridRegItems, kHybridSmemItems>(p, a.stream);
       }
       return cudaErrorInvalidConfiguration;
     case Path::Split: {
       using S = SplitShape<T>;
-      return launch_split<T, S::threads, S::items, 0, S::packed>(p, plan_of<T>(a.cols, a.path == kCeSplit),
+      return launch_split<T, S::threads, S::items, S::smem, S::packed>(p, plan_of<T>(a.cols, a.path == kCeSplit),
                                                                  a.workspace, a.stream);
     }
     case Path::Stream:

@@ -213,7 +213,7 @@ def test_code_paths_by_vocabulary():
     expected = {
         torch.bfloat16: {1: "stream", 8: "register", 32768: "register", 32776: "hybrid", 50304: "hybrid",
                          65536: "hybrid", 65544: "split", 128256: "split", 262144: "split",
-                         cap * 16384: "split", cap * 16384 + 8: "stream"},
+                         cap * 65536: "split", cap * 65536 + 8: "stream"},  # 512 x (64 + 64)-column slices
         torch.float32: {4: "register", 16384: "register", 16388: "split", 50304: "split", cap * 8192: "split",
                         cap * 8192 + 4: "stream"},
     }
