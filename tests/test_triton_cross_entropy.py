@@ -43,6 +43,7 @@ def forced_path(request, ck, monkeypatch):
     monkeypatch.setattr(ck, "SPLIT_BLOCK_N", 8)
     monkeypatch.setattr(ck, "MAX_SPLITS", 8)
     monkeypatch.setattr(ck, "STREAM_BLOCK_N", 8)
+    monkeypatch.setattr(ck, "LONG_PATH", "split")  # (stream only past MAX_SPLITS chunks)
     cols = {"tile": [1, 5, 16], "split": [17, 64], "stream": [65, 100]}[request.param]
     assert all(ck.plan(v).path == request.param for v in cols)
     return request.param, cols
@@ -90,10 +91,9 @@ def test_every_path_takes_extreme_values_and_writes_in_place(forced_path, ck):
 
 def test_plan_by_row_length(ck):
     assert ck.plan(1).path == "tile" and ck.plan(16384).path == "tile" and ck.plan(16384).block_n == 16384
-    p = ck.plan(50304)  # GPT-2's padded vocabulary: 7 chunks of 8192
-    assert (p.path, p.block_n, -(-50304 // p.block_n)) == ("split", 8192, 7)
-    assert ck.plan(262144).path == "split" and ck.plan(128 * 8192).path == "split"
-    assert ck.plan(128 * 8192 + 1).path == "stream"
+    p = ck.plan(50304)  # GPT-2's padded vocabulary: streamed in chunks of 2048 (the H200 sweep's winner)
+    assert (p.path, p.block_n, p.num_warps) == ("stream", 2048, 8)
+    assert ck.plan(16385).path == ck.plan(262144).path == ck.plan(2**24).path == "stream"
     assert ck.plan(128, n_rows=3).rows == 4 and ck.plan(128).rows == 64  # no programs of missing rows
     assert all(ck.plan(v, n).num_warps >= 1 for v in (1, 7, 200) for n in (1, 5))
 
@@ -389,3 +389,15 @@ def test_cross_entropy_kernels_compile_for_sm90():
     run = subprocess.run([sys.executable, "-c", _CE_COMPILE], capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.count("compiled") == 6, run.stdout
+
+
+def test_sweep_candidates_start_with_the_current_plan_and_cover_both_long_paths(ck):
+    from kernels.methods.triton.ce_sweep import candidates
+
+    for v in (50304, 128256, 262144):
+        c = candidates(v)
+        assert c[0] == ck.plan(v) and len(set(c)) == len(c)
+        assert {p.path for p in c} >= {"split", "stream"}
+        assert all(p.block_n // (32 * p.num_warps) >= 4 for p in c[1:])
+        assert all(-(-v // p.block_n) <= ck.MAX_SPLITS for p in c if p.path == "split")
+    assert candidates(1000) == [ck.plan(1000)]  # a row that fits one program: nothing to sweep

@@ -15,11 +15,14 @@ see :mod:`kernels.methods.triton.cross_entropy`.) float16 keeps the gradient uns
 divides by n_valid in the backward: 1 / n_valid in fp16 pushes small probabilities into subnormals or
 to zero before a GradScaler's factor could lift them.
 
-Code paths by V (``plan``; block sizes and warps are heuristics, to tune on the GPU):
+Code paths by V (``plan``; the long rows' path and chunk from the H200 sweep, ``ce_sweep``; the
+tile rows from the softmax forward's table):
 
 * Tile (V <= ``TILE_MAX_N``): ROWS whole rows per program in registers (several rows per program for
   short rows). One read, one write per element.
-* Split (V up to ``MAX_SPLITS`` chunks of ``SPLIT_BLOCK_N``): a row over several programs, each holding
+* Split (``LONG_PATH = "split"``, V up to ``MAX_SPLITS`` chunks of ``SPLIT_BLOCK_N``; measured slower
+  than stream on the H200, 0.35-0.53 of copy at V = 50304-262144, so not the default: its programs
+  wait on each other holding their chunks): a row over several programs, each holding
   one chunk in registers. Each publishes its chunk's (max, sum of exp) to a workspace, bumps the row's
   arrival counter and waits for the row's other chunks, then combines the partials and writes its
   chunk's gradient; the chunk that holds the target writes the row's loss (the target logit never
@@ -27,14 +30,14 @@ Code paths by V (``plan``; block sizes and warps are heuristics, to tune on the 
   start in order and a waiting program only waits for programs that are already running (a row needs
   at most MAX_SPLITS resident programs). Triton's CPU interpreter runs programs one after another, so
   there the kernel runs as two launches (partials, then outputs). One read, one write per element.
-* Stream (longer rows, no cap): one program per row, an online pass (running max and rescaled sum per
-  lane) and a gradient pass walking the row backwards, so the chunks read last by the first pass are
-  still in L2. Reads the logits twice.
+* Stream (rows longer than TILE_MAX_N, no cap): one program per row, an online pass (running max and
+  rescaled sum per lane) and a gradient pass walking the row backwards, so the chunks read last by the
+  first pass are still in L2. Reads the logits twice: 0.59-0.63 of copy on the H200 (V = 50304-262144).
 
 Bytes (N x V logits of b bytes; H200 device-to-device copy ~4.2 TB/s): forward with gradient reads
 N V b and writes N V b (the ideal: 16384 x 50304 bf16 is 3.3 GB, 0.78 ms, against 3.16 ms for
-F.cross_entropy on bf16 logits and 2.16 ms for Liger; the tile and split paths should reach 0.85-0.9
-of copy, ~0.75 ms+ for the pair; the stream path reads twice, 0.65-0.8 depending on L2 hits); without
+F.cross_entropy on bf16 logits and 2.16 ms for Liger; the tile path should reach 0.85-0.9 of copy;
+the stream path reads twice, measured 1.24 ms there, 0.63 of copy); without
 gradient it only reads. Backward: ~0 bytes when grad_output is 1 (one launch of 4 programs per SM
 that each read one float and return), else 2 N V b (0.78 ms at that size). Compiled: forward N V b
 (read only), backward 2 N V b. Small extra launches: the target count and range check (N x 8 bytes,
@@ -63,12 +66,16 @@ LOG2E = tl.constexpr(1.4426950408889634)  # a global a @jit function reads must 
 #: Rows up to this many columns are held whole in one program's registers (32 fp32 values per thread
 #: at 16 warps; 32768 would need 32 warps at 64 registers a thread, one program per SM).
 TILE_MAX_N = 16384
+#: Rows longer than TILE_MAX_N: the stream path, the H200 sweep's winner at V = 50304-262144
+#: (``python -m kernels.methods.triton.ce_sweep``; docs/perf.md: 0.59-0.63 of copy, against 0.35-0.53
+#: for the split path's best), or "split" (tests force it).
+LONG_PATH = "stream"
 #: Split path: chunk length, warps, most chunks per row (each a resident program while the row waits).
 SPLIT_BLOCK_N = 8192
 SPLIT_WARPS = 8
 MAX_SPLITS = 128
-#: Stream path: chunk length and warps.
-STREAM_BLOCK_N = 4096
+#: Stream path: chunk length and warps (the sweep: 2048 x 8 warps best at every V it timed).
+STREAM_BLOCK_N = 2048
 STREAM_WARPS = 8
 #: Tile path (rows per program, warps) by block length: the softmax forward's H200 table (the same
 #: bytes per element) as a start; other lengths: ~4096 elements per program.
@@ -309,7 +316,7 @@ def plan(n_cols: int, n_rows: int = 1 << 30) -> Plan:
         rows = min(rows, _next_pow2(n_rows))  # (no programs of mostly missing rows)
         warps = max(1, min(warps, rows * block_n // 256))
         return Plan("tile", block_n, rows, warps)
-    if -(-n_cols // SPLIT_BLOCK_N) <= MAX_SPLITS:
+    if LONG_PATH == "split" and -(-n_cols // SPLIT_BLOCK_N) <= MAX_SPLITS:
         return Plan("split", SPLIT_BLOCK_N, 1, SPLIT_WARPS)
     return Plan("stream", STREAM_BLOCK_N, 1, STREAM_WARPS)
 

@@ -1,0 +1,107 @@
+"""The cross-entropy launch sweep of the `triton` method: how the plan in ``cross_entropy_kernels.plan``
+is chosen (GPU only)::
+
+    python -m kernels.methods.triton.ce_sweep [--sizes 32768,50304,128256,262144] [--rows 16384]
+        [--max-gb 4] [--rep-ms 50] [--out outputs/bench]
+
+Per vocabulary size V, on rows x V bf16 logits (fewer rows for large V, so that the logits and the
+gradient stay within ``--max-gb``), targets in range with 1% ignored, reduction 'mean': every candidate
+plan (split: chunk length x warps; stream: chunk length x warps; tile where the row fits) runs the
+eager forward with gradient (``cross_entropy_kernels.forward``: the target count, the one pass that
+writes the loss rows and the gradient), is checked against float64 (the per-row losses and the
+gradient, ``kernels.methods.cuda.ce_sweep.check``), then timed by CUDA-graph replay (the GPU time)
+and eagerly (host cost included). GB/s count the one-read-one-write ideal, 2 x the logits' bytes, also
+as a fraction of the copy ceiling of the same run. Writes ``triton_ce_sweep.json`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from kernels.methods.triton import cross_entropy_kernels as ck
+from kernels.timing import bench_graph_ms, bench_ms, copy_bandwidth
+
+IGNORE = -100
+
+
+def candidates(v: int) -> list[ck.Plan]:
+    """Candidate plans for rows of v columns: the current plan first, then the split and stream grids."""
+    out = [ck.plan(v)]
+    if ck._next_pow2(v) <= ck.TILE_MAX_N:
+        return out
+    for block in (2048, 4096, 8192, 16384):
+        if -(-v // block) <= ck.MAX_SPLITS:
+            out += [ck.Plan("split", block, 1, w) for w in (4, 8, 16) if block // (32 * w) >= 4]
+    for block in (1024, 2048, 4096, 8192):
+        out += [ck.Plan("stream", block, 1, w) for w in (4, 8, 16) if block // (32 * w) >= 4]
+    return list(dict.fromkeys(out))
+
+
+def run_sweep(sizes: list[int], rows: int, max_gb: float, rep_ms: int, out: Path) -> list[dict]:
+    from kernels.methods.cuda.ce_sweep import _inputs, _reference_loss, check
+
+    copy_gbs = copy_bandwidth("cuda")
+    print(f"triton-ce-sweep: copy {copy_gbs:.0f} GB/s; {torch.cuda.get_device_name()}", flush=True)
+    results = []
+    for v in sizes:
+        n = max(1, min(rows, int(max_gb * 1e9 / (2 * 2 * v))))
+        x, t, inv = _inputs(n, v)
+        chk = min(n, 512)
+        ref = _reference_loss(x[:chk], t[:chk], 128)
+        moved = 2 * x.numel() * x.element_size()
+        head = None
+        for p in candidates(v):
+            row = {"v": v, "rows": n, "path": p.path, "block_n": p.block_n, "tile_rows": p.rows, "warps": p.num_warps,
+                   "current": p == ck.plan(v)}
+            try:
+                run = lambda p=p: ck.forward(x, t, IGNORE, "mean", True, p=p)  # noqa: E731
+                loss, count, grad = run()
+                inv_c = (1.0 / count.clamp(min=1.0)).reshape(())
+                row["loss_err"], row["grad_err"] = check(loss[:chk], grad[:chk], x[:chk], t[:chk], inv_c, ref, 128)
+                row["ok"] = row["loss_err"] <= 1e-4 and row["grad_err"] <= 1e-2
+                del loss, grad
+                if row["ok"]:
+                    graph_ms, _ = bench_graph_ms(run, rep_ms)
+                    eager_ms = bench_ms(run, rep_ms)
+                    row.update(graph_ms=graph_ms, eager_ms=eager_ms, of_copy=moved / (graph_ms * 1e-3) / 1e9 / copy_gbs,
+                               eager_of_copy=moved / (eager_ms * 1e-3) / 1e9 / copy_gbs)
+            except Exception as exc:  # a candidate that cannot launch here
+                row["ok"], row["error"] = False, f"{type(exc).__name__}: {str(exc)[:200]}"
+            results.append(row)
+            desc = f"{p.path} {p.block_n}x{p.num_warps}w" + (" (current)" if row["current"] else "")
+            if row.get("graph_ms"):
+                print(f"  V={v:<7d} {desc:<26s} graph {row['graph_ms']:.3f} ms ({row['of_copy']:.2f} of copy), "
+                      f"eager {row['eager_ms']:.3f} ms", flush=True)
+            else:
+                print(f"  V={v:<7d} {desc:<26s} WRONG/FAILED {row.get('error') or row}", flush=True)
+            torch.cuda.empty_cache()
+        best = max((r for r in results if r["v"] == v and r.get("graph_ms")), key=lambda r: r["of_copy"], default=None)
+        if best:
+            print(f"V={v} best: {best['path']} {best['block_n']}x{best['warps']}w {best['graph_ms']:.3f} ms "
+                  f"({best['of_copy']:.2f} of copy)", flush=True)
+        del x, t, inv
+        torch.cuda.empty_cache()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "triton_ce_sweep.json").write_text(json.dumps({"copy_gbs": copy_gbs, "results": results}, indent=1))
+    return results
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m kernels.methods.triton.ce_sweep", description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="32768,50304,128256,262144", help="vocabulary sizes V, comma-separated")
+    p.add_argument("--rows", type=int, default=16384, help="rows (tokens) per measurement, fewer for large V")
+    p.add_argument("--max-gb", type=float, default=4.0, help="bound on logits + gradient bytes (GB)")
+    p.add_argument("--rep-ms", type=int, default=50)
+    p.add_argument("--out", default="outputs/bench", type=Path)
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        p.error("the sweep times kernels on a CUDA GPU; none was found")
+    run_sweep([int(s) for s in a.sizes.split(",") if s.strip()], a.rows, a.max_gb, a.rep_ms, a.out)
+
+
+if __name__ == "__main__":
+    main()
