@@ -115,7 +115,8 @@ def fake_gpu(monkeypatch):
     rt = SimpleNamespace(launch_enter_hook=knobs.HookChain(), launch_exit_hook=knobs.HookChain(reversed=True))
     monkeypatch.setattr(fl, "_rt", rt)
     monkeypatch.setattr(fl, "_hook_chain", knobs.HookChain)
-    monkeypatch.setattr(fl, "_knob_reads", ((SimpleNamespace(debug=False), "debug"),))
+    monkeypatch.setattr(fl, "_knobs", SimpleNamespace(runtime=SimpleNamespace(debug=False)))
+    monkeypatch.setattr(fl, "_knob_get", lambda k: (k.runtime.debug,))
     monkeypatch.setattr(fl, "_get_device", lambda: 0)
     monkeypatch.setattr(fl, "_get_stream", lambda dev: 77)
     monkeypatch.setattr(fl, "_direct", True)
@@ -189,3 +190,78 @@ def test_interpreter_falls_back_to_identical_results(monkeypatch, seeded):
         fl.configure()
         assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
     assert all(v[1] is None for v in fl._kernels.values())  # no direct entry was ever made
+
+
+# (rows shape, dtype, causal): the tile path, the fill path (causal forward), hybrid + persistent (32768),
+# hybrid + ring (65536), split (fp32 rows past 65536, causal too), long (rows past 128 split chunks); an
+# unaligned row stride turns the Gluon paths away (persistent / long instead)
+_GPU_CASES = [((64, 128), torch.bfloat16, False), ((33, 1000), torch.float32, False),
+              ((2, 256, 256), torch.bfloat16, True), ((2, 1024, 1024), torch.float16, True),
+              ((8, 32768), torch.bfloat16, False), ((4, 65536), torch.bfloat16, False),
+              ((3, 70000), torch.float32, False), ((1, 4, 70000), torch.float32, True),
+              ((2, 1_100_000), torch.float32, False)]
+
+
+def _inputs(shape, dtype, view, gen):
+    n = shape[-1]
+    pad = 1 if view == "unaligned-stride" else 0
+    x, dy = (torch.randn(*shape[:-1], n + pad, generator=gen).to(DEVICE, dtype)[..., :n] for _ in range(2))
+    return x, dy
+
+
+def _both_ways(x, dy, causal, calls=2):
+    """{direct: [(y, dx) per call]}: each way from empty direct caches (the first call compiles or finds the
+    kernel through kernel[grid], the next are direct where the direct path is on)."""
+    out = {}
+    for direct in (False, True):
+        fl.configure(direct)
+        fl.clear()
+        out[direct] = []
+        for _ in range(calls):
+            y = launch_fwd(x, 0.5, causal)
+            out[direct].append((y, launch_bwd(y, dy, 0.5, causal)))
+        torch.cuda.synchronize()
+    fl.configure()
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("view", ["contiguous", "unaligned-stride"])
+@pytest.mark.parametrize("shape,dtype,causal", _GPU_CASES, ids=lambda v: str(v).replace("torch.", ""))
+def test_direct_launches_match_plain_ones_on_the_gpu(shape, dtype, causal, view, seeded):
+    """Every softmax path launched directly gives bit-for-bit the plain launch's outputs."""
+    assert fl.unsupported_reason() is None, fl.unsupported_reason()  # the Triton this was written for
+    x, dy = _inputs(shape, dtype, view, seeded)
+    out = _both_ways(x, dy, causal)
+    assert any(e[1] for e in fl._kernels.values()), "no direct entry was made"
+    for y, dx in out[True]:
+        assert torch.equal(y, out[False][0][0]) and torch.equal(dx, out[False][0][1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,dtype", [((64, 128), torch.bfloat16), ((33, 1000), torch.float32),
+                                         ((3, 70000), torch.float32), ((8, 32768), torch.bfloat16)])
+def test_a_differently_aligned_tensor_gets_its_own_specialization(shape, dtype, seeded):
+    """After direct launches with 16-byte aligned rows, rows at an address 2 or 4 bytes off are not
+    launched with the aligned specialization: a new entry, and the plain launch's outputs."""
+    numel = torch.Size(shape).numel()
+    flat, dflat = (torch.randn(numel + 8, generator=seeded).to(DEVICE, dtype) for _ in range(2))
+    fl.clear()
+    aligned = flat[:numel].view(shape), dflat[:numel].view(shape)
+    for _ in range(2):
+        y = launch_fwd(aligned[0], 0.5, False)
+        launch_bwd(y, aligned[1], 0.5, False)
+    before = sum(len(e[1] or ()) for e in fl._kernels.values())
+    off = flat[1:numel + 1].view(shape), dflat[1:numel + 1].view(shape)
+    assert off[0].data_ptr() % 16
+    got = _both_ways(*off, False, calls=1)  # (clears, so compare against the plain way directly)
+    fl.clear()
+    for _ in range(2):
+        y = launch_fwd(aligned[0], 0.5, False)
+        launch_bwd(y, aligned[1], 0.5, False)
+    y_off = launch_fwd(off[0], 0.5, False)
+    dx_off = launch_bwd(y_off, off[1], 0.5, False)
+    after = sum(len(e[1] or ()) for e in fl._kernels.values())
+    assert after > before
+    assert torch.equal(y_off, got[False][0][0]) and torch.equal(dx_off, got[False][0][1])
+    assert torch.equal(got[True][0][0], got[False][0][0])

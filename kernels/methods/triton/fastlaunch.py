@@ -1,33 +1,33 @@
 """Direct launches of compiled Triton kernels: :func:`launch` is ``kernel[grid](*args, **meta)`` without
-``JITFunction.run``'s per-call Python (binding, knob reads, the cache-key string, the launch-metadata
-dict and the two empty launch-hook calls: about 20 us of the ~22 us a bare launch costs on an H200).
+``JITFunction.run``'s per-call Python (binding, the cache-key string, the launch-metadata dict, the two
+empty launch-hook chains the launcher calls back, the launcher's pointer queries).
 
-Why it is exact. The first call of a kernel with a given specialization goes through ``kernel[grid]``,
-which compiles (or finds) the kernel and returns the ``CompiledKernel`` it launched; later calls whose
-key matches call that kernel's launcher directly, with the arguments ``JITFunction.run`` would pass:
-grid, the current stream, ``function``, ``packed_metadata``, no launch metadata or hooks (run only when
-none are installed), then every parameter in signature order (constexprs included: the launcher skips
-them). The key refines Triton's own (``compute_cache_key``): the current device; the meta keywords as
-given (constexpr values and options: num_warps, num_stages, maxnreg); the compile-affecting knobs
-``JITFunction.run`` reads (TRITON_DEBUG, the instrumentation mode); and per positional argument what
-Triton 3.6's ``native_specialize_impl`` makes of it: for a tensor its dtype and whether its address is
-16-byte aligned (computed here: the same test, and its address is handed to the launcher as an int,
-which skips the launcher's ``data_ptr()`` call and pointer query), for anything else that function's
-own result (ints: i32/i64/u64, divisible by 16, equal to 1, which makes it a constexpr; floats, bools).
+Why it is exact. The first call with a given key goes through ``kernel[grid]``, which compiles (or finds)
+the kernel and returns the ``CompiledKernel`` it launched; later calls with that key call its launcher
+with what ``JITFunction.run`` passes: grid, the current stream, ``function``, ``packed_metadata``, no
+launch metadata or hooks (only when none are installed), every parameter in signature order (the
+launcher skips constexprs). The key refines Triton's own (``compute_cache_key``): the current device;
+the meta keywords (constexpr values; options: num_warps, num_stages, maxnreg); the knobs ``run`` adds
+to the options (TRITON_DEBUG, the instrumentation mode); per positional argument what Triton 3.6's
+``native_specialize_impl`` makes of it: a tensor's dtype and whether its address is 16-byte aligned
+(the same test, here; the address goes to the launcher as an int, so it skips ``data_ptr()`` and
+``cuPointerGetAttribute``), anything else's own result from that function (ints: i32/i64/u64, divisible
+by 16, equal to 1, which makes a constexpr; floats; bools).
 
-When it stands aside (the plain ``kernel[grid]`` path, silently correct): under ``TRITON_INTERPRET=1``;
-``HARNESS_TRITON_DIRECT=0`` (read at import; :func:`configure` re-reads it); a Triton whose
-``JITFunction.run`` does not contain the calls this module reproduces (checked once, on its source); a
-kernel with pre-run hooks, annotated or unspecialized parameters, or constexprs passed positionally;
-installed launch hooks (a profiler); a callable grid; a tensor not on the GPU; an asynchronous compile;
-a full cache; any exception of the direct call. (Not reproduced: ``run``'s check that the globals a
-kernel read have not changed since it compiled, which only raises.)
+Where it stands aside (the plain ``kernel[grid]``, silently correct): ``TRITON_INTERPRET=1``;
+``HARNESS_TRITON_DIRECT=0`` (read at import; :func:`configure` re-reads it); a ``JITFunction.run`` whose
+source is not one checked against this module (Triton 3.6.0, 3.9.0; ``HARNESS_TRITON_DIRECT=force``
+takes another that still has every reproduced line and no unknown knob read); pre-run hooks, annotated
+or unspecialized parameters, constexprs passed positionally; installed launch hooks (a profiler); a
+callable grid; a tensor not on the GPU; an asynchronous compile; a full cache; any exception of the
+direct call. Not reproduced: ``run``'s check that globals a kernel read have not changed (it only raises).
 """
 
 from __future__ import annotations
 
 import hashlib
 import inspect
+import operator
 import os
 from typing import Any, Optional
 
@@ -65,6 +65,8 @@ try:  # Triton's own argument specialization (C++), for every argument but tenso
 except Exception:  # pragma: no cover - no Triton, or one without it: the plain path only
     _spec = _backend = None
 
+_FLOAT_SPEC = ("fp32", None)  # native_specialize_impl's answer for every Python float
+_int_specs: dict = {}  # int (exactly int: True == 1 but is a bool) -> native_specialize_impl's answer
 _direct = os.environ.get("HARNESS_TRITON_DIRECT", "1") != "0"
 _force = os.environ.get("HARNESS_TRITON_DIRECT") == "force"  # also an unknown run source that passes the checks
 _cuda_only = True  # tensors must be on the GPU (tests of the logic on the CPU turn it off)
@@ -73,7 +75,8 @@ _why_not: Optional[str] = "not set up"
 _jit_class: Any = None  # triton's JITFunction (Gluon's is a subclass)
 _rt: Any = None  # triton.knobs.runtime (the launch hooks)
 _hook_chain: Any = None
-_knob_reads: tuple = ()  # (knobs namespace, name) read into the key
+_knobs: Any = None  # triton.knobs
+_knob_get: Any = lambda knobs: ()  # noqa: E731 (the knob values run adds to the options, in one call)
 _none_reads: tuple = ()  # (knobs namespace, name) that must be None
 _get_device: Any = None
 _get_stream: Any = None
@@ -123,7 +126,7 @@ def check_run_source(src: str, force: bool = False) -> tuple[Optional[str], tupl
 
 def _setup() -> None:
     """Once: whether this Triton's internals are those coded for, and the callables a launch uses."""
-    global _ready, _why_not, _rt, _knob_reads, _none_reads, _hook_chain, _get_device, _get_stream, _jit_class
+    global _ready, _why_not, _rt, _knobs, _knob_get, _none_reads, _hook_chain, _get_device, _get_stream, _jit_class
     _ready = True
     try:
         if triton is None or _spec is None or interpreter_enabled():
@@ -136,9 +139,14 @@ def _setup() -> None:
         if why:
             raise RuntimeError(why)
         ns = {"runtime": knobs.runtime, "compilation": knobs.compilation}
-        _knob_reads = tuple((ns[a], b) for a, b in knob_names)
+        if knob_names:
+            _knob_get = operator.attrgetter(*(f"{a}.{b}" for a, b in knob_names))
+            if len(knob_names) == 1:
+                _knob_get = (lambda g: lambda k: (g(k),))(_knob_get)
+        _knob_get(knobs)
+        _knobs = knobs
         _none_reads = tuple((ns[a], b) for a, b in none_names)
-        for obj, name in _knob_reads + _none_reads:
+        for obj, name in _none_reads:
             getattr(obj, name)
         _rt, _hook_chain = knobs.runtime, knobs.HookChain
         _rt.launch_enter_hook, _rt.launch_exit_hook  # noqa: B018 (they exist)
@@ -159,20 +167,32 @@ def unsupported_reason() -> Optional[str]:
 def launch_key(args: tuple, meta: dict, device: int, require_cuda: bool = False) -> Optional[tuple[tuple, list]]:
     """(the key a compiled kernel is reused for, the values the launcher gets for the positionals): the
     device, the meta keywords, the knob reads, and per positional a tensor's (dtype, address 16-byte
-    aligned) and address, any other argument's ``native_specialize_impl`` result and itself. None
-    where a tensor is not on the GPU (require_cuda)."""
+    aligned) and address, any other argument's ``native_specialize_impl`` result (remembered per int
+    value; a float's is always ("fp32", None)) and itself. None where a tensor is not on the GPU
+    (require_cuda)."""
     spec, vals = [], []
     for a in args:
-        if a.__class__ is _Tensor:
+        c = a.__class__
+        if c is _Tensor:
             if require_cuda and not a.is_cuda:
                 return None
             p = a.data_ptr()
             spec.append((a.dtype, not p & 15))
             vals.append(p)
+            continue
+        if c is int:
+            s = _int_specs.get(a)
+            if s is None:
+                s = _spec(_backend, a, False, True, True)
+                if len(_int_specs) < 65536:
+                    _int_specs[a] = s
+        elif c is float:
+            s = _FLOAT_SPEC
         else:
-            spec.append(_spec(_backend, a, False, True, True))
-            vals.append(a)
-    return (device, tuple(meta.items()), tuple([getattr(o, n) for o, n in _knob_reads]), tuple(spec)), vals
+            s = _spec(_backend, a, False, True, True)
+        spec.append(s)
+        vals.append(a)
+    return (device, tuple(meta.items()), _knob_get(_knobs), tuple(spec)), vals
 
 
 def _layout(kernel, args: tuple, meta: dict) -> Optional[tuple]:
@@ -190,10 +210,15 @@ def _layout(kernel, args: tuple, meta: dict) -> Optional[tuple]:
 
 
 def _hooks_idle() -> bool:
-    for h in (_rt.launch_enter_hook, _rt.launch_exit_hook):
-        if h is not None and (h.__class__ is not _hook_chain or h.calls):
+    """No launch hook installed (Triton's default: empty hook chains) and no hook run must see unset."""
+    h, x = _rt.launch_enter_hook, _rt.launch_exit_hook
+    if (h is not None and (h.__class__ is not _hook_chain or h.calls)) or (
+            x is not None and (x.__class__ is not _hook_chain or x.calls)):
+        return False
+    for o, n in _none_reads:
+        if getattr(o, n) is not None:
             return False
-    return all(getattr(o, n) is None for o, n in _none_reads)
+    return True
 
 
 def _entries(kernel) -> Optional[dict]:
