@@ -140,7 +140,7 @@ def test_launch_table_reports_host_time_per_call(tmp_path):
     rows = run_launch_bench(["torch", "sdpa"], tmp_path, calls=5)
     assert {(r.method, r.op) for r in rows} == {("torch", "softmax"), ("torch", "cross_entropy"), ("sdpa", "attention")}
     assert all(r.one_shot_us > 0 and r.bound_us > 0 and r.bound_fwd_bwd_us > 0 and not r.error for r in rows), rows
-    assert "one-shot / bound" in (tmp_path / "launch.md").read_text()
+    assert "one-shot / bound" in (tmp_path / "launch.md").read_text() and "| launch |" in (tmp_path / "launch.md").read_text()
 
 
 def test_a_failed_capture_is_not_tried_again_for_the_same_key(monkeypatch):
@@ -169,3 +169,15 @@ def test_loss_table_shows_a_measurement_error_even_after_a_correct_check(tmp_pat
     rows = loss.run_loss_bench(["torch"], [33], 16, None, tmp_path, rep_ms=5)
     assert rows[0].correct and "out of memory" in rows[0].error
     assert "error: RuntimeError: CUDA out of memory" in (tmp_path / "loss.md").read_text()
+
+
+def test_launch_table_measures_both_triton_launch_paths():
+    """The triton method is measured once per launch path (direct, plain); where the direct path cannot
+    run (the interpreter) its label says why; other methods once."""
+    from harness.bench.launch import _launch_paths
+    from kernels.methods.triton import fastlaunch
+
+    paths = _launch_paths("triton")
+    assert [d for _, d in paths] == [True, False] and paths[1][0] == "plain"
+    assert (paths[0][0] == "direct") == (fastlaunch.unsupported_reason() is None)
+    assert _launch_paths("torch") == [("", None)]

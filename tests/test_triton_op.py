@@ -56,3 +56,18 @@ def test_fullgraph_compile_of_a_model_using_it():
     loss.backward()
     assert torch.allclose(logits, ref_logits, atol=1e-4, rtol=1e-4)
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_eager_route_through_the_cpp_apply_matches_function_apply(seeded):
+    """The eager route enters the autograd.Function through the C++ apply (Function.apply's Python
+    skipped where no functorch transform is active): same output, same gradient, same graph node."""
+    from kernels.methods.triton import op
+
+    assert op._raw_apply is not None
+    x = random_scores((2, 3, 16, 16), torch.float32, DEVICE, gen=seeded).requires_grad_(True)
+    dy = torch.randn(x.shape, generator=seeded).to(DEVICE)
+    y_fast = op.triton_softmax(x, 0.5, True)
+    y_ref = op._EagerSoftmax.apply(x, 0.5, True)
+    assert type(y_fast.grad_fn) is type(y_ref.grad_fn) and torch.equal(y_fast, y_ref)
+    (g_fast,), (g_ref,) = torch.autograd.grad(y_fast, x, dy), torch.autograd.grad(y_ref, x, dy)
+    assert torch.equal(g_fast, g_ref)

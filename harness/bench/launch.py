@@ -6,6 +6,11 @@ microseconds and the host decides: microseconds of host time per call for the on
 the bound function forward + backward (``torch.autograd.grad``). Host time is the wall time of many
 calls in a row with the device synchronized only before and after (the tiny kernels keep up, so the
 queue never fills and the wall time is the host's). A median over repeats, with the spread.
+
+The ``triton`` method is measured twice, once per launch path of its softmax (column ``launch``):
+``direct`` (compiled kernels' launchers called directly: ``kernels.methods.triton.fastlaunch``) and
+``plain`` (every launch through ``kernel[grid]``, as with ``HARNESS_TRITON_DIRECT=0``); where the direct
+path cannot run here the first row says why.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class LaunchRow:
     bound_fwd_bwd_us: Optional[float] = None
     one_shot_over_bound: Optional[float] = None
     spread: Optional[float] = None  # p90 / p50 of the bound forward's repeats
+    launch: str = ""  # triton: the launch path (direct, plain)
     error: str = ""
 
 
@@ -99,6 +105,27 @@ def default_methods() -> list[str]:
     return kernels.runnable_methods(include_timing_only=True)
 
 
+def _launch_paths(method: str) -> list[tuple[str, Optional[bool]]]:
+    """(label, fastlaunch setting) per measurement of the method: the triton method once per launch path."""
+    if method != "triton":
+        return [("", None)]
+    from kernels.methods.triton import fastlaunch
+
+    why = fastlaunch.unsupported_reason()
+    return [("direct" if why is None else f"direct unavailable ({why[:80]}): plain", True), ("plain", False)]
+
+
+def _measure(row: LaunchRow, method: str, op: str, device: str, calls: int) -> None:
+    try:
+        one, bound, both = _calls(method, op, device)
+        row.one_shot_us, _ = host_us(one, calls)
+        row.bound_us, row.spread = host_us(bound, calls)
+        row.bound_fwd_bwd_us, _ = host_us(both, max(20, calls // 2))
+        row.one_shot_over_bound = row.one_shot_us / row.bound_us
+    except Exception as exc:  # one failing method must not stop the table
+        row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+
+
 def run_launch_bench(methods: Optional[list[str]], out: Path, calls: int = 200) -> list[LaunchRow]:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = []
@@ -106,31 +133,33 @@ def run_launch_bench(methods: Optional[list[str]], out: Path, calls: int = 200) 
         m = kernels.get_method(method)
         if m.prepare is not None:
             m.prepare()  # a build is not a launch cost
-        for op in TINY:
-            if getattr(m, op) is None:  # native ops only: a composed op's cost is its parts'
-                continue
-            row = LaunchRow(method, op, TINY[op]["shape"])
+        for label, direct in _launch_paths(method):
+            if direct is not None:
+                from kernels.methods.triton import fastlaunch
+
+                fastlaunch.configure(direct)
             try:
-                one, bound, both = _calls(method, op, device)
-                row.one_shot_us, _ = host_us(one, calls)
-                row.bound_us, row.spread = host_us(bound, calls)
-                row.bound_fwd_bwd_us, _ = host_us(both, max(20, calls // 2))
-                row.one_shot_over_bound = row.one_shot_us / row.bound_us
-            except Exception as exc:  # one failing method must not stop the table
-                row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
-            rows.append(row)
-            print(f"  {method:10s} {op:14s} one-shot {row.one_shot_us or float('nan'):7.1f} us  bound "
-                  f"{row.bound_us or float('nan'):7.1f} us  fwd+bwd {row.bound_fwd_bwd_us or float('nan'):7.1f} us"
-                  f"  {row.error}", flush=True)
+                for op in TINY:
+                    if getattr(m, op) is None:  # native ops only: a composed op's cost is its parts'
+                        continue
+                    row = LaunchRow(method, op, TINY[op]["shape"], launch=label)
+                    _measure(row, method, op, device, calls)
+                    rows.append(row)
+                    print(f"  {method:10s} {op:14s} {label[:6]:6s} one-shot {row.one_shot_us or float('nan'):7.1f} us  "
+                          f"bound {row.bound_us or float('nan'):7.1f} us  fwd+bwd "
+                          f"{row.bound_fwd_bwd_us or float('nan'):7.1f} us  {row.error}", flush=True)
+            finally:
+                if direct is not None:
+                    fastlaunch.configure()
     out.mkdir(parents=True, exist_ok=True)
     from harness.env import environment
 
     write_json(out / "launch.json", {"env": environment(), "device": device, "rows": [asdict(r) for r in rows]})
-    lines = ["| method | op | shape | one-shot us | bound us | one-shot / bound | bound fwd+bwd us | p90/p50 |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| method | launch | op | shape | one-shot us | bound us | one-shot / bound | bound fwd+bwd us | p90/p50 |",
+             "|---|---|---|---|---|---|---|---|---|"]
     f = lambda v, s=".1f": "-" if v is None else format(v, s)  # noqa: E731
     for r in rows:
-        lines.append(f"| {r.method} | {r.op} | {'x'.join(map(str, r.shape))} | {f(r.one_shot_us)} | {f(r.bound_us)} | "
+        lines.append(f"| {r.method} | {r.launch} | {r.op} | {'x'.join(map(str, r.shape))} | {f(r.one_shot_us)} | {f(r.bound_us)} | "
                      f"{f(r.one_shot_over_bound, '.2f')} | {f(r.bound_fwd_bwd_us)} | {f(r.spread, '.2f')} |"
                      + (f" error: {r.error}" if r.error else ""))
     (out / "launch.md").write_text("\n".join(lines) + "\n")

@@ -63,7 +63,9 @@ Modules (host side, then kernels, then what runs them):
   Gluon paths' shape arithmetic and ``gluon_unusable``.
 * ``tile``: the ``@triton.jit`` kernels of the tile (and fill), persistent, split and long paths.
 * ``gluon``: the Gluon kernels of the hybrid forward and the ring backward, with their inline PTX.
-* ``launch``: ``launch_fwd`` / ``launch_bwd``: a plan, then that path's kernel.
+* ``launch``: ``launch_fwd`` / ``launch_bwd``: a plan, then that path's kernel, through ``fastlaunch``
+  (on a GPU, a compiled kernel's launcher called directly after its first ``kernel[grid]`` launch;
+  ``HARNESS_TRITON_DIRECT=0`` turns it off).
 * ``op``: the torch ops and ``triton_softmax``, the method's softmax.
 * ``sweep``: the launch-table sweep (``python -m kernels.methods.triton.sweep``, also
   ``python -m harness.bench triton-sweep``); ``traffic``: the causal forward's memory-floor kernel for

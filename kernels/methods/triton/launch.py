@@ -1,6 +1,8 @@
 """Launches of the ``triton`` method: :func:`launch_fwd` and :func:`launch_bwd` view the input as rows x N,
 take the plan for its row length (``plan.plan``) and launch that path's kernel (``tile``, ``gluon``),
-falling back to the next-best plan where a Gluon path cannot take the rows."""
+falling back to the next-best plan where a Gluon path cannot take the rows. Every launch goes through
+``fastlaunch.launch`` (the compiled kernel's launcher called directly once it is known, on a GPU); the
+device is asked once per call (for the guard and the launch)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ from typing import Optional
 
 import torch
 
-from kernels.methods.triton import gluon, tile
-from kernels.methods.triton.availability import interpreter_enabled, triton
+from kernels.methods.triton import fastlaunch, gluon, tile
+from kernels.methods.triton.availability import interpreter_enabled
 from kernels.methods.triton.plan import (
     HYBRID_MAX_REGS,
     LOG2E,
@@ -44,15 +46,20 @@ def _causal_geometry(shape: torch.Size, causal: bool) -> tuple[int, int]:
     return tq, tk - tq
 
 
-def _device_guard(x: torch.Tensor):
-    """Launch on x's GPU: a guard only when it is not the current one (the guard costs microseconds)."""
-    if x.is_cuda and x.device.index != torch.cuda.current_device():
-        return torch.cuda.device(x.device)
-    return contextlib.nullcontext()
+_NO_GUARD = contextlib.nullcontext()
+_run = fastlaunch.launch
+
+
+def _device_guard(dev: int):
+    """Launch on GPU dev (x.get_device(); -1: a CPU tensor, the interpreter): a guard only when it is not
+    the current one (the guard costs microseconds)."""
+    if dev >= 0 and dev != torch.cuda.current_device():
+        return torch.cuda.device(dev)
+    return _NO_GUARD
 
 
 def _launch_split(kernel, p: Plan, n_rows: int, n_cols: int, device, tensors: tuple, args: tuple,
-                  causal: bool) -> None:
+                  causal: bool, dev: int) -> None:
     """One program per chunk; a zeroed ticket + per-row arrival counter and a partials workspace
     (2 floats per chunk forward, 1 backward; allocated per call: the counters must start at zero)."""
     splits = -(-n_cols // p.block_n)
@@ -67,27 +74,26 @@ def _launch_split(kernel, p: Plan, n_rows: int, n_cols: int, device, tensors: tu
             kernel[(programs,)](*tensors, cnt, stat, n_cols, splits, *args, PHASE=phase, **meta)
     else:
         cnt = torch.zeros(n_rows + 1, dtype=torch.int32, device=device)
-        kernel[(programs,)](*tensors, cnt, stat, n_cols, splits, *args, PHASE=0, **meta)
+        meta["PHASE"] = 0
+        _run(kernel, (programs,), (*tensors, cnt, stat, n_cols, splits, *args), meta, dev)
 
 
-def _launch_hybrid(x2: torch.Tensor, y: torch.Tensor, scale: float, p: Plan) -> None:
+def _launch_hybrid(x2: torch.Tensor, y: torch.Tensor, scale: float, p: Plan, dev: int) -> None:
     n_rows, n_cols = x2.shape
     nr, ns, even = _hybrid_shape(n_cols, p)
-    gluon._fwd_hybrid_kernel[(n_rows,)](
-        x2, y, x2.view(torch.int32), y.view(torch.int32), n_cols // 8, x2.stride(0) // 8, scale * LOG2E, 0,
-        NR=nr, NS=ns, EVEN=even, BF16=x2.dtype == torch.bfloat16, num_warps=p.num_warps, maxnreg=HYBRID_MAX_REGS,
-    )
+    _run(gluon._fwd_hybrid_kernel, (n_rows,),
+         (x2, y, x2.view(torch.int32), y.view(torch.int32), n_cols // 8, x2.stride(0) // 8, scale * LOG2E, 0),
+         dict(NR=nr, NS=ns, EVEN=even, BF16=x2.dtype == torch.bfloat16, num_warps=p.num_warps,
+              maxnreg=HYBRID_MAX_REGS), dev)
 
 
-def _launch_ring_bwd(y2: torch.Tensor, dy2: torch.Tensor, dx: torch.Tensor, scale: float, p: Plan) -> None:
+def _launch_ring_bwd(y2: torch.Tensor, dy2: torch.Tensor, dx: torch.Tensor, scale: float, p: Plan, dev: int) -> None:
     n_rows, n_cols = y2.shape
     vec, _, nch = _ring_shape(y2, p)
     pairs = ring_pairs(n_rows, y2.device, p)
     xch = torch.zeros(2 * n_rows, dtype=torch.int64, device=y2.device)  # the pairs' partials (zeroed per call)
-    gluon._bwd_pair_ring_kernel[(2 * pairs,)](
-        y2, dy2, dx, xch, n_rows, n_cols // vec, dy2.stride(0) // vec, scale,
-        VEC=vec, NCH=nch, SLOTS=ring_slots(y2.device, p), num_warps=p.num_warps,
-    )
+    _run(gluon._bwd_pair_ring_kernel, (2 * pairs,), (y2, dy2, dx, xch, n_rows, n_cols // vec, dy2.stride(0) // vec, scale),
+         dict(VEC=vec, NCH=nch, SLOTS=ring_slots(y2.device, p), num_warps=p.num_warps), dev)
 
 
 def launch_fwd(x: torch.Tensor, scale: float, causal: bool, p: Optional[Plan] = None) -> torch.Tensor:
@@ -101,33 +107,31 @@ def launch_fwd(x: torch.Tensor, scale: float, causal: bool, p: Optional[Plan] = 
         raise ValueError("the ring path is a backward path (the forward's Gluon path is the hybrid one)")
     if p.hybrid and gluon_unusable(x2, causal, p):  # (unaligned rows, the interpreter): the next-best plan
         p = cached_plan(n_cols, x.element_size(), causal=causal, gluon=False)
-    tq, diag = _causal_geometry(x.shape, causal)
-    with _device_guard(x):
+    tq, diag = _causal_geometry(x.shape, causal) if causal else (1, 0)
+    c = scale * LOG2E
+    dev = x.get_device()
+    with _device_guard(dev):
         if p.hybrid:
-            _launch_hybrid(x2, y, scale, p)
+            _launch_hybrid(x2, y, scale, p, dev)
         elif p.split:
             _launch_split(tile._fwd_split_kernel, p, n_rows, n_cols, x.device,
-                          (x2, y), (x2.stride(0), x2.stride(1), tq, diag, scale * LOG2E), causal)
+                          (x2, y), (x2.stride(0), x2.stride(1), tq, diag, c), causal, dev)
         elif p.stages:
-            tile._fwd_persist_kernel[(_persistent_grid(n_rows, x.device, p),)](
-                x2, y, n_rows, n_cols, x2.stride(0), x2.stride(1), tq, diag, scale * LOG2E,
-                BLOCK_N=p.block_n, CAUSAL=causal, STAGES=p.stages, num_warps=p.num_warps,
-            )
+            _run(tile._fwd_persist_kernel, (_persistent_grid(n_rows, x.device, p),),
+                 (x2, y, n_rows, n_cols, x2.stride(0), x2.stride(1), tq, diag, c),
+                 dict(BLOCK_N=p.block_n, CAUSAL=causal, STAGES=p.stages, num_warps=p.num_warps), dev)
         elif p.long:
-            tile._fwd_long_kernel[(n_rows,)](
-                x2, y, n_cols, x2.stride(0), x2.stride(1), tq, diag, scale * LOG2E,
-                BLOCK_N=p.block_n, CAUSAL=causal, num_warps=p.num_warps,
-            )
-        elif p.fill and fill_scale_ok(c := scale * LOG2E):
-            tile._fwd_fill_kernel[(triton.cdiv(n_rows, p.rows),)](
-                x2, y, n_rows, n_cols, x2.stride(0), x2.stride(1), tq, diag, c, -math.inf if c > 0 else math.inf,
-                BLOCK_N=p.block_n, ROWS=p.rows, CAUSAL=causal, num_warps=p.num_warps,
-            )
+            _run(tile._fwd_long_kernel, (n_rows,), (x2, y, n_cols, x2.stride(0), x2.stride(1), tq, diag, c),
+                 dict(BLOCK_N=p.block_n, CAUSAL=causal, num_warps=p.num_warps), dev)
+        elif p.fill and fill_scale_ok(c):
+            _run(tile._fwd_fill_kernel, (-(-n_rows // p.rows),),
+                 (x2, y, n_rows, n_cols, x2.stride(0), x2.stride(1), tq, diag, c, -math.inf if c > 0 else math.inf),
+                 dict(BLOCK_N=p.block_n, ROWS=p.rows, CAUSAL=causal, num_warps=p.num_warps), dev)
         else:  # (a fill plan whose scale the fill cannot take: the same tile, masked element by element)
-            tile._fwd_tile_kernel[(triton.cdiv(n_rows, p.rows),)](
-                x2, y, n_rows, n_cols, x2.stride(0), x2.stride(1), tq, diag, scale * LOG2E,
-                BLOCK_N=p.block_n, ROWS=p.rows, CAUSAL=causal, ROUND_MASK=p.round_mask, num_warps=p.num_warps,
-            )
+            _run(tile._fwd_tile_kernel, (-(-n_rows // p.rows),),
+                 (x2, y, n_rows, n_cols, x2.stride(0), x2.stride(1), tq, diag, c),
+                 dict(BLOCK_N=p.block_n, ROWS=p.rows, CAUSAL=causal, ROUND_MASK=p.round_mask, num_warps=p.num_warps),
+                 dev)
     return y.view(x.shape)
 
 
@@ -145,26 +149,24 @@ def launch_bwd(
         raise ValueError(f"the {'hybrid' if p.hybrid else 'fill'} path is a forward path")
     if p.ring and gluon_unusable(y2, causal, p, dy2):  # (unaligned rows, the interpreter): the next-best plan
         p = cached_plan(n_cols, y.element_size(), backward=True, causal=causal, gluon=False)
-    tq, diag = _causal_geometry(y.shape, causal)
-    with _device_guard(y):
+    tq, diag = _causal_geometry(y.shape, causal) if causal else (1, 0)
+    dev = y.get_device()
+    with _device_guard(dev):
         if p.ring:
-            _launch_ring_bwd(y2, dy2, dx, scale, p)
+            _launch_ring_bwd(y2, dy2, dx, scale, p, dev)
         elif p.split:
             _launch_split(tile._bwd_split_kernel, p, n_rows, n_cols, y.device,
-                          (y2, dy2, dx), (dy2.stride(0), dy2.stride(1), tq, diag, scale), causal)
+                          (y2, dy2, dx), (dy2.stride(0), dy2.stride(1), tq, diag, scale), causal, dev)
         elif p.stages:
-            tile._bwd_persist_kernel[(_persistent_grid(n_rows, y.device, p),)](
-                y2, dy2, dx, n_rows, n_cols, dy2.stride(0), dy2.stride(1), tq, diag, scale,
-                BLOCK_N=p.block_n, CAUSAL=causal, STAGES=p.stages, num_warps=p.num_warps,
-            )
+            _run(tile._bwd_persist_kernel, (_persistent_grid(n_rows, y.device, p),),
+                 (y2, dy2, dx, n_rows, n_cols, dy2.stride(0), dy2.stride(1), tq, diag, scale),
+                 dict(BLOCK_N=p.block_n, CAUSAL=causal, STAGES=p.stages, num_warps=p.num_warps), dev)
         elif p.long:
-            tile._bwd_long_kernel[(n_rows,)](
-                y2, dy2, dx, n_cols, dy2.stride(0), dy2.stride(1), tq, diag, scale,
-                BLOCK_N=p.block_n, CAUSAL=causal, num_warps=p.num_warps,
-            )
+            _run(tile._bwd_long_kernel, (n_rows,), (y2, dy2, dx, n_cols, dy2.stride(0), dy2.stride(1), tq, diag, scale),
+                 dict(BLOCK_N=p.block_n, CAUSAL=causal, num_warps=p.num_warps), dev)
         else:
-            tile._bwd_tile_kernel[(triton.cdiv(n_rows, p.rows),)](
-                y2, dy2, dx, n_rows, n_cols, dy2.stride(0), dy2.stride(1), tq, diag, scale,
-                BLOCK_N=p.block_n, ROWS=p.rows, CAUSAL=causal, ROUND_MASK=p.round_mask, num_warps=p.num_warps,
-            )
+            _run(tile._bwd_tile_kernel, (-(-n_rows // p.rows),),
+                 (y2, dy2, dx, n_rows, n_cols, dy2.stride(0), dy2.stride(1), tq, diag, scale),
+                 dict(BLOCK_N=p.block_n, ROWS=p.rows, CAUSAL=causal, ROUND_MASK=p.round_mask, num_warps=p.num_warps),
+                 dev)
     return dx.view(y.shape)

@@ -5,8 +5,9 @@ backward), so ``torch.compile(fullgraph=True)`` traces a model that uses it with
 
 Two routes to the same launchers: under torch.compile the custom ops (traceable); called eagerly, an
 ``autograd.Function`` that calls the launchers directly (the custom op's Python dispatch costs tens of
-microseconds per call, more than a small kernel runs), and no autograd at all when no gradient is
-needed. The inputs were checked by the bound op (kernels.contract) before either route."""
+microseconds per call, more than a small kernel runs), entered through the C++ apply where no functorch
+transform is active (``Function.apply``'s own Python costs ~2 us), and no autograd at all when no
+gradient is needed. The inputs were checked by the bound op (kernels.contract) before either route."""
 
 from __future__ import annotations
 
@@ -74,9 +75,20 @@ class _EagerSoftmax(torch.autograd.Function):
         return launch_bwd(y, dy, ctx.scale, ctx.causal), None, None
 
 
+try:  # what Function.apply does when no functorch transform is active, without its Python (~2 us a call):
+    # unwrap a dead functorch wrapper (apply does it for every tensor argument), then the C++ apply
+    _raw_apply = super(torch.autograd.Function, _EagerSoftmax).apply
+    _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+    _transforms_active = torch._C._are_functorch_transforms_active
+except AttributeError:  # pragma: no cover - another torch: Function.apply itself
+    _raw_apply = None
+
+
 def triton_softmax(scores: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
     if torch.compiler.is_compiling():
         return triton_softmax_fwd(scores, scale, causal)
     if scores.requires_grad and torch.is_grad_enabled():
-        return _EagerSoftmax.apply(scores, scale, causal)
+        if _raw_apply is None or _transforms_active():
+            return _EagerSoftmax.apply(scores, scale, causal)
+        return _raw_apply(_unwrap_if_dead(scores), scale, causal)
     return launch_fwd(scores, scale, causal)

@@ -214,7 +214,8 @@ def gluon_unusable(x2: torch.Tensor, causal: bool, p: Plan, dy2: Optional[torch.
         return _GLUON_ERROR
     if not x2.is_cuda:
         return f"{name} runs on a GPU only (not in Triton's interpreter)"
-    if torch.cuda.get_device_capability(x2.device) < (8, 0):
+    props = _device_props(x2.device)  # (asked once per device, not every call)
+    if (props.major, props.minor) < (8, 0):
         return f"{name} needs cp.async (compute capability 8.0 or newer)"
     vec = 16 // x2.element_size()
     for t in (x2,) if dy2 is None else (x2, dy2):

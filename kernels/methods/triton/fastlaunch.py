@@ -1,0 +1,273 @@
+"""Direct launches of compiled Triton kernels: :func:`launch` is ``kernel[grid](*args, **meta)`` without
+``JITFunction.run``'s per-call Python (binding, the cache-key string, the launch-metadata dict, the two
+empty launch-hook chains the launcher calls back, the launcher's pointer queries).
+
+Why it is exact. The first call with a given key goes through ``kernel[grid]``, which compiles (or finds)
+the kernel and returns the ``CompiledKernel`` it launched; later calls with that key call its launcher
+with what ``JITFunction.run`` passes: grid, the current stream, ``function``, ``packed_metadata``, no
+launch metadata or hooks (only when none are installed), every parameter in signature order (the
+launcher skips constexprs). The key refines Triton's own (``compute_cache_key``): the current device;
+the meta keywords (constexpr values; options: num_warps, num_stages, maxnreg); the knobs ``run`` adds
+to the options (TRITON_DEBUG, the instrumentation mode); per positional argument what Triton 3.6's
+``native_specialize_impl`` makes of it: a tensor's dtype and whether its address is 16-byte aligned
+(the same test, here; the address goes to the launcher as an int, so it skips ``data_ptr()`` and
+``cuPointerGetAttribute``), anything else's own result from that function (ints: i32/i64/u64, divisible
+by 16, equal to 1, which makes a constexpr; floats; bools).
+
+Where it stands aside (the plain ``kernel[grid]``, silently correct): ``TRITON_INTERPRET=1``;
+``HARNESS_TRITON_DIRECT=0`` (read at import; :func:`configure` re-reads it); a ``JITFunction.run`` whose
+source is not one checked against this module (Triton 3.6.0, 3.9.0; ``HARNESS_TRITON_DIRECT=force``
+takes another that still has every reproduced line and no unknown knob read); pre-run hooks, annotated
+or unspecialized parameters, constexprs passed positionally; installed launch hooks (a profiler); a
+callable grid; a tensor not on the GPU; an asynchronous compile; a full cache; any exception of the
+direct call. Not reproduced: ``run``'s check that globals a kernel read have not changed (it only raises).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import operator
+import os
+from typing import Any, Optional
+
+import torch
+
+from kernels.methods.triton.availability import interpreter_enabled, triton
+
+_Tensor = torch.Tensor
+_MAX_ENTRIES = 1024  # direct entries per kernel (a key that never repeats must not grow memory)
+# the lines of JITFunction.run this module reproduces (Triton 3.6; 3.9 reads one more knob, below)
+_RUN_CALLS = (
+    "bound_args, specialization, options = binder(*args, **kwargs)",
+    "key = compute_cache_key(kernel_key_cache, specialization, options)",
+    "device = driver.active.get_current_device()",
+    "stream = driver.active.get_current_stream(device)",
+    "for hook in self.pre_run_hooks:",
+    "kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, launch_metadata,",
+    "knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *bound_args.values())",
+)
+# the knob reads run adds to the compile options (so to the key), by the exact line it reads them in
+_KNOB_LINES = {
+    'kwargs["debug"] = kwargs.get("debug", self.debug) or knobs.runtime.debug': ("runtime", "debug"),
+    'kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode': ("compilation", "instrumentation_mode"),
+    'kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts':
+        ("compilation", "fpsan_homomorphic_casts"),
+}
+_MUST_BE_NONE = {"if knobs.runtime.add_stages_inspection_hook is not None:": ("runtime", "add_stages_inspection_hook")}
+_GUARDED = {"inspect_stages_key, inspect_stages_hash = knobs.runtime.add_stages_inspection_hook()"}  # (under the above)
+#: JITFunction.run sources (sha256 of the stripped non-empty lines) checked line by line against this module
+KNOWN_RUN_SOURCES = {"b23b098b1d164489": "3.6.0", "40d673d756fa87b1": "3.9.0"}
+
+try:  # Triton's own argument specialization (C++), for every argument but tensors
+    from triton.backends import BaseBackend as _backend
+    from triton.runtime.jit import native_specialize_impl as _spec
+except Exception:  # pragma: no cover - no Triton, or one without it: the plain path only
+    _spec = _backend = None
+
+_FLOAT_SPEC = ("fp32", None)  # native_specialize_impl's answer for every Python float
+_int_specs: dict = {}  # int (exactly int: True == 1 but is a bool) -> native_specialize_impl's answer
+_direct = os.environ.get("HARNESS_TRITON_DIRECT", "1") != "0"
+_force = os.environ.get("HARNESS_TRITON_DIRECT") == "force"  # also an unknown run source that passes the checks
+_cuda_only = True  # tensors must be on the GPU (tests of the logic on the CPU turn it off)
+_ready = False  # set by _setup, once: why not (None: available), then what a launch reads
+_why_not: Optional[str] = "not set up"
+_jit_class: Any = None  # triton's JITFunction (Gluon's is a subclass)
+_rt: Any = None  # triton.knobs.runtime (the launch hooks)
+_hook_chain: Any = None
+_knobs: Any = None  # triton.knobs
+_knob_get: Any = lambda knobs: ()  # noqa: E731 (the knob values run adds to the options, in one call)
+_none_reads: tuple = ()  # (knobs namespace, name) that must be None
+_get_device: Any = None
+_get_stream: Any = None
+_kernels: dict = {}  # id(kernel) -> (kernel, {key: (launcher, function, packed metadata, constexpr tail)} or None)
+_layouts: dict = {}  # (id(kernel), meta keys, positional count) -> constexpr names after the positionals, or None
+
+
+def configure(direct: Optional[bool] = None) -> None:
+    """Turn the direct path on or off (None: from ``HARNESS_TRITON_DIRECT``, on unless it is ``0``)."""
+    global _direct, _force
+    _direct = os.environ.get("HARNESS_TRITON_DIRECT", "1") != "0" if direct is None else direct
+    _force = os.environ.get("HARNESS_TRITON_DIRECT") == "force"
+
+
+def direct_enabled() -> bool:
+    return _direct
+
+
+def source_digest(src: str) -> str:
+    lines = "\n".join(ln.strip() for ln in src.splitlines() if ln.strip())
+    return hashlib.sha256(lines.encode()).hexdigest()[:16]
+
+
+def check_run_source(src: str, force: bool = False) -> tuple[Optional[str], tuple, tuple]:
+    """(why the direct path cannot stand in for this ``JITFunction.run`` source or None, the knob reads
+    it adds to the options, the hooks that must be unset): a source known to this module (or force),
+    every call reproduced here present, every knob it reads known."""
+    if not force and source_digest(src) not in KNOWN_RUN_SOURCES:
+        return f"JITFunction.run is not a version this module was written against ({source_digest(src)})", (), ()
+    lines = [ln.strip() for ln in src.splitlines()]
+    for call in _RUN_CALLS:
+        if call not in lines:
+            return f"JITFunction.run has no line {call!r}", (), ()
+    knobs, nones = [], []
+    for ln in lines:
+        if ln.startswith("kwargs[") or ("knobs." in ln and ln not in _RUN_CALLS):
+            if ln in _KNOB_LINES:
+                knobs.append(_KNOB_LINES[ln])
+            elif ln in _MUST_BE_NONE:
+                nones.append(_MUST_BE_NONE[ln])
+            elif ln in _GUARDED:
+                continue
+            else:
+                return f"JITFunction.run reads an unknown knob: {ln!r}", (), ()
+    return None, tuple(knobs), tuple(nones)
+
+
+def _setup() -> None:
+    """Once: whether this Triton's internals are those coded for, and the callables a launch uses."""
+    global _ready, _why_not, _rt, _knobs, _knob_get, _none_reads, _hook_chain, _get_device, _get_stream, _jit_class
+    _ready = True
+    try:
+        if triton is None or _spec is None or interpreter_enabled():
+            raise RuntimeError("Triton's interpreter (or no Triton)")
+        from triton import knobs
+        from triton.runtime import jit
+        from triton.runtime.driver import driver
+
+        why, knob_names, none_names = check_run_source(inspect.getsource(jit.JITFunction.run), _force)
+        if why:
+            raise RuntimeError(why)
+        ns = {"runtime": knobs.runtime, "compilation": knobs.compilation}
+        if knob_names:
+            _knob_get = operator.attrgetter(*(f"{a}.{b}" for a, b in knob_names))
+            if len(knob_names) == 1:
+                _knob_get = (lambda g: lambda k: (g(k),))(_knob_get)
+        _knob_get(knobs)
+        _knobs = knobs
+        _none_reads = tuple((ns[a], b) for a, b in none_names)
+        for obj, name in _none_reads:
+            getattr(obj, name)
+        _rt, _hook_chain = knobs.runtime, knobs.HookChain
+        _rt.launch_enter_hook, _rt.launch_exit_hook  # noqa: B018 (they exist)
+        _jit_class = jit.JITFunction
+        _get_device, _get_stream = driver.active.get_current_device, driver.active.get_current_stream
+        _why_not = None
+    except Exception as exc:  # any mismatch: the plain path, always
+        _why_not = f"{type(exc).__name__}: {exc}"
+
+
+def unsupported_reason() -> Optional[str]:
+    """Why this process launches through ``kernel[grid]`` only (None: the direct path is available)."""
+    if not _ready:
+        _setup()
+    return _why_not
+
+
+def launch_key(args: tuple, meta: dict, device: int, require_cuda: bool = False) -> Optional[tuple[tuple, list]]:
+    """(the key a compiled kernel is reused for, the values the launcher gets for the positionals): the
+    device, the meta keywords, the knob reads, and per positional a tensor's (dtype, address 16-byte
+    aligned) and address, any other argument's ``native_specialize_impl`` result (remembered per int
+    value; a float's is always ("fp32", None)) and itself. None where a tensor is not on the GPU
+    (require_cuda)."""
+    spec, vals = [], []
+    for a in args:
+        c = a.__class__
+        if c is _Tensor:
+            if require_cuda and not a.is_cuda:
+                return None
+            p = a.data_ptr()
+            spec.append((a.dtype, not p & 15))
+            vals.append(p)
+            continue
+        if c is int:
+            s = _int_specs.get(a)
+            if s is None:
+                s = _spec(_backend, a, False, True, True)
+                if len(_int_specs) < 65536:
+                    _int_specs[a] = s
+        elif c is float:
+            s = _FLOAT_SPEC
+        else:
+            s = _spec(_backend, a, False, True, True)
+        spec.append(s)
+        vals.append(a)
+    return (device, tuple(meta.items()), _knob_get(_knobs), tuple(spec)), vals
+
+
+def _layout(kernel, args: tuple, meta: dict) -> Optional[tuple]:
+    """The constexpr parameter names after the positional arguments (None: not a signature this module
+    takes: positionals must be the plain, unannotated, specialized parameters, constexprs keywords)."""
+    lk = (id(kernel), tuple(meta), len(args))
+    if lk not in _layouts:
+        params, n = kernel.params, len(args)
+        ok = not kernel.pre_run_hooks and all(
+            not p.is_constexpr and not p.annotation and not p.do_not_specialize
+            and not p.do_not_specialize_on_alignment for p in params[:n]
+        ) and all(p.is_constexpr and p.name in meta for p in params[n:])
+        _layouts[lk] = tuple(p.name for p in params[n:]) if ok else None
+    return _layouts[lk]
+
+
+def _hooks_idle() -> bool:
+    """No launch hook installed (Triton's default: empty hook chains) and no hook run must see unset."""
+    h, x = _rt.launch_enter_hook, _rt.launch_exit_hook
+    if (h is not None and (h.__class__ is not _hook_chain or h.calls)) or (
+            x is not None and (x.__class__ is not _hook_chain or x.calls)):
+        return False
+    for o, n in _none_reads:
+        if getattr(o, n) is not None:
+            return False
+    return True
+
+
+def _entries(kernel) -> Optional[dict]:
+    """This kernel's direct entries (None: it always takes the plain path). Kept by id: a JITFunction
+    hashes its source hash under a lock; the kernel is kept alive with its entries."""
+    ok = unsupported_reason() is None and isinstance(kernel, _jit_class)
+    _kernels[id(kernel)] = (kernel, {} if ok else None)
+    return _kernels[id(kernel)][1]
+
+
+def launch(kernel, grid: tuple, args: tuple, meta: dict, device: Optional[int] = None) -> None:
+    """``kernel[grid](*args, **meta)``, directly where a compiled kernel for this key was launched before.
+    device: the current CUDA device index where the caller knows it (saves asking)."""
+    if not _direct:
+        kernel[grid](*args, **meta)
+        return
+    ke = _kernels.get(id(kernel))
+    entries = _entries(kernel) if ke is None or ke[0] is not kernel else ke[1]
+    if entries is None or kernel.pre_run_hooks or grid.__class__ is not tuple:
+        kernel[grid](*args, **meta)
+        return
+    dev = _get_device() if device is None else device
+    kv = launch_key(args, meta, dev, _cuda_only)
+    if kv is None or not _hooks_idle():
+        kernel[grid](*args, **meta)
+        return
+    key = kv[0]
+    e = entries.get(key)
+    if e is not None:
+        try:
+            n = len(grid)
+            e[0](grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, _get_stream(dev), e[1], e[2],
+                 None, None, None, *kv[1], *e[3])
+            return
+        except Exception:  # a surprise: this kernel goes the plain way from now on
+            _kernels[id(kernel)] = (kernel, None)
+            kernel[grid](*args, **meta)
+            return
+    compiled = kernel[grid](*args, **meta)
+    names = _layout(kernel, args, meta)
+    if names is None or compiled is None or hasattr(compiled, "result") or len(entries) >= _MAX_ENTRIES:
+        return
+    try:
+        entries[key] = (compiled.run, compiled.function, compiled.packed_metadata, tuple(meta[k] for k in names))
+    except Exception:
+        _kernels[id(kernel)] = (kernel, None)
+
+
+def clear() -> None:
+    """Forget every direct entry (tests; kernels recompiled by another cache)."""
+    _kernels.clear()
+    _layouts.clear()
