@@ -154,6 +154,19 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 PRECISIONS = ("auto", "bf16-mixed", "16-mixed", "32-true", "32", "bf16-true")
 
 
+def patch_words(patch, loss_form: str = "logits") -> str:
+    """The softmaxes ``accel.patch`` and ``accel.loss_form`` ask for, in words: 'attention + loss',
+    'attention', 'attention + linear loss' (a study's row labels, the suffix of a run's name)."""
+    patch = list(patch)
+    parts = ["attention"] if "attention" in patch else []
+    if "loss" in patch:
+        parts.append("linear loss" if loss_form == "linear" else "loss")
+    return " + ".join(parts) or "nothing"
+
+
+DEFAULT_PATCH = patch_words(PATCHABLE)  # what an accel config patches unless it says otherwise
+
+
 class ConfigError(ValueError):
     """A config value out of range: the message names the key, the bad value and what is accepted."""
 
