@@ -120,6 +120,8 @@ class StudyConfig:
 
     methods: Optional[list] = None  # accel configs to run; None: every one whose method can run here
     compiled: list = field(default_factory=lambda: ["naive", "triton", "cuda"])  # also with compile_model
+    loss_split: list = field(default_factory=lambda: ["triton", "cuda"])  # also with accel.patch=[attention] (those in the study)
+    linear_loss: list = field(default_factory=list)  # also with accel.loss_form=linear (fused linear CE)
     reference: str = "torch"  # the accel config every loss curve is compared with (parity)
     baseline: str = "naive"  # the accel config speedups are given against
     kernel_gate: bool = True  # false: no float64 gate before a run (parity alone judges)
