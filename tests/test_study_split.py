@@ -166,3 +166,29 @@ def test_a_bad_split_fails_fast_on_the_command_line_and_help_lists_the_keys(tmp_
     text = help_text("study", CONF_DIR, "study")
     assert "study.loss_split=[triton,cuda]" in text and "study.linear_loss=[]" in text
 
+
+
+def test_a_sweep_runs_the_twins_at_every_point(tmp_path, monkeypatch):
+    from harness import study as study_mod
+
+    calls = []
+
+    def fake_run(cfg, method, compiled, run_dir, group, data_seed=None, callbacks=(), variant=""):
+        calls.append((int(cfg.model.context), method, variant))
+        curve = [5.0 - 0.1 * s for s in range(6)]
+        return {"status": "completed", "run_dir": str(run_dir), "tokens_per_s": 100.0 if variant else 120.0,
+                "step_ms_p50": 10.0, "step_ms_p90": 10.2, "loss_curve": curve, "final_train_loss": curve[-1],
+                "patched": {"attention": "composed", "loss": None if variant else "native"}}
+
+    monkeypatch.setattr(study_mod, "run_one", fake_run)
+    cfg = sm.study_cfg("trainer.max_steps=6", "trainer.warmup_steps=2", "trainer.window=3",
+                       "study.methods=[torch,triton]", "study.loss_split=[triton]", "study.sweep=context",
+                       "study.contexts=[32,64]", "study.tokens_per_step=256", "study.parity_tol=0.05",
+                       "study.profile=false")
+    rows = run_study(cfg, tmp_path)
+    assert calls == [(T, m, v) for T in (32, 64) for m, v in (("torch", ""), ("triton", ""), ("triton", "attention"))]
+    assert [r.vs_attention for r in rows if r.patch == "attention + loss"] == [pytest.approx(1.2)] * 2
+    report = (tmp_path / "report.md").read_text()
+    for point in ("T=32 batch 8", "T=64 batch 4"):
+        assert f"| {point}: triton: attention + loss vs triton: attention |" in report
+    assert "| triton: attention | 100 | 100 |" in report  # the scaling table has the twin's own line
