@@ -256,8 +256,9 @@ TRAIN_KEYS = ["trainer.max_steps", "trainer.warmup_steps", "trainer.window", "tr
               "trainer.ckpt_every", "trainer.precision", "trainer.devices", "trainer.on_nonfinite",
               "data.batch_size", "data.seq_len", "data.path", "compile_model", "check_kernel", "seed",
               "logger.mode", "resume"]
-STUDY_KEYS = ["study.methods", "study.compiled", "study.reference", "study.baseline", "study.repeats",
-              "study.sweep", "study.parity_steps", "study.parity_k", "study.parity_tol", "study.profile", "trainer.max_steps", "data.batch_size", "seed", "logger.mode"]
+STUDY_KEYS = ["study.methods", "study.compiled", "study.loss_split", "study.linear_loss", "study.reference",
+              "study.baseline", "study.repeats", "study.sweep", "study.parity_steps", "study.parity_k",
+              "study.parity_tol", "study.profile", "trainer.max_steps", "data.batch_size", "seed", "logger.mode"]
 
 
 def help_text(app: str, conf_dir: str, config_name: str) -> str:

@@ -120,6 +120,8 @@ class StudyConfig:
 
     methods: Optional[list] = None  # accel configs to run; None: every one whose method can run here
     compiled: list = field(default_factory=lambda: ["naive", "triton", "cuda"])  # also with compile_model
+    loss_split: list = field(default_factory=lambda: ["triton", "cuda"])  # also with accel.patch=[attention] (those in the study)
+    linear_loss: list = field(default_factory=list)  # also with accel.loss_form=linear (fused linear CE)
     reference: str = "torch"  # the accel config every loss curve is compared with (parity)
     baseline: str = "naive"  # the accel config speedups are given against
     kernel_gate: bool = True  # false: no float64 gate before a run (parity alone judges)
@@ -152,6 +154,19 @@ LOGGER_KINDS = ("wandb", "csv", "none")
 LOGGER_MODES = ("auto", "offline", "online", "disabled")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 PRECISIONS = ("auto", "bf16-mixed", "16-mixed", "32-true", "32", "bf16-true")
+
+
+def patch_words(patch, loss_form: str = "logits") -> str:
+    """The softmaxes ``accel.patch`` and ``accel.loss_form`` ask for, in words: 'attention + loss',
+    'attention', 'attention + linear loss' (a study's row labels, the suffix of a run's name)."""
+    patch = list(patch)
+    parts = ["attention"] if "attention" in patch else []
+    if "loss" in patch:
+        parts.append("linear loss" if loss_form == "linear" else "loss")
+    return " + ".join(parts) or "nothing"
+
+
+DEFAULT_PATCH = patch_words(PATCHABLE)  # what an accel config patches unless it says otherwise
 
 
 class ConfigError(ValueError):

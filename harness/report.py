@@ -8,7 +8,9 @@ steps, learning-rate schedule, optimizer, precision, world size and seed. Within
 of one method are its repeats (medians and intervals, harness.stats), the eager reference run
 (``--reference``, default ``torch``) is the one every loss curve is checked against, and a reference
 run on another data order (``data.seed``) is the spread run that sets the tolerance (harness.parity);
-other runs on another data order are not compared. Crashed and failed jobs appear with their error
+other runs on another data order are not compared. Runs of one method that asked for different
+softmaxes (``accel.patch``, ``accel.loss_form``) are separate rows labelled by them, with the ratios
+over the attention-only row (harness.study_split). Crashed and failed jobs appear with their error
 and no speedup. Groups that differ only in the sequence length (or only in the model) are the points
 of a sweep, with its scaling charts: a sweep split over several studies reads back as one.
 
@@ -31,6 +33,7 @@ from omegaconf import OmegaConf
 
 from harness.config import StudyConfig
 from harness.study_report import StudyRow, add_run, finish, write_outputs
+from harness.study_split import mark_split, requested, split_rank
 
 STATUS = {"completed": "PASS", "failed": "FAIL", "crashed": "CRASH", "interrupted": "INTERRUPTED",
           "nonfinite": "FAIL", "running": "CRASH"}
@@ -212,7 +215,7 @@ def build_report(root: Path, out: Optional[Path] = None, parity_steps: Optional[
         keyed: dict[tuple, StudyRow] = {}
         def order(r: dict) -> tuple:  # the reference first (then its spread run), the baseline, compiled last
             return (bool(r.get("compile_model")), r.get("method") != reference, r.get("method") != baseline,
-                    r.get("method") or "", data_seed(r) != main_seed, r.get("run_dir", ""))
+                    r.get("method") or "", split_rank(requested(r)), data_seed(r) != main_seed, r.get("run_dir", ""))
 
         for i, res in enumerate(sorted(members, key=order), 1):
             seed = data_seed(res)
@@ -221,11 +224,11 @@ def build_report(root: Path, out: Optional[Path] = None, parity_steps: Optional[
             role = "spread" if other_order and is_ref else ""
             point = label if not other_order or is_ref else \
                 (label + ", " if label else "") + f"data seed {seed} (another data order than the reference)"
-            rk = (res.get("method"), bool(res.get("compile_model")), role, point)
+            rk = (res.get("method"), bool(res.get("compile_model")), requested(res), role, point)
             row = keyed.get(rk)
             if row is None:
                 row = keyed[rk] = _row_from(res, role, point, seed)
-                row.point_values = dict(values)
+                row.point_values, row.patch = dict(values), requested(res)
                 rows.append(row)
             elif STATUS.get(res.get("status", "crashed"), "CRASH") != "PASS" and row.status == "PASS":
                 row.status, row.reason = _row_from(res).status, _row_from(res).reason
@@ -233,6 +236,7 @@ def build_report(root: Path, out: Optional[Path] = None, parity_steps: Optional[
             if res.get("status") in ("completed", "interrupted", "nonfinite") or res.get("tokens_per_s"):
                 add_run(row, res, _round(res.get("run_dir", ""), i), res.get("_probe_curve"))
     _add_study_rows(rows, study_rows, by_run_dir, runs)
+    mark_split(rows)  # a configuration run with different accel.patch / loss_form: one row each, labelled
 
     first = runs[0] if runs else {}
     model = first.get("model") or {}
@@ -266,7 +270,8 @@ def _add_study_rows(rows: list[StudyRow], study_rows: list, by_run_dir: dict, ru
         point = by_run_dir[same_point[0]] if same_point else (r.get("point") or str(study_dir))
         row = StudyRow(r.get("method", "?"), bool(r.get("compiled")), r.get("status") or "CRASH",
                        reason=r.get("reason") or "", exact=r.get("exact", True) is not False, point=point,
-                       role=r.get("role") or "", data_seed=r.get("data_seed"))
+                       role=r.get("role") or "", data_seed=r.get("data_seed"), variant=r.get("variant") or "",
+                       patch=r.get("patch") or "")
         row.point_values = dict(r.get("point_values") or {})
         if row.status not in ("SKIPPED", "OOM", "FAIL", "CRASH"):
             row.status, row.reason = "CRASH", row.reason or "recorded by the study, but its run is missing here"

@@ -95,3 +95,13 @@ def ratio_interval(num: Sequence[float], den: Sequence[float], paired: bool) -> 
     df = (va + vb) ** 2 / ((va ** 2 / (len(a) - 1) if va else 0.0) + (vb ** 2 / (len(b) - 1) if vb else 0.0))
     half = t975(df) * se
     return Estimate(med, math.exp(diff - half), math.exp(diff + half), min(len(a), len(b)))
+
+
+def round_ratio(num: dict, den: dict) -> Estimate:
+    """num / den from measurements keyed by round: paired where both hold the same rounds, else unpaired
+    (a study's speedups and its loss-kernel ratios, harness.study_report and harness.study_split)."""
+    paired = bool(num) and set(num) == set(den)
+    if paired:
+        rounds = sorted(num)
+        return ratio_interval([num[i] for i in rounds], [den[i] for i in rounds], paired=True)
+    return ratio_interval(list(num.values()), list(den.values()), paired=False)

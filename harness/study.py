@@ -14,6 +14,10 @@ Which configurations: ``study.methods`` (names of files in ``conf/accel/``), by 
 method added as one module + one config file is in the default study; those that cannot run here are
 SKIPPED with the reason. Timing-only methods (the registry's ``exact=False``, e.g. the no-softmax
 floor) are timed, never compared.
+Each configuration of ``study.loss_split`` (default triton, cuda) also runs with
+``accel.patch=[attention]``, each of ``study.linear_loss`` with ``accel.loss_form=linear``: rows
+``triton: attention + loss``, ``triton: attention``, ``triton: attention + linear loss``, and the
+report's table of what the loss kernel adds (harness.study_split).
 
 Correctness, before any speedup is reported (docs/studies.md): every op a method patches is checked
 against float64 on the run's shapes, forward and backward (the kernel gate; ``study.kernel_gate=false``
@@ -49,6 +53,9 @@ from harness.cli import run_app
 from harness.config import CONF_DIR, AccelConfig, ConfigError, accel_names, group_options
 from harness.results import atomic_write_text, write_json
 from harness.study_report import NO_NUMBERS, StudyRow, add_run, finish, log_to_wandb, write_outputs
+from harness.study_split import KEYS as SPLIT_KEYS
+from harness.study_split import VARIANTS, Planned, expand
+from harness.study_split import check as check_split
 
 SWEEPS = ("context", "model")
 
@@ -62,6 +69,11 @@ def accel_config(name: str) -> DictConfig:
     if not path.exists():
         raise ValueError(f"study.methods: unknown method {name!r}; options: {', '.join(accel_names())}")
     return OmegaConf.load(path)
+
+
+def accel_for(name: str, variant: str = "") -> DictConfig:
+    """The accel configuration ``name``, every key filled in, as its ``variant`` runs (harness.study_split)."""
+    return OmegaConf.merge(OmegaConf.structured(AccelConfig), accel_config(name), VARIANTS[variant])
 
 
 def unavailable(name: str) -> Optional[str]:
@@ -80,13 +92,16 @@ def default_methods() -> list[str]:
     return accel_names()
 
 
-def study_plan(cfg: DictConfig) -> list[tuple[str, bool]]:
-    """(accel config, compiled) in run order: the reference first (every other run is compared with
-    it), the baseline next, then the rest, then the compiled runs (the slow compiles last)."""
+def study_plan(cfg: DictConfig) -> list[Planned]:
+    """(accel config, compiled, variant, patch) in run order: the reference first (every other run is
+    compared with it), the baseline next, then the rest, then the compiled runs (the slow compiles
+    last); each configuration of study.loss_split / study.linear_loss followed by its twins
+    (harness.study_split)."""
     names = list(cfg.study.methods) if cfg.study.methods is not None else default_methods()
     first = [n for n in (cfg.study.reference, cfg.study.baseline) if n]
     order = list(dict.fromkeys([n for n in first if n in names or n == cfg.study.reference] + names))
-    return [(m, False) for m in order] + [(m, True) for m in cfg.study.compiled]
+    plan = [(m, False) for m in order] + [(m, True) for m in cfg.study.compiled]
+    return expand(plan, cfg.study, accel_for)
 
 
 # -- the study's own config checks (the precheck runs them before any work) ----------------------
@@ -118,6 +133,8 @@ def validate_study(cfg: DictConfig) -> None:
     _known("study.compiled", s.compiled, names, "conf/accel/")
     _known("study.reference", s.reference, names, "conf/accel/")
     _known("study.baseline", s.baseline, names, "conf/accel/")
+    for key in SPLIT_KEYS:
+        _known(f"study.{key}", s[key], names, "conf/accel/")
 
     def bad(key: str, value, accepted: str) -> ConfigError:
         return ConfigError(f"config value {key}={value!r} is not accepted: {accepted}. No study was started.")
@@ -164,6 +181,7 @@ def validate_study(cfg: DictConfig) -> None:
         _known("study.models", s.models, model_names(), "conf/model/")
     if s.tokens_per_step is not None and s.tokens_per_step < 1:
         raise bad("study.tokens_per_step", s.tokens_per_step, "null or an integer >= 1")
+    check_split(s, names, accel_for, bad)
 
 
 # -- sweep points ------------------------------------------------------------------------------
@@ -225,12 +243,12 @@ def is_oom(exc: BaseException) -> bool:
 
 
 def run_one(cfg: DictConfig, method: str, compiled: bool, run_dir: Path, group: str,
-            data_seed: Optional[int] = None, callbacks: tuple = ()) -> dict:
+            data_seed: Optional[int] = None, callbacks: tuple = (), variant: str = "") -> dict:
     from harness.train import run_training
 
     c = copy.deepcopy(cfg)
     with open_dict(c):
-        c.accel = OmegaConf.merge(OmegaConf.structured(AccelConfig), accel_config(method))
+        c.accel = accel_for(method, variant)
         c.compile_model = compiled
         c.check_kernel = bool(cfg.study.kernel_gate)
         c.logger.group = group
@@ -280,11 +298,12 @@ def run_study(cfg: DictConfig, out_dir: Path) -> list[StudyRow]:
     if cfg.data.name == "synthetic":
         console.print("[yellow]study: data=synthetic (random tokens): nothing can be learned, so loss parity cannot "
                       "catch a wrong method; data=stdlib (the default) can[/]")
-    order: list[tuple[str, bool, str]] = []
-    for m, c in plan:
-        order.append((m, c, ""))
-        if spread_seed is not None and m == cfg.study.reference and not c:
-            order.append((m, False, "spread"))
+    order: list[tuple[Planned, str]] = []
+    for planned in plan:
+        order.append((planned, ""))
+        if spread_seed is not None and planned.method == cfg.study.reference and not planned.compiled \
+                and not planned.variant:
+            order.append((planned, "spread"))
     total = len(points) * (repeats * len(order) - (repeats - 1) * (spread_seed is not None))
     rows: list[StudyRow] = []
     n = 0
@@ -293,14 +312,16 @@ def run_study(cfg: DictConfig, out_dir: Path) -> list[StudyRow]:
         prow: dict[tuple, StudyRow] = {}
         probe_data = None
         for rnd in range(1, repeats + 1):
-            for method, compiled, role in order:
+            for planned, role in order:
                 if role == "spread" and rnd > 1:
                     continue  # the spread is measured once
-                key = (method, compiled, role)
+                method, compiled, variant = planned.method, planned.compiled, planned.variant
+                key = (method, compiled, variant, role)
                 row = prow.get(key)
                 if row is None:
                     row = prow[key] = StudyRow(method, compiled, "PASS", point=point.label,
                                                point_values=dict(point.values), role=role,
+                                               variant=variant, patch=planned.patch,
                                                data_seed=spread_seed if role else None)
                     rows.append(row)
                 n += 1
@@ -323,7 +344,7 @@ def run_study(cfg: DictConfig, out_dir: Path) -> list[StudyRow]:
                 probe = ParityProbe(probe_data, every)
                 run_dir = out / "runs" / point.slug / row.slug / (f"r{rnd}" if repeats > 1 else "")
                 try:
-                    res = run_one(point.cfg, method, compiled, run_dir, group, row.data_seed, (probe,))
+                    res = run_one(point.cfg, method, compiled, run_dir, group, row.data_seed, (probe,), variant)
                 except Exception as exc:  # a crash, a failed gate, an OOM: recorded, the study goes on
                     _record_failure(row, exc, run_dir, rnd, point, console)
                     res = None
@@ -343,7 +364,7 @@ def run_study(cfg: DictConfig, out_dir: Path) -> list[StudyRow]:
                 elif res.get("status") == "nonfinite":
                     row.status, row.reason = "FAIL", "non-finite training loss"
                 if profile and rnd == 1 and not compiled and not role and row.status not in NO_NUMBERS:
-                    row.breakdown = _profile(point.cfg, method)
+                    row.breakdown = _profile(point.cfg, method, variant)
                 _free_memory()
                 write_outputs(rows, cfg, out, partial=True)  # completed results survive a later crash
                 if stop:
@@ -398,9 +419,9 @@ def _profile_on(cfg: DictConfig) -> bool:
     return torch.cuda.is_available() and cfg.trainer.accelerator in ("auto", "gpu", "cuda")
 
 
-def _profile(cfg: DictConfig, method: str) -> dict:
+def _profile(cfg: DictConfig, method: str, variant: str = "") -> dict:
     try:
-        return profile_method(cfg, method).as_dict()
+        return profile_method(cfg, method, variant).as_dict()
     except Exception as exc:
         kind = "out of memory" if is_oom(exc) else type(exc).__name__
         return {"error": f"{kind}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]}
@@ -408,7 +429,7 @@ def _profile(cfg: DictConfig, method: str) -> dict:
         _free_memory()
 
 
-def profile_method(cfg: DictConfig, method: str):
+def profile_method(cfg: DictConfig, method: str, variant: str = ""):
     """Where one training step's time goes with the accel configuration ``method`` (harness.breakdown)."""
     import torch
 
@@ -420,7 +441,7 @@ def profile_method(cfg: DictConfig, method: str):
     device = "cuda" if torch.cuda.is_available() and cfg.trainer.accelerator != "cpu" else "cpu"
     c = copy.deepcopy(cfg)
     with open_dict(c):
-        c.accel = OmegaConf.merge(OmegaConf.structured(AccelConfig), accel_config(method))
+        c.accel = accel_for(method, variant)
     seq = seq_len(c)
     torch.manual_seed(c.seed)
     model = build_model(c)

@@ -1,7 +1,8 @@
 """A study's charts (matplotlib, written next to report.md):
 
-* ``throughput.png``: tokens/s and the speedup over the baseline per method, the value on every bar,
-  95% whiskers with repeats, failed methods in red, timing-only in gray, speedups within noise hatched;
+* ``throughput.png``: tokens/s and the speedup over the baseline per method (named with the softmaxes
+  it patched), the value on every bar, 95% whiskers with repeats, failed methods in red, timing-only
+  in gray, speedups within noise hatched;
 * ``loss.png``: left, the reference's loss (training and probe) to show that the loss falls; right,
   every method's probe-loss difference from the reference (identical curves would hide each other if
   drawn as losses) inside the parity tolerance band, the spread run dashed;
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from harness.parity import envelope, rel_diffs, tolerance_at
+from harness.study_split import patched_words
 
 COLORS = {"FAIL": "tab:red", "CRASH": "tab:red", "OOM": "tab:red", "TIMING-ONLY": "tab:gray", "UNCHECKED": "tab:olive"}
 
@@ -64,6 +66,12 @@ def _errs(rows: list, key: str) -> Optional[list]:
     return [lo, hi] if any(lo) or any(hi) else None
 
 
+def _named(r) -> str:
+    """A bar's name: the row's label, with what its runs patched unless the label says it."""
+    what = patched_words(r.patched, detail=False)
+    return r.label if r.patch or not what else f"{r.label} [{what}]"
+
+
 def plot_throughput(rows: list, path: Path, baseline: str, title: str) -> None:
     timed = [r for r in rows if r.tokens_per_s and not r.role]
     if not timed:
@@ -71,7 +79,7 @@ def plot_throughput(rows: list, path: Path, baseline: str, title: str) -> None:
     plt = _plt()
     fig, (a, b) = plt.subplots(1, 2, figsize=(14, 1.6 + 0.42 * len(timed)))
     colors = [COLORS.get(r.status, "tab:blue") for r in timed]
-    bars = a.barh([r.label for r in timed], [r.tokens_per_s for r in timed], color=colors,
+    bars = a.barh([_named(r) for r in timed], [r.tokens_per_s for r in timed], color=colors,
                   xerr=_errs(timed, "tokens_per_s"), capsize=3)
     a.bar_label(bars, labels=[f"{r.tokens_per_s:,.0f}" for r in timed], padding=4, fontsize=7)
     a.set_xlabel("tokens/s (median" + (", 95% interval)" if _errs(timed, "tokens_per_s") else ")"))
@@ -81,7 +89,7 @@ def plot_throughput(rows: list, path: Path, baseline: str, title: str) -> None:
     sp = [r for r in timed if r.speedup_vs_baseline]
     if sp:
         noise = [bool(r.noise) for r in sp]
-        bars = b.barh([r.label for r in sp], [r.speedup_vs_baseline for r in sp],
+        bars = b.barh([_named(r) for r in sp], [r.speedup_vs_baseline for r in sp],
                       color=["tab:gray" if n else "tab:green" for n in noise],
                       hatch=None, xerr=_errs(sp, "speedup_vs_baseline"), capsize=3)
         for bar, n in zip(bars, noise):

@@ -20,7 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.parity import envelope, judge
 from harness.results import atomic_write_text, write_json
-from harness.stats import NOISY_SPREAD, log_interval, ratio_interval
+from harness.stats import NOISY_SPREAD, log_interval, round_ratio
+from harness.study_split import add_ratios, patched_words, ratio_lines
 
 #: Statuses that leave a row without any number to compare.
 NO_NUMBERS = ("SKIPPED", "CRASH", "FAIL", "OOM")
@@ -38,6 +39,8 @@ class StudyRow:
     point: str = ""  # the sweep point ("T=1024 batch 16", "gpt2m"); "" outside a sweep
     point_values: dict = field(default_factory=dict)  # context / batch_size / model of the point
     role: str = ""  # "" | "spread": the second reference run (another data order), for the tolerance
+    variant: str = ""  # "" (the accel config as it is) | a twin of harness.study_split: attention | linear
+    patch: str = ""  # what it asked to patch, in words, shown in the label ("": its configuration is not split)
     data_seed: Optional[int] = None  # the batch order's seed, when it is not the run's seed
     tokens_per_s: Optional[float] = None  # median over repeats
     tokens_per_s_lo: Optional[float] = None  # 95% interval (repeats >= 2)
@@ -54,6 +57,12 @@ class StudyRow:
     step_spread: Optional[float] = None  # p90 / p50 of the step times, the worst repeat
     noisy: Optional[bool] = None  # some repeat's step_spread > NOISY_SPREAD
     peak_mem_gib: Optional[float] = None
+    vs_attention: Optional[float] = None  # tokens/s over its attention-only twin (harness.study_split)
+    vs_attention_lo: Optional[float] = None
+    vs_attention_hi: Optional[float] = None
+    mem_vs_attention: Optional[float] = None  # peak memory over its attention-only twin
+    mem_vs_attention_lo: Optional[float] = None
+    mem_vs_attention_hi: Optional[float] = None
     mfu: Optional[float] = None
     warmup_s: Optional[float] = None
     final_loss: Optional[float] = None
@@ -72,11 +81,13 @@ class StudyRow:
     @property
     def label(self) -> str:
         extra = f" (data seed {self.data_seed})" if self.role == "spread" else ""
-        return self.method + (" + compile" if self.compiled else "") + extra
+        patch = f": {self.patch}" if self.patch else ""
+        return self.method + (" + compile" if self.compiled else "") + patch + extra
 
     @property
     def slug(self) -> str:
-        return self.label.replace(" + ", "+").replace(" (data seed ", "-dataseed").replace(")", "").replace(" ", "_")
+        return self.label.replace(": ", "-").replace(" + ", "+").replace(" (data seed ", "-dataseed") \
+            .replace(")", "").replace(" ", "_")
 
 
 def add_run(row: StudyRow, res: dict, round_: int, probe_curve: Optional[list] = None) -> None:
@@ -156,8 +167,8 @@ def _finish_point(rows: list[StudyRow], cfg: DictConfig) -> dict:
     k, floor, fixed = float(_study(cfg, "parity_k", 3.0)), float(_study(cfg, "parity_floor", 0.005)), \
         _study(cfg, "parity_tol")
     steps = parity_window(cfg)
-    ref = next((r for r in rows if r.method == ref_name and not r.compiled and not r.role and r.runs
-                and r.status not in NO_NUMBERS), None)
+    ref = next((r for r in rows if r.method == ref_name and not r.compiled and not r.role and not r.variant
+                and r.runs and r.status not in NO_NUMBERS), None)
     spread_row = next((r for r in rows if r.role == "spread" and r.runs and r.status not in NO_NUMBERS), None)
     on_probe = bool(ref and ref.probe_curve)
     info: dict = {"reference": ref.label if ref else None, "k": k, "floor": floor, "fixed": fixed, "steps": steps,
@@ -198,7 +209,7 @@ def _finish_point(rows: list[StudyRow], cfg: DictConfig) -> dict:
             r.status, r.reason = "FAIL", worst.reason
     info["tolerance_end"] = None if ref is None else (
         fixed if fixed is not None else max(floor, k * (info["spread"] or 0.0)))
-    base = next((r for r in rows if r.method == base_name and not r.compiled and not r.role
+    base = next((r for r in rows if r.method == base_name and not r.compiled and not r.role and not r.variant
                  and r.status in ("PASS", "REFERENCE")), None)
     for r in rows:
         r.noise = ""
@@ -216,34 +227,40 @@ def _finish_point(rows: list[StudyRow], cfg: DictConfig) -> dict:
                 notes.append(f"vs {name}")
         if notes:
             r.noise = "within noise (" + ", ".join(notes) + ")"
+    add_ratios(rows)
     return info
 
 
 def speedup(a: StudyRow, b: StudyRow):
     """a's tokens/s over b's: paired by round where both ran in the same rounds (harness.stats)."""
-    ra = {run["round"]: run["tokens_per_s"] for run in a.runs if run.get("tokens_per_s")}
-    rb = {run["round"]: run["tokens_per_s"] for run in b.runs if run.get("tokens_per_s")}
-    paired = bool(ra) and set(ra) == set(rb)
-    if paired:
-        rounds = sorted(ra)
-        return ratio_interval([ra[i] for i in rounds], [rb[i] for i in rounds], paired=True)
-    return ratio_interval(list(ra.values()), list(rb.values()), paired=False)
+    return round_ratio({run["round"]: run["tokens_per_s"] for run in a.runs if run.get("tokens_per_s")},
+                       {run["round"]: run["tokens_per_s"] for run in b.runs if run.get("tokens_per_s")})
 
 
 COLUMNS = [
-    ("point", "point"), ("method", "method"), ("compiled", "compiled"), ("status", "status"), ("judged", "judged by"),
+    ("point", "point"), ("method", "method"), ("compiled", "compiled"), ("patch", "patch"), ("patched", "patched"),
+    ("variant", "variant"), ("status", "status"), ("judged", "judged by"),
     ("repeats", "repeats"), ("tokens_per_s", "tokens/s"), ("tokens_per_s_lo", "tokens/s lo"),
     ("tokens_per_s_hi", "tokens/s hi"), ("speedup_vs_baseline", "vs baseline"),
     ("speedup_vs_baseline_lo", "vs baseline lo"), ("speedup_vs_baseline_hi", "vs baseline hi"),
     ("speedup_vs_reference", "vs reference"), ("speedup_vs_reference_lo", "vs reference lo"),
     ("speedup_vs_reference_hi", "vs reference hi"), ("noise", "noise"), ("step_ms_p50", "step ms p50"),
     ("step_ms_p90", "step ms p90"), ("step_spread", "p90/p50"), ("noisy", "noisy"), ("peak_mem_gib", "peak GiB"),
-    ("mfu", "MFU"), ("warmup_s", "warm-up s"), ("final_loss", "final loss"),
+    ("vs_attention", "vs attention only"), ("vs_attention_lo", "vs attention only lo"),
+    ("vs_attention_hi", "vs attention only hi"), ("mem_vs_attention", "peak memory vs attention only"),
+    ("mem_vs_attention_lo", "peak memory vs attention only lo"),
+    ("mem_vs_attention_hi", "peak memory vs attention only hi"), ("mfu", "MFU"), ("warmup_s", "warm-up s"),
+    ("final_loss", "final loss"),
     ("loss_diff_vs_reference", "loss - reference"), ("parity", "parity"), ("parity_dev", "parity dev"),
     ("parity_tol", "parity tol"), ("parity_step", "parity step"), ("data_seed", "data seed"), ("reason", "reason"),
 ]
 #: CSV columns beyond COLUMNS: the sweep point's values
 POINT_COLUMNS = ("context", "batch_size", "model")
+
+
+def _value(r: StudyRow, key: str) -> Any:
+    """A row's value for a column (``patched``: what its runs patched, in words)."""
+    return patched_words(r.patched) if key == "patched" else getattr(r, key)
 
 
 def _cell(v: Any, key: str) -> str:
@@ -254,7 +271,8 @@ def _cell(v: Any, key: str) -> str:
     if isinstance(v, float):
         spec = {"tokens_per_s": ",.0f", "mfu": ".1%", "loss_diff_vs_reference": "+.4f", "final_loss": ".4f",
                 "parity_dev": ".2%", "parity_tol": ".2%", "step_spread": ".2f", "speedup_vs_baseline": ".3f",
-                "speedup_vs_reference": ".3f"}.get(key, ".2f")
+                "speedup_vs_reference": ".3f",
+                "vs_attention": ".3f", "mem_vs_attention": ".3f"}.get(key, ".2f")
         return format(v, spec)
     return str(v)
 
@@ -287,7 +305,7 @@ def _spread_cell(r: StudyRow) -> str:
     return f"{r.step_spread:.2f}" + (" NOISY" if r.noisy else "")
 
 
-TABLE = ["method", "status", "judged by", "repeats", "tokens/s [95% CI]", "vs {baseline} [95% CI]",
+TABLE = ["method", "status", "patched", "judged by", "repeats", "tokens/s [95% CI]", "vs {baseline} [95% CI]",
          "vs {reference} [95% CI]", "step ms p50 / p90", "p90/p50", "peak GiB", "MFU", "warm-up s", "final loss",
          "loss - {reference}", "parity (dev / tol at step)", "reason"]
 
@@ -301,7 +319,8 @@ def table_lines(rows: list[StudyRow], cfg: DictConfig) -> list[str]:
         vs_r = _with_interval(r, "speedup_vs_reference") + _noise_mark(r, names["reference"])
         reason = r.reason.replace("|", "/").replace("\n", " ")
         lines.append("| " + " | ".join([
-            r.label, r.status, r.judged or "-", str(r.repeats), _with_interval(r, "tokens_per_s"), vs_b, vs_r, steps,
+            r.label, r.status, patched_words(r.patched) or "-", r.judged or "-", str(r.repeats),
+            _with_interval(r, "tokens_per_s"), vs_b, vs_r, steps,
             _spread_cell(r), _cell(r.peak_mem_gib, "peak_mem_gib"), _cell(r.mfu, "mfu"), _cell(r.warmup_s, "warmup_s"),
             _cell(r.final_loss, "final_loss"), _cell(r.loss_diff_vs_reference, "loss_diff_vs_reference"),
             _parity_cell(r), reason or "-"]) + " |")
@@ -368,6 +387,7 @@ def write_outputs(rows: list[StudyRow], cfg: DictConfig, out: Path, partial: boo
             lines += [parity_sentence(settings[point], cfg), ""]
         lines += table_lines(prow, cfg)
     lines += sweep_lines(rows)
+    lines += ratio_lines(rows)
     lines += breakdown_lines(rows)
     atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
     write_json(out / "study.json", {"env": env, "config": OmegaConf.to_container(cfg, resolve=True),
@@ -383,17 +403,18 @@ def _write_csv(rows: list[StudyRow], out: Path) -> None:
     w = csv.writer(buf)
     w.writerow([k for k, _ in COLUMNS] + list(POINT_COLUMNS))
     for r in rows:
-        w.writerow(["" if getattr(r, k) is None else getattr(r, k) for k, _ in COLUMNS]
+        w.writerow(["" if _value(r, k) is None else _value(r, k) for k, _ in COLUMNS]
                    + ["" if r.point_values.get(k) is None else r.point_values[k] for k in POINT_COLUMNS])
     atomic_write_text(out / "results.csv", buf.getvalue())
     buf = io.StringIO()
     w = csv.writer(buf)
     keys = ["round", "tokens_per_s", "step_ms_p50", "step_ms_p90", "step_ms_spread", "noisy", "peak_mem_gib",
             "warmup_s", "final_loss", "status", "run_dir"]
-    w.writerow(["point", "method", "compiled", "data_seed"] + keys)
+    w.writerow(["point", "method", "compiled", "patch", "patched", "data_seed"] + keys)
     for r in rows:
         for run in r.runs:
-            w.writerow([r.point, r.method, r.compiled, "" if r.data_seed is None else r.data_seed]
+            w.writerow([r.point, r.method, r.compiled, r.patch, patched_words(r.patched),
+                        "" if r.data_seed is None else r.data_seed]
                        + ["" if run.get(k) is None else run.get(k) for k in keys])
     atomic_write_text(out / "runs.csv", buf.getvalue())
 
@@ -457,7 +478,7 @@ def log_to_wandb(rows: list[StudyRow], cfg: DictConfig, out: Path, group: str) -
                      mode=wandb_mode(cfg.logger.mode), config=OmegaConf.to_container(cfg, resolve=True))
     table = wandb.Table(columns=[k for k, _ in COLUMNS])
     for r in rows:
-        table.add_data(*[_cell(getattr(r, k), k) for k, _ in COLUMNS])
+        table.add_data(*[_cell(_value(r, k), k) for k, _ in COLUMNS])
     logged: dict = {"study/report": table}
     for path in sorted(out.glob("*.png")):
         logged[f"study/{path.stem}"] = wandb.Image(str(path))

@@ -101,7 +101,7 @@ def run_training(
 
     import kernels
     from harness.build import build, data_seed, on_gpu, resolve_precision, seq_len, tokens_per_step
-    from harness.config import to_container
+    from harness.config import DEFAULT_PATCH, patch_words, to_container
     from harness.console import quiet_third_party
     from harness.env import environment
     from harness.loggers import make_logger, wandb_mode
@@ -155,7 +155,9 @@ def run_training(
     config = to_container(cfg)
     config["env"] = env
     config["precision_resolved"] = precision
-    run_name = f"{label.replace(' + compiled model', '+compile')}-{cfg.model.name}"
+    asked = patch_words(cfg.accel.patch, cfg.accel.loss_form)
+    patch = "" if asked == DEFAULT_PATCH else f"[{asked.replace(' + ', '+').replace(' ', '-')}]"
+    run_name = f"{label.replace(' + compiled model', '+compile')}{patch}-{cfg.model.name}"
     wandb_id = ((previous or {}).get("wandb") or {}).get("id")
     logger = make_logger(cfg.logger, run_dir, run_name, group, config, wandb_id=wandb_id, resuming=previous is not None)
     if rank_zero_only.rank == 0 and previous is None:

@@ -65,8 +65,9 @@ def test_study_writes_report_csv_and_charts_and_catches_a_wrong_method(tmp_path,
     assert by[wrong_method].status == "FAIL" and "forward error" in by[wrong_method].reason
     assert by[wrong_method].speedup_vs_baseline is None and by[wrong_method].tokens_per_s is None
     assert by["floor"].status == "TIMING-ONLY" and by["floor"].speedup_vs_reference is None
-    if not torch.cuda.is_available():
-        assert by["cuda"].status == "SKIPPED" and "GPU" in by["cuda"].reason
+    if not torch.cuda.is_available():  # cuda is in the default study.loss_split: its twin is skipped alike
+        for label in ("cuda: attention + loss", "cuda: attention"):
+            assert by[label].status == "SKIPPED" and "GPU" in by[label].reason
     assert by["naive"].speedup_vs_reference and by["torch"].speedup_vs_baseline
     assert by["naive"].noisy in (True, False) and by["naive"].step_spread >= 1.0
     report = (tmp_path / "report.md").read_text()
@@ -160,7 +161,7 @@ def test_repeats_interleave_and_write_intervals(tmp_path, monkeypatch):
     calls = []
     tps = {"torch": [100.0, 102.0, 98.0], "naive": [50.0, 51.0, 49.0], "triton": [101.0, 99.0, 103.0]}
 
-    def fake_run(cfg, method, compiled, run_dir, group, data_seed=None, callbacks=()):
+    def fake_run(cfg, method, compiled, run_dir, group, data_seed=None, callbacks=(), variant=""):
         calls.append(method)
         i = sum(1 for c in calls if c == method) - 1
         curve = [5.0 - 0.1 * s for s in range(10)]
@@ -171,7 +172,7 @@ def test_repeats_interleave_and_write_intervals(tmp_path, monkeypatch):
 
     monkeypatch.setattr(study_mod, "run_one", fake_run)
     cfg = sm.study_cfg(*SHORT, "study.methods=[torch,naive,triton]", "study.repeats=3", "study.parity_tol=0.01",
-                       "study.profile=false")
+                       "study.profile=false", "study.loss_split=[]")
     rows = run_study(cfg, tmp_path)
     assert calls == ["torch", "naive", "triton"] * 3  # round-robin, never one method's repeats back to back
     by = {r.method: r for r in rows}
@@ -198,10 +199,10 @@ def test_context_sweep_charts_and_records_an_oom(tmp_path, monkeypatch):
 
     real = study_mod.run_one
 
-    def run_or_oom(cfg, method, compiled, run_dir, group, data_seed=None, callbacks=()):
+    def run_or_oom(cfg, method, compiled, run_dir, group, data_seed=None, callbacks=(), variant=""):
         if method == "naive" and cfg.model.context == 64:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(cfg, method, compiled, run_dir, group, data_seed, callbacks)
+        return real(cfg, method, compiled, run_dir, group, data_seed, callbacks, variant)
 
     monkeypatch.setattr(study_mod, "run_one", run_or_oom)
     cfg = sm.study_cfg("trainer.max_steps=6", "trainer.warmup_steps=2", "trainer.window=3",
