@@ -1,11 +1,11 @@
 // Thin PyTorch binding of the fused cross-entropy kernels (csrc/cross_entropy_kernels.cu): adds the ops
-// softmax_harness_cuda::ce_rows / scale_grad_ / ce_path / ce_check_targets to the namespace that
+// softmax_harness_cuda::ce_rows / scale_grad_ / ce_path / ce_take_target_error to the namespace that
 // softmax_binding.cpp defines (TORCH_LIBRARY_FRAGMENT), checks inputs with clear messages and launches on
 // the current CUDA stream. Fake implementations live in Python (kernels/methods/cuda/op.py); the
 // differentiable cross-entropy built from these primitives is kernels/methods/cuda/cross_entropy.py.
 //
 // Out-of-range targets: the kernels give such a row loss NaN and a NaN gradient and record the first
-// one on the device; ce_check_targets() (or every launch, with SOFTMAX_HARNESS_CE_CHECK=1 in the
+// one on the device; kernels.methods.cuda.check_targets() (or every launch, with SOFTMAX_HARNESS_CE_CHECK=1 in the
 // environment: a device sync per call, for debugging) raises an error naming it. Nothing syncs by default.
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
@@ -17,6 +17,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cross_entropy_kernels.h"
 
@@ -45,7 +46,20 @@ bool check_every_launch() {
   return on;
 }
 
-// Raises if a launch on the current device recorded an out-of-range target (and clears the record).
+// The out-of-range target record of the current device, cleared: a CPU int64 tensor [found, row, target,
+// cols]. kernels.methods.cuda.check_targets raises from it in Python: raising from this op (no tensor
+// argument) crashed the process on the H200 (a segfault in the test that expects the error).
+at::Tensor ce_take_target_error() {
+  bool found = false;
+  int64_t row = 0, target = 0, cols = 0;
+  const cudaError_t err = softmax_harness::ce_take_error(&found, &row, &target, &cols);
+  TORCH_CHECK(err == cudaSuccess, "cuda cross_entropy: reading the target check failed: ", cudaGetErrorString(err));
+  const std::vector<int64_t> rec{found ? 1 : 0, row, target, cols};
+  return at::tensor(rec, at::TensorOptions().dtype(at::kLong));
+}
+
+// Raises if a launch on the current device recorded an out-of-range target (and clears the record); the
+// SOFTMAX_HARNESS_CE_CHECK=1 debugging path of ce_rows.
 void ce_check_targets() {
   bool found = false;
   int64_t row = 0, target = 0, cols = 0;
@@ -177,7 +191,7 @@ TORCH_LIBRARY_FRAGMENT(softmax_harness_cuda, m) {
   m.def("ce_rows(Tensor logits, Tensor targets, int ignore_index, Tensor? grad_scale, Tensor(a!)? grad, int path=-1) -> Tensor");
   m.def("scale_grad_(Tensor(a!) grad, Tensor g) -> ()");
   m.def("ce_path(int dtype, int rows, int cols, bool aligned, int path=-1) -> str", &ce_path);
-  m.def("ce_check_targets() -> ()", &ce_check_targets);
+  m.def("ce_take_target_error() -> Tensor", &ce_take_target_error);
 }
 
 TORCH_LIBRARY_IMPL(softmax_harness_cuda, CUDA, m) {

@@ -56,7 +56,10 @@ def check_targets() -> None:
     ignore_index since the last check (synchronizes the device)."""
     if not STATE["loaded"]:
         prepare()
-    torch.ops.softmax_harness_cuda.ce_check_targets()
+    found, row, target, cols = torch.ops.softmax_harness_cuda.ce_take_target_error().tolist()
+    if found:
+        raise RuntimeError(f"cuda cross_entropy: target {target} (row {row}) is outside [0, {cols}) and is not "
+                           "ignore_index; that row's loss and gradient are NaN")
 
 
 # ------------------------------------------------------------------------------------------------
