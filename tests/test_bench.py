@@ -127,9 +127,12 @@ def test_loss_table_runs_every_cross_entropy_method(tmp_path):
     methods = [m for m in kernels.runnable_methods(op="cross_entropy") if m != "compile"]
     if not methods:
         pytest.skip("no method implements cross_entropy here")
-    rows = run_loss_bench(methods, [33], 16, (8, 12, 33), tmp_path, rep_ms=5)
+    rows = run_loss_bench(methods, [17, 33], 16, (8, 12, 33), tmp_path, rep_ms=5)
     ce = [r for r in rows if r.op == "cross_entropy" and not r.autocast]
     assert {r.method for r in ce} == set(methods) and all(r.correct for r in ce), ce
+    # measured largest first (the cleanest memory), reported by V, the linear rows last
+    assert [r.vocab for r in rows if r.op == "cross_entropy"] == sorted(r.vocab for r in rows if r.op == "cross_entropy")
+    assert rows[-1].op == "linear_cross_entropy" and all((r.held_gib is not None) == torch.cuda.is_available() for r in rows)
     assert all(r.fwd_bwd_ms and r.ideal_ms and r.frac_ideal for r in ce)
     assert "ideal" in (tmp_path / "loss.md").read_text()
 
