@@ -67,9 +67,14 @@ Modules (host side, then kernels, then what runs them):
   (on a GPU, a compiled kernel's launcher called directly after its first ``kernel[grid]`` launch;
   ``HARNESS_TRITON_DIRECT=0`` turns it off).
 * ``op``: the torch ops and ``triton_softmax``, the method's softmax.
+* ``fastlaunch``: the direct launch path (a specialization key computed as Triton's ``JITFunction.run``
+  does, the compiled kernel's launcher called with it; the plain ``kernel[grid]`` otherwise).
+* ``cross_entropy_kernels`` / ``cross_entropy`` / ``linear_cross_entropy``: the loss softmax (kernels,
+  torch ops, the chunked linear cross-entropy); their own docstrings give the paths and bytes.
 * ``sweep``: the launch-table sweep (``python -m kernels.methods.triton.sweep``, also
-  ``python -m harness.bench triton-sweep``); ``traffic``: the causal forward's memory-floor kernel for
-  ``harness.bench kernels``. Neither is imported by the method itself.
+  ``python -m harness.bench triton-sweep``); ``ce_sweep``: the cross-entropy plans' sweep
+  (``python -m kernels.methods.triton.ce_sweep``); ``traffic``: the causal forward's memory-floor kernel
+  for ``harness.bench kernels``. None of these three is imported by the method itself.
 """
 
 from __future__ import annotations
