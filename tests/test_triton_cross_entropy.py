@@ -401,3 +401,21 @@ def test_sweep_candidates_start_with_the_current_plan_and_cover_both_long_paths(
         assert all(p.block_n // (32 * p.num_warps) >= 4 for p in c[1:])
         assert all(-(-v // p.block_n) <= ck.MAX_SPLITS for p in c if p.path == "split")
     assert candidates(1000) == [ck.plan(1000)]  # a row that fits one program: nothing to sweep
+
+
+def test_split_path_all_inf_chunks_beside_very_negative_logits(ck, monkeypatch):
+    """A chunk of only -inf logits takes its reference as 0; with every finite logit far below (-300:
+    exp2 of +433 overflows) its gradient must stay 0, not 0 x inf = NaN."""
+    monkeypatch.setattr(ck, "LONG_PATH", "split")
+    monkeypatch.setattr(ck, "TILE_MAX_N", 16)
+    monkeypatch.setattr(ck, "SPLIT_BLOCK_N", 8)
+    x = torch.full((3, 40), -300.0, device=DEVICE)
+    x[:, 9:] = float("-inf")  # chunks 2-5: nothing finite
+    t = torch.tensor([0, 4, 8], device=DEVICE)
+    assert ck.plan(40).path == "split"
+    loss, count, grad = ck.forward(x, t, -100, "sum", True)
+    ref = torch.nn.functional.cross_entropy(x.double(), t, reduction="none")
+    assert torch.allclose(loss.double(), ref, rtol=1e-6)
+    g = torch.softmax(x.double(), -1)
+    g[torch.arange(3), t] -= 1
+    assert not grad.isnan().any() and torch.allclose(grad.double(), g, atol=1e-6)

@@ -282,3 +282,18 @@ def test_ring_backward_on_the_gpu(shape, dtype, view, seeded):
     if shape[0] > 1:
         assert torch.equal(dx[1].cpu(), torch.zeros(shape[1], dtype=dtype))
     assert torch.equal(launch_bwd(y, dy, 0.7, False), dx)
+
+
+@pytest.mark.parametrize("forced_path", ["split"], indirect=True)
+@pytest.mark.parametrize("causal", [False, True])
+def test_split_path_empty_chunks_beside_very_negative_scores(forced_path, causal):
+    """A chunk holding only masked or -inf columns takes its reference as 0; where every kept score of
+    the row is far below that (here -300, scale 1: exp2 of +433 overflows), its zeros must stay zeros
+    (0 x inf was NaN) and the kept columns uniform."""
+    x = torch.full((2, 20, 40), -300.0, device=DEVICE)
+    if not causal:
+        x[..., 9:] = float("-inf")  # chunks 2-5 of every row hold only -inf
+    y = launch_fwd(x, 1.0, causal)
+    ref = kernels.reference_softmax(x, scale=1.0, causal=causal)
+    assert not y.isnan().any() and kernels.relative_error(y, ref) <= 1e-6
+    assert (y[ref == 0] == 0).all()

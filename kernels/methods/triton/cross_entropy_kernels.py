@@ -183,7 +183,8 @@ def _ce_split_kernel(
             tl.store(LOSS + row, _row_loss(big_ref, xt, tl.log(big_s), t, n_cols, valid), mask=owner)
         if WRITE_GRAD:
             c = tl.where(valid, _scale_of(S, C, row, row >= 0, stride_s, FROM_S, DIVIDE), 0.0)
-            f = tl.exp2((ref - big_ref) * LOG2E) * (c / tl.where(big_s == 0.0, 1.0, big_s))
+            # (an all -inf chunk's ref = 0 may sit above big_ref: clamped, its gradient stays 0, not NaN)
+            f = tl.exp2(tl.minimum((ref - big_ref) * LOG2E, 0.0)) * (c / tl.where(big_s == 0.0, 1.0, big_s))
             g = e * f - tl.where(is_t, c, 0.0)
             tl.store(G + row * stride_gr + cols, g.to(G.dtype.element_ty), mask=inside)
 

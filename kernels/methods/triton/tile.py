@@ -235,7 +235,10 @@ if triton is not None:
             big_m = tl.max(ms, axis=0)
             big_ref = tl.where(big_m == float("-inf"), 0.0, big_m)
             big_s = tl.sum(_rescaled(ss, ms, big_ref, a), axis=0)  # -inf maxima (empty chunks) add 0
-            f = tl.exp2((ref - big_ref) * a) / tl.where(big_s == 0.0, 1.0, big_s)  # NaN stays NaN
+            # a chunk with nothing unmasked took ref = 0, above the row's reference when every kept key
+            # is negative: its exponent, clamped at 0, keeps f finite (its outputs are 0, not 0 x inf);
+            # any other chunk's ref is at most big_ref, unchanged. NaN stays NaN (through big_s).
+            f = tl.exp2(tl.minimum((ref - big_ref) * a, 0.0)) / tl.where(big_s == 0.0, 1.0, big_s)
             tl.store(Y + row * n_cols + cols, (e * f).to(Y.dtype.element_ty), mask=cols < n_cols)
 
     @triton.jit
