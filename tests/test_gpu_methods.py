@@ -233,3 +233,22 @@ def test_training_tracks_the_torch_loss_curve(method, tmp_path):
     diffs = [abs(a - b) for a, b in zip(ref, got)]
     assert max(diffs) < 0.05 * max(ref), f"max loss difference {max(diffs):.4f}"
     assert got[-1] < 0.7 * got[0]
+
+
+@pytest.mark.parametrize("method", FUSED)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n", [1000, 20000, 50000, 100000, 300000])
+def test_parts_of_a_row_with_nothing_unmasked_beside_very_negative_scores(method, n, dtype):
+    """Every forward path by N (register, packed, hybrid, cluster, split, long): a warp, slice or chunk
+    holding only masked or -inf columns takes its reference as 0; where every kept score of the row is
+    far below it (-300 at scale 1: exp2 of +433 overflows) its outputs must stay 0 (0 x inf was NaN:
+    the merged register/split/cluster forwards of both methods), the kept columns uniform."""
+    x = torch.full((2, 8, n), -300.0, device="cuda", dtype=dtype)
+    for causal in (False, True):
+        z = x.clone()
+        if not causal:
+            z[0, :, 9:] = float("-inf")  # one row block of -inf tails, one of finite rows
+        y = kernels.softmax(z, scale=1.0, causal=causal, method=method)
+        ref = kernels.reference_softmax(z, scale=1.0, causal=causal)
+        assert not y.isnan().any(), causal
+        assert kernels.relative_error(y, ref) <= FWD_TOL[dtype] and (y[ref == 0] == 0).all(), causal

@@ -100,7 +100,10 @@ __global__ void __launch_bounds__(L* ROWS, min_blocks(L * ROWS, PACKED ? NV * 4 
     }
     if constexpr (SPLIT) split_stats(M, S, ws, row, part, &slot_stats, fabsf(c));
     const float Mref = M == -INFINITY ? 0.f : M;
-    f = fast_exp2((ref - Mref) * fabsf(c)) / (S == 0.f ? 1.f : S);  // NaN stays NaN
+    // a warp with nothing unmasked took ref = 0, above Mref when every kept key is negative: its
+    // exponent, clamped at 0, keeps f finite (its outputs are 0, not 0 x inf = NaN); any other warp's
+    // ref is at most Mref, unchanged. NaN stays NaN (through S).
+    f = fast_exp2(fminf((ref - Mref) * fabsf(c), 0.f)) / (S == 0.f ? 1.f : S);
   } else {
     // the row max first, then one exponential per element against it, then the row sum
     const float M = row_max<L>(m, red_max);
