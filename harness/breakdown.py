@@ -238,3 +238,36 @@ def measure(model: nn.Module, batches: list, applied=None, softmax: Optional[Cal
                      softmax_fwd_ms=attention.fwd_ms or 0.0, softmax_bwd_ms=attention.bwd_ms or 0.0,
                      other_ms=max(step - attention.ms, 1e-9), softmax_share=attention.share,
                      amdahl_max_speedup=attention.amdahl)
+
+
+def profile_step(cfg, accel):
+    """Where one eager training step's time goes for the run ``cfg`` with the accel configuration
+    ``accel`` (a study's configuration and variant, every key filled in)."""
+    import copy
+
+    from omegaconf import open_dict
+
+    import kernels
+    from harness.build import accel_applied, build_model, data_seed, seq_len
+    from harness.data import BatchStream, make_corpus
+
+    device = "cuda" if torch.cuda.is_available() and cfg.trainer.accelerator != "cpu" else "cpu"
+    c = copy.deepcopy(cfg)
+    with open_dict(c):
+        c.accel = accel
+    seq = seq_len(c)
+    torch.manual_seed(c.seed)
+    model = build_model(c)
+    applied = accel_applied(model, c)
+    model = model.to(device)
+    corpus = make_corpus(c.data, seq)
+    stream = BatchStream(None if corpus is None else corpus.train, model.config.vocab_size,
+                         int(c.data.batch_size), seq, data_seed(c), "train", 0, 3)
+    softmax = None
+    if applied.attention == "composed":
+        softmax = kernels.bind(applied.method, "softmax", **applied.options)
+    try:
+        return measure(model, list(stream), applied, softmax, loss_form=applied.loss_form)
+    finally:
+        applied.undo()
+        del model

@@ -2,17 +2,20 @@
 
 It collects every ``results.json`` under the directory (a Hydra multirun sweep, a study, runs copied
 from a cluster) with its ``parity_probe.json`` when a study wrote one, and, from any ``study.json``
-there, the rows that left no run behind (SKIPPED, OOM, a failed gate). Runs are compared only with
+there, the rows that left no run behind (SKIPPED, OOM, a failed gate), matched with the runs by where
+they ran (a study moved elsewhere reads back whole). Runs are compared only with
 runs whose loss curves can be compared: the same model, data (all but the batch order's seed),
 steps, learning-rate schedule, optimizer, precision, world size and seed. Within such a group, runs
 of one method are its repeats (medians and intervals, harness.stats), the eager reference run
-(``--reference``, default ``torch``) is the one every loss curve is checked against, and a reference
+(``--reference``, default the study's ``study.reference``, else ``torch``; the baseline and parity
+settings likewise) is the one every loss curve is checked against, and a reference
 run on another data order (``data.seed``) is the spread run that sets the tolerance (harness.parity);
 other runs on another data order are not compared. Runs of one method that asked for different
 softmaxes (``accel.patch``, ``accel.loss_form``) are separate rows labelled by them, with the ratios
 over the attention-only row (harness.study_split). Crashed and failed jobs appear with their error
 and no speedup. Groups that differ only in the sequence length (or only in the model) are the points
-of a sweep, with its scaling charts: a sweep split over several studies reads back as one.
+of a sweep, with its scaling charts: a sweep split over several studies reads back as one. The
+header names the environment the runs recorded, and an incomplete study says how far it got.
 
 The report is written to ``--out``, by default a new directory beside the source
 (``<dir>-report-<time>``); nothing in the source directory is created, changed or removed unless
@@ -32,6 +35,7 @@ from typing import Any, Optional
 from omegaconf import OmegaConf
 
 from harness.config import StudyConfig
+from harness.study_progress import progress_line, saved_progress
 from harness.study_report import StudyRow, add_run, finish, write_outputs
 from harness.study_split import mark_split, requested, split_rank
 
@@ -52,6 +56,7 @@ def collect(root: Path) -> list[dict]:
             found.append({"status": "crashed", "error": f"unreadable {path}: {exc}", "method": path.parent.name,
                           "run_dir": str(path.parent)})
             continue
+        res["_recorded_run_dir"] = res.get("run_dir")  # where it ran (a study.json row names it so)
         res["run_dir"] = str(path.parent)  # where it is now (a copied study keeps its layout)
         probe = path.parent / "parity_probe.json"
         if probe.exists():
@@ -136,45 +141,77 @@ def _label(settings: dict, differing: list[str]) -> str:
     return ", ".join(f"{k}={settings.get(k)}" for k in differing)
 
 
-def _study_rows(root: Path) -> list[tuple[Path, dict]]:
-    """Rows of any study.json under root that left no run to collect: (study dir, row)."""
+def _study_files(root: Path) -> list[tuple[Path, dict]]:
+    """Every readable study.json under root: (its directory, its contents)."""
     out = []
     for path in sorted(Path(root).rglob("study.json")):
         try:
-            data = json.loads(path.read_text())
+            out.append((path.parent, json.loads(path.read_text())))
         except (OSError, json.JSONDecodeError):
             continue
-        for r in data.get("rows") or []:
-            out.append((path.parent, r))
     return out
 
 
-def _study_settings(root: Path) -> dict:
-    """The parity settings of the first study.json under root (the report's defaults)."""
-    for path in sorted(Path(root).rglob("study.json")):
+def _study_rows(studies: list[tuple[Path, dict]]) -> list[tuple[Path, dict]]:
+    """Every row of the studies: (study dir, row)."""
+    return [(d, r) for d, data in studies for r in data.get("rows") or []]
+
+
+def _study_settings(root: Path, studies: list[tuple[Path, dict]]) -> dict:
+    """The study keys (reference, baseline, parity settings) of the first study under root: its study.json,
+    else the ``study`` of a Hydra config saved beside runs (``.hydra/config.yaml``); {} when none."""
+    for _, data in studies:
+        if (data.get("config") or {}).get("study"):
+            return data["config"]["study"]
+    for path in sorted(Path(root).rglob(".hydra/config.yaml")):
         try:
-            return (json.loads(path.read_text()).get("config") or {}).get("study") or {}
-        except (OSError, json.JSONDecodeError):
+            study = OmegaConf.to_container(OmegaConf.load(path)).get("study")
+        except Exception:  # an unreadable config: no settings from it
             continue
+        if isinstance(study, dict):
+            return study
     return {}
 
 
+#: the environment keys the report's header names
+ENV_KEYS = ("device_name", "torch", "triton", "git_revision")
+
+
+def runs_environment(runs: list[dict], studies: list[tuple[Path, dict]]) -> dict:
+    """The environment the runs ran in (each results.json records it), not this machine's: a value the
+    runs disagree on lists each ('NVIDIA H200 / NVIDIA A100'); from the studies' study.json where no
+    run recorded one; 'not recorded' where neither did."""
+    envs = [r.get("env") or (r.get("config") or {}).get("env") for r in runs]
+    envs = [e for e in envs if isinstance(e, dict)] or [d["env"] for _, d in studies if isinstance(d.get("env"), dict)]
+    out: dict[str, Any] = {k: "not recorded" for k in ENV_KEYS}
+    for key in dict.fromkeys(k for e in envs for k in e):
+        values = list(dict.fromkeys(json.dumps(e[key]) for e in envs if e.get(key) is not None))
+        if values:
+            out[key] = json.loads(values[0]) if len(values) == 1 else " / ".join(str(json.loads(v)) for v in values)
+    return out
+
+
 def build_report(root: Path, out: Optional[Path] = None, parity_steps: Optional[int] = None,
-                 parity_tol: Optional[float] = None, reference: str = "torch", baseline: str = "naive",
-                 parity_k: Optional[float] = None, parity_floor: Optional[float] = None) -> list[StudyRow]:
+                 parity_tol: Optional[float] = None, reference: Optional[str] = None,
+                 baseline: Optional[str] = None, parity_k: Optional[float] = None,
+                 parity_floor: Optional[float] = None) -> list[StudyRow]:
+    """The report over ``root``. A setting left None is the study's (its study.json, or the Hydra config
+    saved with it), else the study's default (harness.config.StudyConfig)."""
     root = Path(root)
     runs = collect(root)
-    study_rows = _study_rows(root)
+    studies = _study_files(root)
+    study_rows = _study_rows(studies)
     if not runs and not study_rows:
         raise FileNotFoundError(f"no results.json under {root}")
     out = Path(out) if out is not None else default_out(root)
     defaults = StudyConfig()
-    saved = _study_settings(root)
+    saved = _study_settings(root, studies)
 
     def pick(given, key):
-        return given if given is not None else saved.get(key, getattr(defaults, key))
+        return given if given is not None else saved[key] if saved.get(key) is not None else getattr(defaults, key)
 
     k, floor = pick(parity_k, "parity_k"), pick(parity_floor, "parity_floor")
+    reference, baseline = pick(reference, "reference"), pick(baseline, "baseline")
     steps, fixed = pick(parity_steps, "parity_steps"), parity_tol if parity_tol is not None else saved.get("parity_tol")
 
     groups: dict[tuple, list[dict]] = {}
@@ -208,10 +245,7 @@ def build_report(root: Path, out: Optional[Path] = None, parity_steps: Optional[
         values = {"context": _context(st), "batch_size": st.get("data.batch_size")}
         if sweep == "model":
             values["model"] = label
-        ref_seeds = [data_seed(r) for r in members if r.get("method") == reference and not r.get("compile_model")]
-        unset = [data_seed(r) for r in members if r.get("method") == reference and not r.get("compile_model")
-                 and ((r.get("data") or {}).get("seed") is None)]
-        main_seed = (unset or sorted(s for s in ref_seeds if s is not None) or [None])[0]
+        main_seed = _main_seed(members, reference)
         keyed: dict[tuple, StudyRow] = {}
         def order(r: dict) -> tuple:  # the reference first (then its spread run), the baseline, compiled last
             return (bool(r.get("compile_model")), r.get("method") != reference, r.get("method") != baseline,
@@ -232,7 +266,9 @@ def build_report(root: Path, out: Optional[Path] = None, parity_steps: Optional[
                 rows.append(row)
             elif STATUS.get(res.get("status", "crashed"), "CRASH") != "PASS" and row.status == "PASS":
                 row.status, row.reason = _row_from(res).status, _row_from(res).reason
-            by_run_dir[str(Path(res["run_dir"]).resolve())] = point
+            for d in (res["run_dir"], res.get("_recorded_run_dir")):  # where it is, and where it ran
+                if d:
+                    by_run_dir[str(Path(d).resolve())] = point
             if res.get("status") in ("completed", "interrupted", "nonfinite") or res.get("tokens_per_s"):
                 add_run(row, res, _round(res.get("run_dir", ""), i), res.get("_probe_curve"))
     _add_study_rows(rows, study_rows, by_run_dir, runs)
@@ -253,20 +289,41 @@ def build_report(root: Path, out: Optional[Path] = None, parity_steps: Optional[
     settings = finish(rows, cfg)
     notes = [f"Collected from `{root}`: {len(runs)} runs in {len(groups)} group(s) of comparable runs"
              + (f" (they differ in {', '.join(differing)})" if differing else "") + "."]
-    write_outputs(rows, cfg, out, partial=False, settings=settings, title="Report", notes=notes, round_robin=False)
+    if saved.get("reference") is not None or saved.get("baseline") is not None:
+        notes.append(f"Reference `{reference}` and baseline `{baseline}`: the study's own settings "
+                     "(--reference / --baseline override them).")
+    states = [(d, p) for d, data in studies if (p := saved_progress(data)) and not p.get("complete")]
+    for d, state in states:
+        line = progress_line(state)
+        notes.append(line if len(studies) == 1 else f"`{d.relative_to(root) if d != root else '.'}`: {line}")
+    write_outputs(rows, cfg, out, partial=False, settings=settings, title="Report", notes=notes, round_robin=False,
+                  env=runs_environment(runs, studies), progress=states[0][1] if len(states) == 1 else None)
     return rows
+
+
+def _main_seed(members: list[dict], reference: str) -> Optional[int]:
+    """The batch order every run of a group is compared on: the reference's (one that leaves data.seed
+    unset first, as a study's main run does); without a reference run, that of the runs leaving it unset."""
+    ref = [r for r in members if r.get("method") == reference and not r.get("compile_model")]
+    for pool in (ref, members):
+        unset = [data_seed(r) for r in pool if (r.get("data") or {}).get("seed") is None and data_seed(r) is not None]
+        if unset:
+            return unset[0]
+    return (sorted(s for s in (data_seed(r) for r in ref) if s is not None) or [None])[0]
 
 
 def _add_study_rows(rows: list[StudyRow], study_rows: list, by_run_dir: dict, runs: list) -> None:
     """Rows a study recorded without a run to collect (SKIPPED, OOM, a failed gate, a crash before
     training), placed with the runs of the same study and point."""
+    def found(study_dir: Path, row: dict) -> list[str]:
+        return [d for run in row.get("runs") or [] if run.get("run_dir")
+                for d in [_located(run["run_dir"], study_dir, by_run_dir)] if d]
+
     for study_dir, r in study_rows:
-        dirs = [str((Path(run["run_dir"])).resolve()) for run in r.get("runs") or [] if run.get("run_dir")]
-        if any(d in by_run_dir for d in dirs):
+        if found(study_dir, r):
             continue  # its runs were collected
         same_point = [d for sd, other in study_rows if sd == study_dir and other.get("point") == r.get("point")
-                      for d in [str(Path(run["run_dir"]).resolve()) for run in other.get("runs") or []
-                                if run.get("run_dir")] if d in by_run_dir]
+                      for d in found(sd, other)]
         point = by_run_dir[same_point[0]] if same_point else (r.get("point") or str(study_dir))
         row = StudyRow(r.get("method", "?"), bool(r.get("compiled")), r.get("status") or "CRASH",
                        reason=r.get("reason") or "", exact=r.get("exact", True) is not False, point=point,
@@ -276,6 +333,18 @@ def _add_study_rows(rows: list[StudyRow], study_rows: list, by_run_dir: dict, ru
         if row.status not in ("SKIPPED", "OOM", "FAIL", "CRASH"):
             row.status, row.reason = "CRASH", row.reason or "recorded by the study, but its run is missing here"
         rows.append(row)
+
+
+def _located(recorded: str, study_dir: Path, by_run_dir: dict) -> Optional[str]:
+    """The collected run a study.json row's run dir names: the same path (as the run recorded it, or as
+    it is now), else the same path below the study's directory now (a study copied or moved elsewhere:
+    ``/old/place/study/runs/T512/torch`` is ``<study dir>/runs/T512/torch``); None if not collected."""
+    parts = Path(recorded).parts
+    for cand in [Path(recorded)] + [study_dir.joinpath(*parts[i:]) for i in range(1, len(parts))]:
+        key = str(cand.resolve())
+        if key in by_run_dir:
+            return key
+    return None
 
 
 def default_out(root: Path) -> Path:
@@ -299,8 +368,10 @@ def main(argv: Optional[list[str]] = None) -> None:
                    help="a fixed relative tolerance (default: derived from a spread run, else the floor)")
     p.add_argument("--parity-k", type=float, default=None, help="tolerance = max(floor, k x spread) (default 3)")
     p.add_argument("--parity-floor", type=float, default=None, help="the smallest tolerance (default 0.005)")
-    p.add_argument("--reference", default="torch", help="the run every loss curve is compared with (default: torch)")
-    p.add_argument("--baseline", default="naive", help="the run speedups are given against (default: naive)")
+    p.add_argument("--reference", default=None,
+                   help="the run every loss curve is compared with (default: the study's study.reference, else torch)")
+    p.add_argument("--baseline", default=None,
+                   help="the run speedups are given against (default: the study's study.baseline, else naive)")
     a = p.parse_args(argv)
     if not a.root.is_dir():
         p.error(f"{a.root} is not a directory")

@@ -32,7 +32,9 @@ Sweeps (``study.sweep=context`` over ``study.contexts`` at a fixed number of tok
 ``study.sweep=model`` over ``study.models``) repeat all of it at every point; a point that runs out
 of memory is recorded as OOM, never a crash of the study. A method that crashes is recorded with its
 error; the others go on. An existing study directory is never overwritten: a re-run writes into a
-fresh ``rerun-<time>`` subdirectory.
+fresh ``rerun-<time>`` subdirectory. The report is rewritten after every run and its charts after
+every point, so a study stopped early (a time limit, Ctrl+C) leaves the report of what it finished,
+marked incomplete (harness.study_progress).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from harness.cli import run_app
 from harness.config import CONF_DIR, AccelConfig, ConfigError, accel_names, group_options
 from harness.results import atomic_write_text, write_json
+from harness.study_progress import progress, progress_line, write_snapshot
 from harness.study_report import NO_NUMBERS, StudyRow, add_run, finish, log_to_wandb, write_outputs
 from harness.study_split import KEYS as SPLIT_KEYS
 from harness.study_split import VARIANTS, Planned, expand
@@ -306,77 +309,93 @@ def run_study(cfg: DictConfig, out_dir: Path) -> list[StudyRow]:
             order.append((planned, "spread"))
     total = len(points) * (repeats * len(order) - (repeats - 1) * (spread_seed is not None))
     rows: list[StudyRow] = []
+    labels = [p.label for p in points]
+    state = progress(labels, 0)
     n = 0
-    stop = False
-    for point in points:
-        prow: dict[tuple, StudyRow] = {}
-        probe_data = None
-        for rnd in range(1, repeats + 1):
-            for planned, role in order:
-                if role == "spread" and rnd > 1:
-                    continue  # the spread is measured once
-                method, compiled, variant = planned.method, planned.compiled, planned.variant
-                key = (method, compiled, variant, role)
-                row = prow.get(key)
-                if row is None:
-                    row = prow[key] = StudyRow(method, compiled, "PASS", point=point.label,
-                                               point_values=dict(point.values), role=role,
-                                               variant=variant, patch=planned.patch,
-                                               data_seed=spread_seed if role else None)
-                    rows.append(row)
-                n += 1
-                if row.status in NO_NUMBERS:
-                    continue  # decided in an earlier round (a gate that fails, fails again)
-                where = f"{point.label}: " if point.label else ""
-                rep = f" (repeat {rnd}/{repeats})" if repeats > 1 else ""
-                console.rule(f"[bold]study {n}/{total}: {where}{row.label}{rep}")
-                if rnd == 1:
-                    why = unavailable(method)
-                    if why:
-                        row.status, row.reason = "SKIPPED", why
-                        console.print(f"[yellow]study: {where}{row.label} SKIPPED: {why}[/]")
+    stop = ""
+    try:
+        for pi, point in enumerate(points):
+            state = progress(labels, pi, running=point.label)
+            prow: dict[tuple, StudyRow] = {}
+            probe_data = None
+            for rnd in range(1, repeats + 1):
+                for planned, role in order:
+                    if role == "spread" and rnd > 1:
+                        continue  # the spread is measured once
+                    method, compiled, variant = planned.method, planned.compiled, planned.variant
+                    key = (method, compiled, variant, role)
+                    row = prow.get(key)
+                    if row is None:
+                        row = prow[key] = StudyRow(method, compiled, "PASS", point=point.label,
+                                                   point_values=dict(point.values), role=role,
+                                                   variant=variant, patch=planned.patch,
+                                                   data_seed=spread_seed if role else None)
+                        rows.append(row)
+                    n += 1
+                    if row.status in NO_NUMBERS:
+                        continue  # decided in an earlier round (a gate that fails, fails again)
+                    where = f"{point.label}: " if point.label else ""
+                    rep = f" (repeat {rnd}/{repeats})" if repeats > 1 else ""
+                    console.rule(f"[bold]study {n}/{total}: {where}{row.label}{rep}")
+                    if rnd == 1:
+                        why = unavailable(method)
+                        if why:
+                            row.status, row.reason = "SKIPPED", why
+                            console.print(f"[yellow]study: {where}{row.label} SKIPPED: {why}[/]")
+                            continue
+                        m = kernels.get_method(accel_config(method).method)
+                        row.exact, row.approximate = m.exact, m.approximate
+                        row.judged = _judged(cfg, row)
+                    if probe_data is None:
+                        probe_data = _probe_batches(point.cfg, int(cfg.study.parity_batches))
+                    probe = ParityProbe(probe_data, every)
+                    run_dir = out / "runs" / point.slug / row.slug / (f"r{rnd}" if repeats > 1 else "")
+                    try:
+                        res = run_one(point.cfg, method, compiled, run_dir, group, row.data_seed, (probe,), variant)
+                    except Exception as exc:  # a crash, a failed gate, an OOM: recorded, the study goes on
+                        _record_failure(row, exc, run_dir, rnd, point, console)
+                        res = None
+                    if res is None:  # out of the except block: its traceback (and the run's tensors) are gone
+                        _finish_wandb(cfg)
+                        _free_memory(force=True)
+                        write_snapshot(rows, cfg, out, state, charts=False)
                         continue
-                    m = kernels.get_method(accel_config(method).method)
-                    row.exact, row.approximate = m.exact, m.approximate
-                    row.judged = _judged(cfg, row)
-                if probe_data is None:
-                    probe_data = _probe_batches(point.cfg, int(cfg.study.parity_batches))
-                probe = ParityProbe(probe_data, every)
-                run_dir = out / "runs" / point.slug / row.slug / (f"r{rnd}" if repeats > 1 else "")
-                try:
-                    res = run_one(point.cfg, method, compiled, run_dir, group, row.data_seed, (probe,), variant)
-                except Exception as exc:  # a crash, a failed gate, an OOM: recorded, the study goes on
-                    _record_failure(row, exc, run_dir, rnd, point, console)
-                    res = None
-                if res is None:  # out of the except block: its traceback (and the run's tensors) are gone
-                    _finish_wandb(cfg)
-                    _free_memory(force=True)
-                    write_outputs(rows, cfg, out, partial=True)
-                    continue
-                curve = probe.collect()
-                write_json(Path(res.get("run_dir") or run_dir) / "parity_probe.json",
-                           {"every": every, "batches": int(cfg.study.parity_batches), "curve": curve})
-                add_run(row, res, rnd, curve)
-                row.patched = res.get("patched")
-                if res.get("status") == "interrupted":
-                    row.status, row.reason = "CRASH", f"interrupted at step {res.get('steps_done')}"
-                    stop = True
-                elif res.get("status") == "nonfinite":
-                    row.status, row.reason = "FAIL", "non-finite training loss"
-                if profile and rnd == 1 and not compiled and not role and row.status not in NO_NUMBERS:
-                    row.breakdown = _profile(point.cfg, method, variant)
-                _free_memory()
-                write_outputs(rows, cfg, out, partial=True)  # completed results survive a later crash
+                    curve = probe.collect()
+                    write_json(Path(res.get("run_dir") or run_dir) / "parity_probe.json",
+                               {"every": every, "batches": int(cfg.study.parity_batches), "curve": curve})
+                    add_run(row, res, rnd, curve)
+                    row.patched = res.get("patched")
+                    if res.get("status") == "interrupted":
+                        row.status, row.reason = "CRASH", f"interrupted at step {res.get('steps_done')}"
+                        stop = "the study stopped: a run was interrupted"
+                    elif res.get("status") == "nonfinite":
+                        row.status, row.reason = "FAIL", "non-finite training loss"
+                    if profile and rnd == 1 and not compiled and not role and row.status not in NO_NUMBERS:
+                        row.breakdown = _profile(point.cfg, method, variant)
+                    _free_memory()
+                    write_snapshot(rows, cfg, out, state, charts=False)  # finished runs survive a later crash
+                    if stop:
+                        break
                 if stop:
                     break
             if stop:
+                state = progress(labels, pi, running=point.label, stopped=stop)
+                console.print(f"[yellow]study: {stop}; the report covers what ran[/]")
                 break
-        if stop:
-            console.print("[yellow]study: stopped (a run was interrupted); the report covers what ran[/]")
-            break
+            state = progress(labels, pi + 1)
+            if pi + 1 < len(points):  # the report of the points finished, charts too (the last: below)
+                write_snapshot(rows, cfg, out, state, charts=True)
+    except KeyboardInterrupt:  # Ctrl+C between or inside runs: the report of what finished, then stop
+        cut = [r.label for r in rows if not r.runs and r.status == "PASS"]  # the run under way: no result
+        why = "the study was interrupted (Ctrl+C)" + (f" during {cut[0]}" if cut else "")
+        state = dict(state, complete=False, stopped=why)
+        write_snapshot([r for r in rows if r.runs or r.status != "PASS"], cfg, out, state, charts=True)
+        console.print(f"[yellow]study: interrupted; the report of what finished -> {out / 'report.md'}[/]")
+        raise
 
     settings = finish(rows, cfg)
-    write_outputs(rows, cfg, out, partial=False, settings=settings)
+    line = progress_line(state)
+    write_outputs(rows, cfg, out, partial=False, settings=settings, notes=(line,) if line else (), progress=state)
     log_to_wandb(rows, cfg, out, group)
     console.print(f"[bold]study[/]: report -> {out / 'report.md'}")
     print((out / "report.md").read_text())
@@ -421,43 +440,14 @@ def _profile_on(cfg: DictConfig) -> bool:
 
 def _profile(cfg: DictConfig, method: str, variant: str = "") -> dict:
     try:
-        return profile_method(cfg, method, variant).as_dict()
+        from harness.breakdown import profile_step
+
+        return profile_step(cfg, accel_for(method, variant)).as_dict()
     except Exception as exc:
         kind = "out of memory" if is_oom(exc) else type(exc).__name__
         return {"error": f"{kind}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]}
     finally:
         _free_memory()
-
-
-def profile_method(cfg: DictConfig, method: str, variant: str = ""):
-    """Where one training step's time goes with the accel configuration ``method`` (harness.breakdown)."""
-    import torch
-
-    import kernels
-    from harness.breakdown import measure
-    from harness.build import accel_applied, build_model, data_seed, seq_len
-    from harness.data import BatchStream, make_corpus
-
-    device = "cuda" if torch.cuda.is_available() and cfg.trainer.accelerator != "cpu" else "cpu"
-    c = copy.deepcopy(cfg)
-    with open_dict(c):
-        c.accel = accel_for(method, variant)
-    seq = seq_len(c)
-    torch.manual_seed(c.seed)
-    model = build_model(c)
-    applied = accel_applied(model, c)
-    model = model.to(device)
-    corpus = make_corpus(c.data, seq)
-    stream = BatchStream(None if corpus is None else corpus.train, model.config.vocab_size,
-                         int(c.data.batch_size), seq, data_seed(c), "train", 0, 3)
-    softmax = None
-    if applied.attention == "composed":
-        softmax = kernels.bind(applied.method, "softmax", **applied.options)
-    try:
-        return measure(model, list(stream), applied, softmax, loss_form=applied.loss_form)
-    finally:
-        applied.undo()
-        del model
 
 
 def _free_memory(force: bool = False) -> None:

@@ -347,22 +347,26 @@ def parity_sentence(info: dict, cfg: DictConfig) -> str:
 
 def write_outputs(rows: list[StudyRow], cfg: DictConfig, out: Path, partial: bool,
                   settings: Optional[dict] = None, title: str = "Speedup study", notes: tuple = (),
-                  round_robin: bool = True) -> None:
+                  round_robin: bool = True, env: Optional[dict] = None, charts: Optional[bool] = None,
+                  progress: Optional[dict] = None) -> None:
+    """The report files. ``env``: the environment the runs ran in (default: this machine's, as in a
+    study); ``charts``: draw them (default: when not ``partial``); ``progress``: how far the study got
+    (harness.study_progress), kept in study.json."""
     from harness.env import environment
 
     out.mkdir(parents=True, exist_ok=True)
     settings = settings or {}
     _write_csv(rows, out)
-    env = environment()
+    env = env or environment()
     m, d, t = cfg.model, cfg.data, cfg.trainer
     repeats = max([r.repeats for r in rows] or [0])
     lines = [
-        f"# {title}{' (in progress)' if partial else ''}",
+        f"# {title}{' (incomplete)' if progress and not progress.get('complete') else ' (in progress)' * partial}",
         "",
         f"Model `{m.name}` ({m.n_layer} layers, {m.n_embd} dim, {m.n_head} heads, context {m.context}, vocabulary "
         f"{m.get('vocab_size') or 'of the data'}, batch {d.batch_size}), data `{d.name}`, {t.max_steps} steps "
-        f"({t.warmup_steps} warm-up), seed {cfg.seed}; {env['device_name']}, torch {env['torch']}, triton "
-        f"{env['triton']}, git {env['git_revision']}.",
+        f"({t.warmup_steps} warm-up), seed {cfg.seed}; {env.get('device_name', '?')}, torch "
+        f"{env.get('torch', '?')}, triton {env.get('triton', '?')}, git {env.get('git_revision', '?')}.",
         (f"Repeats: {repeats} per method, interleaved round-robin. " if round_robin else
          f"Repeats: the runs of one method in a group (up to {repeats}). ")
         + "Figures are medians over repeats; with two or more, [lo, hi] is a 95% t-interval on log values "
@@ -391,11 +395,11 @@ def write_outputs(rows: list[StudyRow], cfg: DictConfig, out: Path, partial: boo
     lines += breakdown_lines(rows)
     atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
     write_json(out / "study.json", {"env": env, "config": OmegaConf.to_container(cfg, resolve=True),
-                                    "parity": settings, "rows": [r.__dict__ for r in rows]})
-    if not partial:
+                                    "parity": settings, "progress": progress, "rows": [r.__dict__ for r in rows]})
+    if charts if charts is not None else not partial:
         from harness.study_charts import plot_study
 
-        plot_study(rows, out, cfg, settings, env["device_name"])
+        plot_study(rows, out, cfg, settings, env.get("device_name", "?"))
 
 
 def _write_csv(rows: list[StudyRow], out: Path) -> None:

@@ -207,7 +207,8 @@ def mark_split(rows: list) -> None:
         groups.setdefault((r.point, r.method, r.compiled, r.role), []).append(r)
     names = {ALONE: "attention", patch_words(["attention", "loss"], "linear"): "linear"}
     for group in groups.values():
-        if len({r.patch for r in group}) < 2:
+        # '' (a study.json row of a configuration as it is) asks for what the configuration patches by default
+        if len({r.patch or DEFAULT_PATCH for r in group}) < 2:
             for r in group:
                 r.patch = ""
             continue
