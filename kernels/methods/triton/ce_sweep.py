@@ -6,9 +6,10 @@ is chosen (GPU only)::
 
 Per vocabulary size V, on rows x V bf16 logits (fewer rows for large V, so that the logits and the
 gradient stay within ``--max-gb``), targets in range with 1% ignored, reduction 'mean': every candidate
-plan (split: chunk length x warps; stream: chunk length x warps; tile where the row fits) runs the
-eager forward with gradient (``cross_entropy_kernels.forward``: the target count, the one pass that
-writes the loss rows and the gradient), is checked against float64 (the per-row losses and the
+plan (hybrid: 16 and 8 warps, where it can take the rows; split: chunk length x warps; stream: chunk
+length x warps; tile where the row fits) runs the eager forward with gradient
+(``cross_entropy_kernels.forward``: the target count, the one pass that writes the loss rows and the
+gradient), is checked against float64 (the per-row losses and the
 gradient, ``kernels.methods.cuda.ce_sweep.check``), then timed by CUDA-graph replay (the GPU time)
 and eagerly (host cost included). GB/s count the one-read-one-write ideal, 2 x the logits' bytes, also
 as a fraction of the copy ceiling of the same run. Writes ``triton_ce_sweep.json`` into ``--out``.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -28,11 +30,14 @@ from kernels.timing import bench_graph_ms, bench_ms, copy_bandwidth
 IGNORE = -100
 
 
-def candidates(v: int) -> list[ck.Plan]:
-    """Candidate plans for rows of v columns: the current plan first, then the split and stream grids."""
+def candidates(v: int, usable: Callable[[ck.Plan], bool] = lambda p: False) -> list[ck.Plan]:
+    """Candidate plans for rows of v columns: the current plan first, then the hybrid path (8 and 16
+    warps, in its range where ``usable`` says it can take the sweep's rows), the split and stream grids."""
     out = [ck.plan(v)]
     if ck._next_pow2(v) <= ck.TILE_MAX_N:
         return out
+    if ck.HYBRID_MIN_N < v <= ck.HYBRID_MAX_N:
+        out += [p for p in (ck.Plan("hybrid", ck._next_pow2(v), 1, w) for w in (16, 8)) if usable(p)]
     for block in (2048, 4096, 8192, 16384):
         if -(-v // block) <= ck.MAX_SPLITS:
             out += [ck.Plan("split", block, 1, w) for w in (4, 8, 16) if block // (32 * w) >= 4]
@@ -54,7 +59,7 @@ def run_sweep(sizes: list[int], rows: int, max_gb: float, rep_ms: int, out: Path
         ref = _reference_loss(x[:chk], t[:chk], 128)
         moved = 2 * x.numel() * x.element_size()
         head = None
-        for p in candidates(v):
+        for p in candidates(v, lambda p: ck.hybrid_unusable(x, x, p.num_warps) is None):
             row = {"v": v, "rows": n, "path": p.path, "block_n": p.block_n, "tile_rows": p.rows, "warps": p.num_warps,
                    "current": p == ck.plan(v)}
             try:

@@ -33,6 +33,10 @@ tile rows from the softmax forward's table):
 * Stream (rows longer than TILE_MAX_N, no cap): one program per row, an online pass (running max and
   rescaled sum per lane) and a gradient pass walking the row backwards, so the chunks read last by the
   first pass are still in L2. Reads the logits twice: 0.59-0.63 of copy on the H200 (V = 50304-262144).
+* Hybrid (``LONG_PATH = "hybrid"``, not yet the default: unmeasured; 16-bit rows of 16385-65536
+  columns, 16-byte aligned, on a GPU, else the stream path): one Gluon program per row, part of the
+  row in registers, the rest in shared memory (:mod:`.cross_entropy_gluon`, the softmax's hybrid
+  forward turned into this row kernel). One read, one write; expected ~0.85-0.9 of copy at 50304.
 
 Bytes (N x V logits of b bytes; H200 device-to-device copy ~4.2 TB/s): forward with gradient reads
 N V b and writes N V b (the ideal: 16384 x 50304 bf16 is 3.3 GB, 0.78 ms, against 3.16 ms for
@@ -60,6 +64,8 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
+from kernels.methods.triton.cross_entropy_gluon import (HYBRID_MAX_N, HYBRID_MIN_N, HYBRID_WARPS, hybrid_unusable,
+                                                        launch_hybrid)
 from kernels.methods.triton.tile import _split_arrive_and_wait, _split_chunk
 
 LOG2E = tl.constexpr(1.4426950408889634)  # a global a @jit function reads must be a constexpr
@@ -68,7 +74,9 @@ LOG2E = tl.constexpr(1.4426950408889634)  # a global a @jit function reads must 
 TILE_MAX_N = 16384
 #: Rows longer than TILE_MAX_N: the stream path, the H200 sweep's winner at V = 50304-262144
 #: (``python -m kernels.methods.triton.ce_sweep``; docs/perf.md: 0.59-0.63 of copy, against 0.35-0.53
-#: for the split path's best), or "split" (tests force it).
+#: for the split path's best), or "split" (tests force it), or "hybrid" (16-bit rows of HYBRID_MIN_N + 1 ..
+#: HYBRID_MAX_N columns where ``hybrid_unusable`` says None; stream elsewhere): to become the default
+#: once the H200 sweep has measured it.
 LONG_PATH = "stream"
 #: Split path: chunk length, warps, most chunks per row (each a resident program while the row waits).
 SPLIT_BLOCK_N = 8192
@@ -293,7 +301,7 @@ def _scale_kernel(G, GO, COUNT, n_rows, n_cols, stride_gr, stride_go, PER_ROW: t
 @dataclass(frozen=True)
 class Plan:
     """How one launch covers the rows: ``path`` is 'tile' (``rows`` rows of ``block_n`` per program),
-    'split' (chunks of ``block_n``, one program each) or 'stream' (one program per row)."""
+    'split' (chunks of ``block_n``, one program each), 'stream' or 'hybrid' (one program per row)."""
 
     path: str
     block_n: int
@@ -305,8 +313,9 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def plan(n_cols: int, n_rows: int = 1 << 30) -> Plan:
-    """Launch settings by row length (module constants, so tests can force a path)."""
+def plan(n_cols: int, n_rows: int = 1 << 30, elem_bytes: int = 2, hybrid: bool = True) -> Plan:
+    """Launch settings by row length (module constants, so tests can force a path). hybrid=False: the
+    plan for rows the hybrid path cannot take (see ``hybrid_unusable``)."""
     block_n = _next_pow2(n_cols)
     if block_n <= TILE_MAX_N:
         if block_n in _TILE:
@@ -317,6 +326,8 @@ def plan(n_cols: int, n_rows: int = 1 << 30) -> Plan:
         rows = min(rows, _next_pow2(n_rows))  # (no programs of mostly missing rows)
         warps = max(1, min(warps, rows * block_n // 256))
         return Plan("tile", block_n, rows, warps)
+    if LONG_PATH == "hybrid" and hybrid and elem_bytes == 2 and HYBRID_MIN_N < n_cols <= HYBRID_MAX_N:
+        return Plan("hybrid", block_n, 1, HYBRID_WARPS)
     if LONG_PATH == "split" and -(-n_cols // SPLIT_BLOCK_N) <= MAX_SPLITS:
         return Plan("split", SPLIT_BLOCK_N, 1, SPLIT_WARPS)
     return Plan("stream", STREAM_BLOCK_N, 1, STREAM_WARPS)
@@ -349,7 +360,14 @@ def launch_ce(logits: Tensor, targets: Tensor, loss_rows: Optional[Tensor], grad
         return
     if grad is not None and grad.stride(1) != 1:
         raise ValueError("launch_ce writes gradients with column stride 1")
-    p = p or plan(n_cols, n_rows)
+    if p is None:
+        p = plan(n_cols, n_rows, logits.element_size())
+        if p.path == "hybrid" and hybrid_unusable(logits, grad, p.num_warps):
+            p = plan(n_cols, n_rows, logits.element_size(), hybrid=False)
+    elif p.path == "hybrid":  # (a plan asked for by name: an error, not another path)
+        why = hybrid_unusable(logits, grad, p.num_warps)
+        if why:
+            raise ValueError(why)
     dummy = logits if grad is None else grad
     stride_s = scale.stride(0) if (scale is not None and scale.dim() == 1 and scale.numel() > 1) else 0
     flags = dict(FROM_S=scale is not None, DIVIDE=count is not None, WRITE_LOSS=loss_rows is not None,
@@ -375,6 +393,9 @@ def launch_ce(logits: Tensor, targets: Tensor, loss_rows: Optional[Tensor], grad
             else:
                 cnt = torch.zeros(n_rows + 1, dtype=torch.int32, device=logits.device)
                 _ce_split_kernel[(programs,)](*args, cnt, stat, n_cols, splits, *strides, PHASE=0, **meta)
+        elif p.path == "hybrid":
+            launch_hybrid(logits, targets, loss_rows, grad, scale, count, stride_s, ignore_index, p.num_warps,
+                          {k: v for k, v in flags.items() if k != "num_warps"})
         elif p.path == "stream":
             _ce_stream_kernel[(n_rows,)](*args, n_cols, *strides, BLOCK_N=p.block_n, **flags)
         else:

@@ -87,6 +87,33 @@ if gluon is not None:
             key = gl.where(offs < n_cols - (S0 + i * T * VEC), key, float("-inf"))
         return key
 
+    @gluon.jit
+    def _hybrid_copy(mine, x_row, n_cols, tv, S0: gl.constexpr, T: gl.constexpr, VEC: gl.constexpr,
+                     NS: gl.constexpr, EVEN: gl.constexpr, LT: gl.constexpr):
+        """Start the copy of a hybrid row's shared part (columns S0 ..., NS vectors of 16 bytes per
+        thread, at this thread's shared address mine + i * T * 16) as one commit group, zero-filled
+        past the row end."""
+        for i in gl.static_range(NS):
+            c0 = S0 + i * T * VEC + tv
+            if EVEN or i < NS - 1:  # (vectors before the last lie inside the row)
+                src = x_row + c0
+                nbytes = gl.full([T], 16, gl.int32, LT)
+            else:
+                src = x_row + gl.where(c0 < n_cols, c0, 0)
+                nbytes = gl.where(c0 < n_cols, 16, 0)
+            gl.inline_asm_elementwise("cp.async.cg.shared.global [$1], [$2], 16, $3; mov.u32 $0, 0;", "=r,r,l,r",
+                                      [mine + i * T * 16, src, nbytes], dtype=gl.int32, is_pure=False, pack=1)
+        gl_async.commit_group()
+
+    @gluon.jit
+    def _hybrid_words(T: gl.constexpr, NR: gl.constexpr, L3: gl.constexpr):
+        """Word offsets (in the row, 32-bit words) of a hybrid row's registers' part: thread t holds
+        vectors t, t + T, ... (NR of them, 4 words each); layout L3 (T x NR x 4)."""
+        t3 = gl.arange(0, T, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
+        i3 = gl.arange(0, NR, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+        j3 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+        return t3[:, None, None] * 4 + i3[None, :, None] * (T * 4) + j3[None, None, :]
+
     @gluon.jit(do_not_specialize=["zero"])  # (never a constant 0 the compiler could fold, whatever it specializes)
     def _fwd_hybrid_kernel(
         X, Y, XW, YW, n_vec, stride_v, scale_log2e, zero,
@@ -114,27 +141,12 @@ if gluon is not None:
         L2: gl.constexpr = gl.BlockedLayout([1, VEC], [32, 1], [W, 1], [1, 0])  # thread t: one 16-byte vector
         LT: gl.constexpr = gl.SliceLayout(1, L2)
         L3: gl.constexpr = gl.BlockedLayout([1, NR, 4], [32, 1, 1], [W, 1, 1], [2, 1, 0])  # thread t: NR x 4 words
-        LR: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, L3))
         buf, tid, tv, offs, mine = _ring_start(X, NS, VEC, T, L2)  # NS slots: this row's shared part
         row = gl.program_id(0).to(gl.int64)
         n_cols = n_vec * VEC
         x_row = X + row * (stride_v * VEC)
-        for i in gl.static_range(NS):  # the shared part: one commit group (zero-filled past the row end)
-            c0 = S0 + i * T * VEC + tv
-            if EVEN or i < NS - 1:  # (vectors before the last lie inside the row)
-                src = x_row + c0
-                nbytes = gl.full([T], 16, gl.int32, LT)
-            else:
-                src = x_row + gl.where(c0 < n_cols, c0, 0)
-                nbytes = gl.where(c0 < n_cols, 16, 0)
-            gl.inline_asm_elementwise("cp.async.cg.shared.global [$1], [$2], 16, $3; mov.u32 $0, 0;", "=r,r,l,r",
-                                      [mine + i * T * 16, src, nbytes], dtype=gl.int32, is_pure=False, pack=1)
-        gl_async.commit_group()
-        # the registers' part (always inside the row: n_cols > S0), as words
-        t3 = gl.arange(0, T, layout=LR)
-        i3 = gl.arange(0, NR, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
-        j3 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
-        offw = t3[:, None, None] * 4 + i3[None, :, None] * (T * 4) + j3[None, None, :]
+        _hybrid_copy(mine, x_row, n_cols, tv, S0, T, VEC, NS, EVEN, LT)
+        offw = _hybrid_words(T, NR, L3)  # the registers' part (always inside the row: n_cols > S0), as words
         w = gl.load(XW + row * (stride_v * 4) + offw)
         a = gl.abs(scale_log2e)
         sgn = gl.where(scale_log2e < 0, -1.0, 1.0)  # keys x * sign(c): see _signed
