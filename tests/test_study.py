@@ -295,7 +295,10 @@ def test_report_from_a_multirun_sweep_with_a_crashed_job(tmp_path):
         assert results["cuda"]["status"] == "crashed" and "cannot run here" in results["cuda"]["error"]
     rows = build_report(sweep, tmp_path / "report")
     by = {r.method: r for r in rows}
-    assert by["torch"].status == "REFERENCE" and by["naive"].status == "PASS" and by["naive"].speedup_vs_reference
+    # (the reasons in the message: this assertion failed once in a full local run, not reproduced alone)
+    assert by["torch"].status == "REFERENCE", by["torch"].reason
+    assert by["naive"].status == "PASS" and by["naive"].speedup_vs_reference, (
+        by["naive"].reason, results["naive"].get("status"), results["naive"].get("gate"))
     if not torch.cuda.is_available():
         assert by["cuda"].status == "CRASH" and by["cuda"].speedup_vs_baseline is None
     report = (tmp_path / "report" / "report.md").read_text()
