@@ -45,3 +45,16 @@ def check_method(
     if floors is not None:
         floors[:] = [rounding_floor(ref.detach(), x.dtype), rounding_floor(x64.grad, x.dtype)]
     return fwd, bwd
+
+
+def ce_rows_reference(x, t, ignore_index, scale=None):
+    """Float64 per-row losses and the gradient (softmax - onehot) * scale (0 on ignored rows)."""
+    x64 = x.double()
+    valid = t != ignore_index
+    ts = torch.where(valid, t, torch.zeros_like(t))
+    loss = torch.where(valid, torch.logsumexp(x64, -1) - x64.gather(1, ts[:, None])[:, 0], 0.0)
+    p = torch.softmax(x64, -1)
+    p.scatter_add_(1, ts[:, None], -valid[:, None].double())
+    if scale is not None:
+        p = p * (scale.double().reshape(-1, 1) if scale.numel() > 1 else scale.double().reshape(()))
+    return loss, torch.where(valid[:, None], p, 0.0)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import kernels
 from kernels import relative_error, tolerance
+from tests.helpers import ce_rows_reference
 
 pytestmark = pytest.mark.gpu
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -47,21 +48,8 @@ def _rows_for(v, elements=2**24):
     return max(2, min(512, elements // v))
 
 
-def ref_rows(x, t, ignore_index, scale=None):
-    """Float64 per-row losses and the gradient (softmax - onehot) * scale (0 on ignored rows)."""
-    x64 = x.double()
-    valid = t != ignore_index
-    ts = torch.where(valid, t, torch.zeros_like(t))
-    loss = torch.where(valid, torch.logsumexp(x64, -1) - x64.gather(1, ts[:, None])[:, 0], 0.0)
-    p = torch.softmax(x64, -1)
-    p.scatter_add_(1, ts[:, None], -valid[:, None].double())
-    if scale is not None:
-        p = p * (scale.double().reshape(-1, 1) if scale.numel() > 1 else scale.double().reshape(()))
-    return loss, torch.where(valid[:, None], p, 0.0)
-
-
 def assert_rows_match(loss, grad, x, t, ignore_index, scale=None):
-    ref_loss, ref_grad = ref_rows(x, t, ignore_index, scale)
+    ref_loss, ref_grad = ce_rows_reference(x, t, ignore_index, scale)
     assert loss.dtype == torch.float32 and loss.shape == (x.shape[0],)
     assert not torch.isnan(loss).any() and not torch.isnan(grad).any(), "NaN in the loss or gradient"
     err = ((loss.double() - ref_loss).abs() / ref_loss.abs().clamp(min=1.0)).max().item()
@@ -281,7 +269,7 @@ def test_backward_scales_by_grad_output():
         check_op(x, t, reduction=reduction, weight=w)
     xr = x.detach().requires_grad_(True)  # grad_output exactly 1: the backward only launches the skip
     kernels.cross_entropy(xr, t, method="cuda").backward()
-    _, ref = ref_rows(x, t, -100, (t != -100).sum().float().reciprocal())
+    _, ref = ce_rows_reference(x, t, -100, (t != -100).sum().float().reciprocal())
     assert relative_error(xr.grad, ref) <= tolerance("fwd", torch.bfloat16, ref)
 
 

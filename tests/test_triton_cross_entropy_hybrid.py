@@ -21,6 +21,7 @@ import torch
 
 import kernels
 from kernels.methods.triton import availability, plan as tp
+from tests.helpers import ce_rows_reference
 from tests.test_cross_entropy import DEVICE
 
 pytestmark = [pytest.mark.skipif("triton" not in kernels.runnable_methods(), reason="triton cannot run here"),
@@ -42,11 +43,11 @@ def cg():
 
 
 _COMPILE = r"""
-import json, re, subprocess, sys, tempfile
-from pathlib import Path
+import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
+from tests.compiled_report import report
 from kernels.methods.triton import cross_entropy_gluon as cg, plan as tp
 
 for case in sys.argv[1:]:
@@ -62,15 +63,7 @@ for case in sys.argv[1:]:
                          attrs={(i,): [["tt.divisibility", 16]] for i in (0, 3, 6, 7)}, constexprs=const)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": warps, "maxnreg": cg.hybrid_maxnreg(warps)})
-    usage = ""
-    cuobjdump = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
-    if cuobjdump.exists():
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(k.asm["cubin"])
-            f.flush()
-            usage = subprocess.run([str(cuobjdump), "-res-usage", f.name], capture_output=True, text=True).stdout
-    print(json.dumps({"case": case, "ns": ns, "shared": k.metadata.shared, "usage": usage, "ptx": k.asm["ptx"],
-                      "offsets": [int(o) for o in re.findall(r"@global_smem, i32 (\d+)\)", k.asm["llir"])]}))
+    print(json.dumps({"case": case, "ns": ns, **report(k)}))
 """
 
 
@@ -208,23 +201,12 @@ def test_sweep_candidates_include_the_hybrid_path_only_where_usable(ck, monkeypa
 # ------------------------------------------------------------------------------------------------
 # GPU (skipped without one)
 # ------------------------------------------------------------------------------------------------
-def _ref(x, t, ignore_index=-100):
-    """Float64 loss rows and the gradient softmax - onehot (0 on ignored rows)."""
-    x64 = x.double()
-    valid = t != ignore_index
-    ts = torch.where(valid, t, torch.zeros_like(t))
-    loss = torch.where(valid, torch.logsumexp(x64, -1) - x64.gather(1, ts[:, None])[:, 0], 0.0)
-    p = torch.softmax(x64, -1)
-    p.scatter_add_(1, ts[:, None], -valid[:, None].double())
-    return loss, torch.where(valid[:, None], p, 0.0)
-
-
 def _err(out, ref):
     return ((out.double() - ref).norm() / ref.norm().clamp(min=1e-300)).item()
 
 
 def _check(loss, grad, x, t, c=1.0):
-    ref_loss, ref_grad = _ref(x, t)
+    ref_loss, ref_grad = ce_rows_reference(x, t, -100)
     ref_grad = ref_grad * c
     assert ((loss.double() - ref_loss).abs() / ref_loss.abs().clamp(min=1.0)).max().item() <= 2e-5
     assert not torch.isnan(grad).any()

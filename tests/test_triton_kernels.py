@@ -147,11 +147,11 @@ def test_fill_kernel_scales_and_special_values(dtype):
 
 
 _GLUON_COMPILE = r"""
-import json, re, subprocess, sys, tempfile
-from pathlib import Path
+import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
+from tests.compiled_report import report
 from kernels.methods.triton import gluon as gk, plan as tp
 
 kernel, dtype, even = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
@@ -170,15 +170,7 @@ else:
                          constexprs={"VEC": 8, "NCH": 4 if even else 3, "SLOTS": tp.RING_SLOTS})
     options = {"num_warps": tp.RING_WARPS}
 k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-usage = ""
-cuobjdump = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
-if cuobjdump.exists():
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
-        f.flush()
-        usage = subprocess.run([str(cuobjdump), "-res-usage", f.name], capture_output=True, text=True).stdout
-print(json.dumps({"offsets": [int(o) for o in re.findall(r"@global_smem, i32 (\d+)\)", k.asm["llir"])],
-                  "shared": k.metadata.shared, "ptx": k.asm["ptx"], "usage": usage}))
+print(json.dumps(report(k)))
 """
 
 
