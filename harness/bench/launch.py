@@ -24,6 +24,7 @@ from typing import Callable, Optional
 import torch
 
 import kernels
+from harness.bench.common import error_text
 from harness.results import write_json
 
 #: op -> tiny inputs (built on the device), the one-shot call, the bound call's arguments
@@ -123,7 +124,7 @@ def _measure(row: LaunchRow, method: str, op: str, device: str, calls: int) -> N
         row.bound_fwd_bwd_us, _ = host_us(both, max(20, calls // 2))
         row.one_shot_over_bound = row.one_shot_us / row.bound_us
     except Exception as exc:  # one failing method must not stop the table
-        row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+        row.error = error_text(exc)
 
 
 def run_launch_bench(methods: Optional[list[str]], out: Path, calls: int = 200) -> list[LaunchRow]:

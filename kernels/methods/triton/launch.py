@@ -107,7 +107,7 @@ def launch_fwd(x: torch.Tensor, scale: float, causal: bool, p: Optional[Plan] = 
         raise ValueError("the ring path is a backward path (the forward's Gluon path is the hybrid one)")
     if p.hybrid and gluon_unusable(x2, causal, p):  # (unaligned rows, the interpreter): the next-best plan
         p = cached_plan(n_cols, x.element_size(), causal=causal, gluon=False)
-    tq, diag = _causal_geometry(x.shape, causal) if causal else (1, 0)
+    tq, diag = _causal_geometry(x.shape, causal)
     c = scale * LOG2E
     dev = x.get_device()
     with _device_guard(dev):
@@ -149,7 +149,7 @@ def launch_bwd(
         raise ValueError(f"the {'hybrid' if p.hybrid else 'fill'} path is a forward path")
     if p.ring and gluon_unusable(y2, causal, p, dy2):  # (unaligned rows, the interpreter): the next-best plan
         p = cached_plan(n_cols, y.element_size(), backward=True, causal=causal, gluon=False)
-    tq, diag = _causal_geometry(y.shape, causal) if causal else (1, 0)
+    tq, diag = _causal_geometry(y.shape, causal)
     dev = y.get_device()
     with _device_guard(dev):
         if p.ring:
