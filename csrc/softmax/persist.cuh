@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(L, persist_min_blocks(L, PACKED))
           ref = Mref;
           f = inv;
         } else {
-          f = fast_exp2((ref - Mref) * a) * inv;
+          f = fast_exp2(fminf((ref - Mref) * a, 0.f)) * inv;  // clamped: see register.cuh (all-masked warp)
         }
       } else {
         const float M = row_max<L>(m, red_max[k & 1]);
