@@ -91,9 +91,12 @@ def test_every_path_takes_extreme_values_and_writes_in_place(forced_path, ck):
 
 def test_plan_by_row_length(ck):
     assert ck.plan(1).path == "tile" and ck.plan(16384).path == "tile" and ck.plan(16384).block_n == 16384
-    p = ck.plan(50304)  # GPT-2's padded vocabulary: streamed in chunks of 2048 (the H200 sweep's winner)
+    p = ck.plan(50304)  # GPT-2's padded vocabulary: one Gluon program of 8 warps a row (the H200 sweep's winner)
+    assert (p.path, p.block_n, p.num_warps) == ("hybrid", 65536, 8)
+    assert ck.plan(16385).path == ck.plan(65536).path == "hybrid"
+    p = ck.plan(50304, hybrid=False)  # rows the hybrid path cannot take: streamed in chunks of 2048
     assert (p.path, p.block_n, p.num_warps) == ("stream", 2048, 8)
-    assert ck.plan(16385).path == ck.plan(262144).path == ck.plan(2**24).path == "stream"
+    assert ck.plan(50304, elem_bytes=4).path == ck.plan(65537).path == ck.plan(2**24).path == "stream"
     assert ck.plan(128, n_rows=3).rows == 4 and ck.plan(128).rows == 64  # no programs of missing rows
     assert all(ck.plan(v, n).num_warps >= 1 for v in (1, 7, 200) for n in (1, 5))
 
@@ -396,7 +399,7 @@ def test_sweep_candidates_start_with_the_current_plan_and_cover_both_long_paths(
 
     for v in (50304, 128256, 262144):
         c = candidates(v)
-        assert c[0] == ck.plan(v) and len(set(c)) == len(c)
+        assert c[0] == ck.plan(v, hybrid=False) and len(set(c)) == len(c)  # (no hybrid: nothing usable)
         assert {p.path for p in c} >= {"split", "stream"}
         assert all(p.block_n // (32 * p.num_warps) >= 4 for p in c[1:])
         assert all(-(-v // p.block_n) <= ck.MAX_SPLITS for p in c if p.path == "split")

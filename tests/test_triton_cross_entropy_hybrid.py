@@ -153,11 +153,10 @@ def test_hybrid_unusable_reasons(cg, monkeypatch):
     assert "shared memory" in cg.hybrid_unusable(_FakeRows(65536), None)
 
 
-def test_plan_takes_the_hybrid_path_exactly_in_its_range_when_asked(ck, monkeypatch):
-    assert ck.LONG_PATH == "stream" and ck.plan(50304).path == "stream"  # (unmeasured: not the default)
-    monkeypatch.setattr(ck, "LONG_PATH", "hybrid")
+def test_plan_takes_the_hybrid_path_exactly_in_its_range(ck):
+    assert ck.LONG_PATH == "hybrid"  # (the default: measured ahead of the stream path)
     for v in (16385, 16392, 32768, 40000, 50304, 65536):
-        assert ck.plan(v) == ck.Plan("hybrid", ck._next_pow2(v), 1, 16), v
+        assert ck.plan(v) == ck.Plan("hybrid", ck._next_pow2(v), 1, ck.HYBRID_CE_WARPS), v
         assert ck.plan(v, elem_bytes=4).path == ck.plan(v, hybrid=False).path == "stream", v
     assert ck.plan(16384).path == "tile" and ck.plan(65537).path == ck.plan(262144).path == "stream"
 
@@ -186,16 +185,17 @@ def test_launch_falls_back_where_the_hybrid_path_cannot_run(ck, monkeypatch):
 def test_sweep_candidates_include_the_hybrid_path_only_where_usable(ck, monkeypatch):
     from kernels.methods.triton.ce_sweep import candidates
 
-    hybrid = [ck.Plan("hybrid", 65536, 1, 16), ck.Plan("hybrid", 65536, 1, 8)]
-    assert all(p.path != "hybrid" for p in candidates(50304))  # (default: nothing is usable)
-    c = candidates(50304, lambda p: True)
-    assert c[0] == ck.plan(50304) and c[1:3] == hybrid and len(set(c)) == len(c)
-    assert [p for p in candidates(50304, lambda p: p.num_warps == 16) if p.path == "hybrid"] == hybrid[:1]
+    hybrid = [ck.Plan("hybrid", 65536, 1, 8), ck.Plan("hybrid", 65536, 1, 16)]
+    c = candidates(50304)  # (default: nothing is usable; the current plan is the one launch_ce falls back to)
+    assert c[0] == ck.plan(50304, hybrid=False) and all(p.path != "hybrid" for p in c)
+    c = candidates(50304, lambda p: True)  # the default plan itself (8 warps) first, listed once
+    assert c[:2] == hybrid and len(set(c)) == len(c)
+    assert [p for p in candidates(50304, lambda p: p.num_warps == 16) if p.path == "hybrid"] == hybrid[1:]
     assert all(p.path != "hybrid" for v in (65544, 128256) for p in candidates(v, lambda p: True))
     assert candidates(16384, lambda p: True) == [ck.plan(16384)]
-    monkeypatch.setattr(ck, "LONG_PATH", "hybrid")  # the default plan itself: listed once
+    monkeypatch.setattr(ck, "LONG_PATH", "stream")  # another default: the hybrid plans after it
     c = candidates(50304, lambda p: True)
-    assert c[:2] == hybrid and len(set(c)) == len(c)
+    assert c[0] == ck.plan(50304) and c[1:3] == hybrid[::-1] and len(set(c)) == len(c)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -31,9 +31,10 @@ IGNORE = -100
 
 
 def candidates(v: int, usable: Callable[[ck.Plan], bool] = lambda p: False) -> list[ck.Plan]:
-    """Candidate plans for rows of v columns: the current plan first, then the hybrid path (8 and 16
-    warps, in its range where ``usable`` says it can take the sweep's rows), the split and stream grids."""
-    out = [ck.plan(v)]
+    """Candidate plans for rows of v columns: the current plan first (``current_plan``), then the hybrid
+    path (8 and 16 warps, in its range where ``usable`` says it can take the sweep's rows), the split and
+    stream grids."""
+    out = [current_plan(v, usable)]
     if ck._next_pow2(v) <= ck.TILE_MAX_N:
         return out
     if ck.HYBRID_MIN_N < v <= ck.HYBRID_MAX_N:
@@ -44,6 +45,12 @@ def candidates(v: int, usable: Callable[[ck.Plan], bool] = lambda p: False) -> l
     for block in (1024, 2048, 4096, 8192):
         out += [ck.Plan("stream", block, 1, w) for w in (4, 8, 16) if block // (32 * w) >= 4]
     return list(dict.fromkeys(out))
+
+
+def current_plan(v: int, usable: Callable[[ck.Plan], bool] = lambda p: False) -> ck.Plan:
+    """The plan ``launch_ce`` takes for the sweep's rows of v columns (the hybrid plan only where usable)."""
+    p = ck.plan(v)
+    return p if p.path != "hybrid" or usable(p) else ck.plan(v, hybrid=False)
 
 
 def run_sweep(sizes: list[int], rows: int, max_gb: float, rep_ms: int, out: Path) -> list[dict]:
@@ -59,9 +66,11 @@ def run_sweep(sizes: list[int], rows: int, max_gb: float, rep_ms: int, out: Path
         ref = _reference_loss(x[:chk], t[:chk], 128)
         moved = 2 * x.numel() * x.element_size()
         head = None
-        for p in candidates(v, lambda p: ck.hybrid_unusable(x, x, p.num_warps) is None):
+        usable = lambda p: ck.hybrid_unusable(x, x, p.num_warps) is None  # noqa: E731
+        current = current_plan(v, usable)
+        for p in candidates(v, usable):
             row = {"v": v, "rows": n, "path": p.path, "block_n": p.block_n, "tile_rows": p.rows, "warps": p.num_warps,
-                   "current": p == ck.plan(v)}
+                   "current": p == current}
             try:
                 run = lambda p=p: ck.forward(x, t, IGNORE, "mean", True, p=p)  # noqa: E731
                 loss, count, grad = run()

@@ -30,13 +30,13 @@ tile rows from the softmax forward's table):
   start in order and a waiting program only waits for programs that are already running (a row needs
   at most MAX_SPLITS resident programs). Triton's CPU interpreter runs programs one after another, so
   there the kernel runs as two launches (partials, then outputs). One read, one write per element.
-* Stream (rows longer than TILE_MAX_N, no cap): one program per row, an online pass (running max and
+* Stream (rows longer than TILE_MAX_N that the hybrid path cannot take, no cap): one program per row, an online pass (running max and
   rescaled sum per lane) and a gradient pass walking the row backwards, so the chunks read last by the
   first pass are still in L2. Reads the logits twice: 0.59-0.63 of copy on the H200 (V = 50304-262144).
-* Hybrid (``LONG_PATH = "hybrid"``, not yet the default: unmeasured; 16-bit rows of 16385-65536
-  columns, 16-byte aligned, on a GPU, else the stream path): one Gluon program per row, part of the
-  row in registers, the rest in shared memory (:mod:`.cross_entropy_gluon`, the softmax's hybrid
-  forward turned into this row kernel). One read, one write; expected ~0.85-0.9 of copy at 50304.
+* Hybrid (the default for 16-bit rows of 16385-65536 columns, 16-byte aligned, on a GPU; else the
+  stream path): one Gluon program of 8 warps per row, part of the row in registers, the rest in shared
+  memory (:mod:`.cross_entropy_gluon`, the softmax's hybrid forward turned into this row kernel). One
+  read, one write: 0.95 of copy at V = 50304 (0.824 ms for 16384 rows), 0.95-0.97 at 65536 (H200).
 
 Bytes (N x V logits of b bytes; H200 device-to-device copy ~4.2 TB/s): forward with gradient reads
 N V b and writes N V b (the ideal: 16384 x 50304 bf16 is 3.3 GB, 0.78 ms, against 3.16 ms for
@@ -72,12 +72,15 @@ LOG2E = tl.constexpr(1.4426950408889634)  # a global a @jit function reads must 
 #: Rows up to this many columns are held whole in one program's registers (32 fp32 values per thread
 #: at 16 warps; 32768 would need 32 warps at 64 registers a thread, one program per SM).
 TILE_MAX_N = 16384
-#: Rows longer than TILE_MAX_N: the stream path, the H200 sweep's winner at V = 50304-262144
-#: (``python -m kernels.methods.triton.ce_sweep``; docs/perf.md: 0.59-0.63 of copy, against 0.35-0.53
-#: for the split path's best), or "split" (tests force it), or "hybrid" (16-bit rows of HYBRID_MIN_N + 1 ..
-#: HYBRID_MAX_N columns where ``hybrid_unusable`` says None; stream elsewhere): to become the default
-#: once the H200 sweep has measured it.
-LONG_PATH = "stream"
+#: Rows longer than TILE_MAX_N: "hybrid" (16-bit rows of HYBRID_MIN_N + 1 .. HYBRID_MAX_N columns where
+#: ``hybrid_unusable`` says None; the stream path elsewhere), the H200 sweep's winner in its range
+#: (``python -m kernels.methods.triton.ce_sweep``; docs/perf.md: 0.95-0.97 of copy at V = 50304-65536,
+#: against 0.62 for the stream path), "stream" (every other long row: 0.59 of copy at 128256-262144,
+#: against 0.35-0.53 for the split path's best) or "split" (tests force it).
+LONG_PATH = "hybrid"
+#: Hybrid path warps: 8 (the sweep: 0.824 ms at V = 50304 against 1.094 at 16 warps; 1.004 against
+#: 0.986 at 65536).
+HYBRID_CE_WARPS = 8
 #: Split path: chunk length, warps, most chunks per row (each a resident program while the row waits).
 SPLIT_BLOCK_N = 8192
 SPLIT_WARPS = 8
@@ -327,7 +330,7 @@ def plan(n_cols: int, n_rows: int = 1 << 30, elem_bytes: int = 2, hybrid: bool =
         warps = max(1, min(warps, rows * block_n // 256))
         return Plan("tile", block_n, rows, warps)
     if LONG_PATH == "hybrid" and hybrid and elem_bytes == 2 and HYBRID_MIN_N < n_cols <= HYBRID_MAX_N:
-        return Plan("hybrid", block_n, 1, HYBRID_WARPS)
+        return Plan("hybrid", block_n, 1, HYBRID_CE_WARPS)
     if LONG_PATH == "split" and -(-n_cols // SPLIT_BLOCK_N) <= MAX_SPLITS:
         return Plan("split", SPLIT_BLOCK_N, 1, SPLIT_WARPS)
     return Plan("stream", STREAM_BLOCK_N, 1, STREAM_WARPS)
