@@ -149,3 +149,18 @@ def test_registry_lists_ops_per_method():
     assert not avail["floor"].exact and "floor" not in kernels.available_methods()
     assert "sdpa" in kernels.runnable_methods(op="attention") and "sdpa" not in kernels.runnable_methods(op="softmax")
     assert set(registry.OPS) == {"softmax", "attention", "cross_entropy", "linear_cross_entropy"}
+
+
+def test_the_floor_has_a_loss_floor_that_reads_the_logits_once():
+    """The floor's cross_entropy is timing only: its forward writes logits / rows (one read, one write, the
+    fused loss's traffic), its backward hands that back; 'loss' = the first logit of each row."""
+    avail = kernels.available_methods(include_timing_only=True)["floor"]
+    assert avail.ops["cross_entropy"] == "native" and avail.ops["linear_cross_entropy"] == "composed"
+    x = torch.randn(2, 3, 7, requires_grad=True)
+    t = torch.randint(0, 7, (2, 3))
+    fn = kernels.bind("floor", "cross_entropy")
+    rows = fn(x, t, -100, "none")
+    assert rows.shape == (2, 3) and rows.dtype == torch.float32 and torch.equal(rows, x[..., 0].detach())
+    assert torch.equal(fn(x, t, -100, "sum"), rows.sum()) and torch.equal(fn(x, t, -100, "mean"), rows.mean())
+    fn(x, t, -100, "mean").backward(torch.tensor(5.0))  # (grad_output ignored: timing only)
+    assert torch.allclose(x.grad, x.detach() / 6)
