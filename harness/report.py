@@ -40,7 +40,7 @@ from harness.study_report import StudyRow, add_run, finish, write_outputs
 from harness.study_split import mark_split, requested, split_rank
 
 STATUS = {"completed": "PASS", "failed": "FAIL", "crashed": "CRASH", "interrupted": "INTERRUPTED",
-          "nonfinite": "FAIL", "running": "CRASH"}
+          "nonfinite": "FAIL", "running": "CRASH", "oom": "OOM"}
 #: what changes a loss curve, beyond the model and the data (trainer keys)
 TRAINER_KEYS = ("max_steps", "lr", "min_lr_ratio", "lr_warmup_steps", "weight_decay", "beta1", "beta2", "grad_clip")
 #: data keys that do not change the curve (the batch order's seed is handled apart)
@@ -82,9 +82,17 @@ def curve_settings(res: dict) -> dict:
     for k in TRAINER_KEYS:
         out[f"trainer.{k}"] = trainer.get(k)
     out["precision"] = res.get("precision") or cfg.get("precision_resolved")
-    out["world_size"] = res.get("world_size")
+    out["world_size"] = res.get("world_size") or _planned_world_size(cfg)
     out["seed"] = res.get("seed", cfg.get("seed"))
     return out
+
+
+def _planned_world_size(cfg: dict) -> Optional[int]:
+    """The processes a run was configured for (devices x nodes, where both are numbers): the world size
+    of a run that stopped before it recorded its own (an OOM, a crash before training)."""
+    t = cfg.get("trainer") or {}
+    devices, nodes = t.get("devices"), t.get("num_nodes", 1)
+    return devices * nodes if isinstance(devices, int) and isinstance(nodes, int) else None
 
 
 def group_key(res: dict) -> tuple:
@@ -332,6 +340,11 @@ def _add_study_rows(rows: list[StudyRow], study_rows: list, by_run_dir: dict, ru
         row.point_values = dict(r.get("point_values") or {})
         if row.status not in ("SKIPPED", "OOM", "FAIL", "CRASH"):
             row.status, row.reason = "CRASH", row.reason or "recorded by the study, but its run is missing here"
+        twin = next((x for x in rows if not x.runs and (x.method, x.compiled, x.point, x.role) ==
+                     (row.method, row.compiled, row.point, row.role) and (not row.patch or x.patch == row.patch)), None)
+        if twin is not None:  # its run was collected without numbers (it stopped): the study's verdict wins
+            twin.status, twin.reason = row.status, row.reason or twin.reason
+            continue
         rows.append(row)
 
 

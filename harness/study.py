@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import json
 import sys
 import time
 import traceback
@@ -417,7 +418,20 @@ def _record_failure(row: StudyRow, exc: BaseException, run_dir: Path, rnd: int, 
     else:
         row.status, row.reason = "CRASH", rep + first
         atomic_write_text(Path(run_dir) / "error.txt", traceback.format_exc())
+    _close_record(Path(run_dir) / "results.json", row)
     console.print(f"[red]study: {point.label + ': ' if point.label else ''}{row.label} {row.status}: {row.reason}[/]")
+
+
+def _close_record(path: Path, row: StudyRow) -> None:
+    """A run the study stopped (an OOM, a failed gate, a crash) leaves the results.json it wrote before
+    training saying "running": close it with the study's verdict, so that harness.report reads it so."""
+    try:
+        res = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if res.get("status") == "running":
+        status = {"OOM": "oom", "FAIL": "failed"}.get(row.status, "crashed")
+        write_json(path, dict(res, status=status, error=row.reason))
 
 
 def _finish_wandb(cfg: DictConfig) -> None:

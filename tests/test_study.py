@@ -199,9 +199,15 @@ def test_context_sweep_charts_and_records_an_oom(tmp_path, monkeypatch):
 
     real = study_mod.run_one
 
+    import lightning as L
+
+    class OutOfMemoryInTraining(L.Callback):  # as on a GPU: after the run wrote its "running" record
+        def on_train_batch_start(self, *args):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
     def run_or_oom(cfg, method, compiled, run_dir, group, data_seed=None, callbacks=(), variant=""):
         if method == "naive" and cfg.model.context == 64:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            callbacks = (*callbacks, OutOfMemoryInTraining())
         return real(cfg, method, compiled, run_dir, group, data_seed, callbacks, variant)
 
     monkeypatch.setattr(study_mod, "run_one", run_or_oom)
@@ -221,12 +227,21 @@ def test_context_sweep_charts_and_records_an_oom(tmp_path, monkeypatch):
     assert got >= {("64", "naive", "OOM"), ("32", "torch", "REFERENCE")}
     report = (tmp_path / "report.md").read_text()
     assert "## T=64 batch 4" in report and "Scaling" in report and "| naive | " in report and "OOM" in report
-    # the report tool reads the sweep back: the same points, the OOM from study.json, the scaling charts
+    # the run's own record is closed with the verdict (it said "running" when training began)
+    stopped = json.loads((tmp_path / "runs" / "T64" / "naive" / "results.json").read_text())
+    assert stopped["status"] == "oom" and "out of memory at T = 64" in stopped["error"]
+    # the report tool reads the sweep back: the same points in order of T, the OOM once, the charts
     from harness.report import build_report
 
     again = build_report(tmp_path, tmp_path.parent / "sweep-report")
     assert {(r.point, r.method, r.status) for r in again} >= {("T=64 batch 4", "naive", "OOM"),
                                                             ("T=32 batch 8", "naive", "PASS")}
+    assert [r.point for r in again if r.method == "naive"] == ["T=32 batch 8", "T=64 batch 4"]
+    # ... also from a run record a study never closed (a study killed with it, or before this fix)
+    (tmp_path / "runs" / "T64" / "naive" / "results.json").write_text(json.dumps(dict(stopped, status="running")))
+    again = build_report(tmp_path, tmp_path.parent / "sweep-report-2")
+    assert [(r.point, r.status) for r in again if r.method == "naive"] == [("T=32 batch 8", "PASS"),
+                                                                         ("T=64 batch 4", "OOM")]
     assert (tmp_path.parent / "sweep-report" / "scaling.png").exists()
 
 
