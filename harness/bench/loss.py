@@ -42,7 +42,7 @@ class LossRow:
     ideal_ms: Optional[float] = None
     frac_ideal: Optional[float] = None  # ideal / eager forward + backward
     extra_gib: Optional[float] = None
-    held_gib: Optional[float] = None  # GPU memory still allocated after the row was measured and freed
+    held_gib: Optional[float] = None  # GPU memory in use after the row was measured and freed (held_gib())
     correct: Optional[bool] = None
     error: str = ""
 
@@ -99,8 +99,13 @@ def measure_ce(method: str, tokens: int, vocab: int, device: str, rep_ms: int, a
 
 
 def held_gib() -> Optional[float]:
-    """GiB the process still has allocated (None without a GPU): after a row, what it failed to give back."""
-    return torch.cuda.memory_allocated() / 2**30 if torch.cuda.is_available() else None
+    """GiB of the GPU in use after a row, its tensors freed and the allocator's cache emptied (None without
+    a GPU): the inputs of the next row aside, what something failed to give back. Read from the device
+    (total - free), so memory held outside PyTorch's allocator (CUDA graphs, libraries) counts too."""
+    if not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2**30
 
 
 def measure_linear(method: str, tokens: int, hidden: int, vocab: int, device: str, rep_ms: int) -> LossRow:
@@ -162,13 +167,13 @@ def run_loss_bench(methods: Optional[list[str]], vocabs: list[int], tokens: int,
                 r.frac_ideal = r.ideal_ms / r.fwd_bwd_ms
         print(f"  {r.method:8s}{'+autocast' if r.autocast else '':9s} {r.op:21s} {r.tokens}x{r.vocab}: fwd+bwd "
               f"{fmt(r.fwd_bwd_ms, '.3f')} ms (graph {fmt(r.fwd_bwd_graph_ms, '.3f')}), ideal {fmt(r.ideal_ms, '.3f')}, "
-              f"extra {fmt(r.extra_gib, '.2f')} GiB, held after {fmt(r.held_gib, '.2f')} GiB "
+              f"extra {fmt(r.extra_gib, '.2f')} GiB, GPU in use after {fmt(r.held_gib, '.2f')} GiB "
               f"{r.error or ('ok' if r.correct else 'WRONG')}", flush=True)
     env = environment()
     lines = [f"## Cross-entropy on {env['device_name']} (torch {env['torch']}, triton {env['triton']}), bf16 logits", "",
              f"Copy ceiling {copy_gbs:.0f} GB/s; ideal = one read of the logits + one write of their gradient at it.", "",
              "| method | op | tokens x V (C) | fwd+bwd ms eager | fwd+bwd ms graph | fwd ms | ideal ms | ideal / eager "
-             "| extra GiB | held after GiB | correct |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| extra GiB | GPU in use after GiB | correct |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         shape = f"{r.tokens} x {r.vocab}" + (f" ({r.hidden})" if r.hidden else "")
         ok = f"error: {r.error}" if r.error else ("yes" if r.correct else "**NO**")
