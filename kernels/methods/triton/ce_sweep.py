@@ -6,8 +6,9 @@ is chosen (GPU only)::
 
 Per vocabulary size V, on rows x V bf16 logits (fewer rows for large V, so that the logits and the
 gradient stay within ``--max-gb``), targets in range with 1% ignored, reduction 'mean': every candidate
-plan (hybrid: 16 and 8 warps, where it can take the rows; split: chunk length x warps; stream: chunk
-length x warps; tile where the row fits) runs the eager forward with gradient
+plan (hybrid: 16 and 8 warps, where it can take the rows; slices, past 65536 columns: 8 and 16 warps x
+the fewest slices, one more and twice as many, where they can take the rows; split: chunk length x
+warps; stream: chunk length x warps; tile where the row fits) runs the eager forward with gradient
 (``cross_entropy_kernels.forward``: the target count, the one pass that writes the loss rows and the
 gradient), is checked against float64 (the per-row losses and the
 gradient, ``kernels.methods.cuda.ce_sweep.check``), then timed by CUDA-graph replay (the GPU time)
@@ -32,13 +33,19 @@ IGNORE = -100
 
 def candidates(v: int, usable: Callable[[ck.Plan], bool] = lambda p: False) -> list[ck.Plan]:
     """Candidate plans for rows of v columns: the current plan first (``current_plan``), then the hybrid
-    path (8 and 16 warps, in its range where ``usable`` says it can take the sweep's rows), the split and
-    stream grids."""
+    path (8 and 16 warps, in its range where ``usable`` says it can take the sweep's rows), the slices
+    path (longer rows: 8 and 16 warps x the fewest slices of at most 65536 columns, one more (at 8 warps
+    two programs then share an SM) and twice as many, where the row can be cut so and ``usable`` says
+    they can take the sweep's rows), the split and stream grids."""
     out = [current_plan(v, usable)]
     if ck._next_pow2(v) <= ck.TILE_MAX_N:
         return out
     if ck.HYBRID_MIN_N < v <= ck.HYBRID_MAX_N:
         out += [p for p in (ck.Plan("hybrid", ck._next_pow2(v), 1, w) for w in (16, 8)) if usable(p)]
+    if v > ck.HYBRID_MAX_N:
+        s0 = ck.default_slices(v)
+        plans = (ck.slices_plan(v, s, w) for s in dict.fromkeys((s0, s0 + 1, 2 * s0)) for w in (8, 16))
+        out += [p for p in plans if p is not None and usable(p)]
     for block in (2048, 4096, 8192, 16384):
         if -(-v // block) <= ck.MAX_SPLITS:
             out += [ck.Plan("split", block, 1, w) for w in (4, 8, 16) if block // (32 * w) >= 4]
@@ -48,9 +55,10 @@ def candidates(v: int, usable: Callable[[ck.Plan], bool] = lambda p: False) -> l
 
 
 def current_plan(v: int, usable: Callable[[ck.Plan], bool] = lambda p: False) -> ck.Plan:
-    """The plan ``launch_ce`` takes for the sweep's rows of v columns (the hybrid plan only where usable)."""
+    """The plan ``launch_ce`` takes for the sweep's rows of v columns (a hybrid or slices plan only where
+    usable)."""
     p = ck.plan(v)
-    return p if p.path != "hybrid" or usable(p) else ck.plan(v, hybrid=False)
+    return p if p.path not in ("hybrid", "slices") or usable(p) else ck.plan(v, hybrid=False)
 
 
 def run_sweep(sizes: list[int], rows: int, max_gb: float, rep_ms: int, out: Path) -> list[dict]:
@@ -66,11 +74,11 @@ def run_sweep(sizes: list[int], rows: int, max_gb: float, rep_ms: int, out: Path
         ref = _reference_loss(x[:chk], t[:chk], 128)
         moved = 2 * x.numel() * x.element_size()
         head = None
-        usable = lambda p: ck.hybrid_unusable(x, x, p.num_warps) is None  # noqa: E731
+        usable = lambda p: ck.unusable(x, x, p) is None  # noqa: E731
         current = current_plan(v, usable)
         for p in candidates(v, usable):
             row = {"v": v, "rows": n, "path": p.path, "block_n": p.block_n, "tile_rows": p.rows, "warps": p.num_warps,
-                   "current": p == current}
+                   "slices": p.slices, "current": p == current}
             try:
                 run = lambda p=p: ck.forward(x, t, IGNORE, "mean", True, p=p)  # noqa: E731
                 loss, count, grad = run()
@@ -86,7 +94,8 @@ def run_sweep(sizes: list[int], rows: int, max_gb: float, rep_ms: int, out: Path
             except Exception as exc:  # a candidate that cannot launch here
                 row["ok"], row["error"] = False, f"{type(exc).__name__}: {str(exc)[:200]}"
             results.append(row)
-            desc = f"{p.path} {p.block_n}x{p.num_warps}w" + (" (current)" if row["current"] else "")
+            desc = (f"{p.path} {p.block_n}x{p.num_warps}w" + (f" {p.slices}s" if p.slices else "")
+                    + (" (current)" if row["current"] else ""))
             if row.get("graph_ms"):
                 print(f"  V={v:<7d} {desc:<26s} graph {row['graph_ms']:.3f} ms ({row['of_copy']:.2f} of copy), "
                       f"eager {row['eager_ms']:.3f} ms", flush=True)
@@ -95,7 +104,8 @@ def run_sweep(sizes: list[int], rows: int, max_gb: float, rep_ms: int, out: Path
             torch.cuda.empty_cache()
         best = max((r for r in results if r["v"] == v and r.get("graph_ms")), key=lambda r: r["of_copy"], default=None)
         if best:
-            print(f"V={v} best: {best['path']} {best['block_n']}x{best['warps']}w {best['graph_ms']:.3f} ms "
+            print(f"V={v} best: {best['path']} {best['block_n']}x{best['warps']}w"
+                  f"{' %ds' % best['slices'] if best['slices'] else ''} {best['graph_ms']:.3f} ms "
                   f"({best['of_copy']:.2f} of copy)", flush=True)
         del x, t, inv
         torch.cuda.empty_cache()

@@ -24,6 +24,8 @@ one-read-one-write ideal, 16384 x 50304 bf16 = 3.3 GB, 0.78 ms at the H200's ~4.
 (unmeasured): ~0.85-0.9 of copy at V = 50304 (0.87-0.92 ms), like the softmax's hybrid (0.93) less
 the target's selection and the loss; the stream path it is to replace measured 0.59-0.63 (1.26 ms).
 The kernel is defined only where this Triton has Gluon; ``hybrid_unusable`` says when it cannot run.
+Its passes are helpers (``_ce_row_stats``: max, sum and target; ``_ce_grad_pass``; ``_ce_scale``),
+shared with the slices path (:mod:`.cross_entropy_slices`), which runs them over slices of longer rows.
 """
 
 from __future__ import annotations
@@ -51,32 +53,17 @@ if gluon is not None:
     def _add2(a0, b0, a1, b1):
         return a0 + a1, b0 + b1
 
-    @gluon.jit(do_not_specialize=["zero"])  # (never a constant 0 the compiler could fold)
-    def _ce_hybrid_kernel(
-        X, T, LOSS, G, S, C, XW, GW, n_vec, stride_v, stride_gv, stride_s, ignore_index, zero,
-        NR: gl.constexpr, NS: gl.constexpr, EVEN: gl.constexpr, BF16: gl.constexpr, FROM_S: gl.constexpr,
-        DIVIDE: gl.constexpr, WRITE_LOSS: gl.constexpr, WRITE_GRAD: gl.constexpr,
-    ):
-        """Loss row and gradient of one row (see the module docstring). XW, GW: the logits and the
-        gradient viewed as int32; n_vec, stride_v, stride_gv: the row length and the row strides in
-        8-element vectors (every row 16-byte aligned); T: int64 targets; S, C: grad_output and n_valid
-        (read with FROM_S, DIVIDE)."""
+    @gluon.jit
+    def _ce_row_stats(w, buf, tid, tv, offs, t32, n_cols, zero, NR: gl.constexpr, NS: gl.constexpr,
+                      EVEN: gl.constexpr, BF16: gl.constexpr, L2: gl.constexpr, L3: gl.constexpr):
+        """Passes 1 and 2 over an on-chip row of n_cols columns (the registers' words w, the shared part
+        buf, its copy in flight): (m, ref, s, x_t): the max (-inf for a row of -inf), ref (m, or 0 for a
+        row of -inf), the sum of exp(x - ref) and the logit at column t32 (0 for t32 < 0)."""
         W: gl.constexpr = gl.num_warps()
         NT: gl.constexpr = 32 * W
         VEC: gl.constexpr = 8
         S0: gl.constexpr = NR * NT * VEC  # first column of the shared part
-        L2: gl.constexpr = gl.BlockedLayout([1, VEC], [32, 1], [W, 1], [1, 0])  # thread t: one 16-byte vector
         LT: gl.constexpr = gl.SliceLayout(1, L2)
-        L3: gl.constexpr = gl.BlockedLayout([1, NR, 4], [32, 1, 1], [W, 1, 1], [2, 1, 0])  # thread t: NR x 4 words
-        buf, tid, tv, offs, mine = _ring_start(X, NS, VEC, NT, L2)
-        row = gl.program_id(0).to(gl.int64)
-        n_cols = n_vec * VEC
-        _hybrid_copy(mine, X + row * (stride_v * VEC), n_cols, tv, S0, NT, VEC, NS, EVEN, LT)
-        offw = _hybrid_words(NT, NR, L3)
-        w = gl.load(XW + row * (stride_v * 4) + offw)
-        t = gl.load(T + row)
-        # the target's column; -1: ignored, -2: outside [0, V) (one int32 kept, not the int64 and flags)
-        t32 = gl.where(t == ignore_index, -1, gl.where((t < 0) | (t >= n_cols), -2, t)).to(gl.int32)
         # pass 1: the max
         lo, hi = _unpack(w, BF16)
         m_t = gl.convert_layout(gl.max(gl.max(gl.maximum(lo, hi), axis=2), axis=1), LT)
@@ -104,35 +91,79 @@ if gluon is not None:
             s_t = s_t + gl.sum(gl.exp2((key - ref) * _LOG2E), axis=1)
             x_t = x_t + gl.sum(gl.where(jv[None, :] == (dv - i * NT * VEC)[:, None], key, 0.0), axis=1)
         s, xt = gl.reduce((s_t, x_t), 0, _add2)
+        return m, ref, s, xt
+
+    @gluon.jit
+    def _ce_grad_pass(gw_row, g_row, w, buf, tid, offw, offs, t32, g_t, ref, f, n_cols, zero, NR: gl.constexpr,
+                      NS: gl.constexpr, EVEN: gl.constexpr, BF16: gl.constexpr, L2: gl.constexpr):
+        """Pass 3: the gradient exp(x - ref) * f of the on-chip row at g_row (gw_row: the same as 32-bit
+        words), then g_t at column t32 (t32 >= 0) by the thread that wrote that column with the others
+        (vector v is thread v % NT's in both parts; one thread's stores to one address land in program
+        order): no compare per element here."""
+        W: gl.constexpr = gl.num_warps()
+        NT: gl.constexpr = 32 * W
+        VEC: gl.constexpr = 8
+        S0: gl.constexpr = NR * NT * VEC
+        LT: gl.constexpr = gl.SliceLayout(1, L2)
+        owner = (tid == (t32 >> 3) % NT) & (t32 >= 0)
+        g_t = (gl.zeros([NT], gl.float32, LT) + g_t).to(g_row.dtype.element_ty)
+        lo, hi = _unpack(w, BF16)
+        gl.store(gw_row + offw, _pack(gl.exp2((lo - ref) * _LOG2E) * f, gl.exp2((hi - ref) * _LOG2E) * f, BF16))
+        for i in gl.static_range(NS):
+            key = _hybrid_keys(buf, i, 2 * zero, offs, n_cols, 1.0, S0, NT, VEC, NS, EVEN, L2)
+            g = (gl.exp2((key - ref) * _LOG2E) * f).to(g_row.dtype.element_ty)
+            if EVEN or i < NS - 1:
+                gl.store(g_row + S0 + i * NT * VEC + offs, g)
+            else:
+                gl.store(g_row + S0 + i * NT * VEC + offs, g, mask=offs < n_cols - (S0 + i * NT * VEC))
+        gl.store(g_row + gl.where(owner, t32, 0), g_t, mask=owner)
+
+    @gluon.jit
+    def _ce_scale(S, C, row, stride_s, FROM_S: gl.constexpr, DIVIDE: gl.constexpr):
+        """The gradient scale of a row before an ignored row is zeroed (``_scale_of``)."""
+        if FROM_S:
+            c = gl.load(S + row * stride_s).to(gl.float32)
+        else:
+            c = (row * 0 + 1).to(gl.float32)
+        if DIVIDE:
+            c = c / gl.maximum(gl.load(C), 1.0)
+        return c
+
+    @gluon.jit(do_not_specialize=["zero"])  # (never a constant 0 the compiler could fold)
+    def _ce_hybrid_kernel(
+        X, T, LOSS, G, S, C, XW, GW, n_vec, stride_v, stride_gv, stride_s, ignore_index, zero,
+        NR: gl.constexpr, NS: gl.constexpr, EVEN: gl.constexpr, BF16: gl.constexpr, FROM_S: gl.constexpr,
+        DIVIDE: gl.constexpr, WRITE_LOSS: gl.constexpr, WRITE_GRAD: gl.constexpr,
+    ):
+        """Loss row and gradient of one row (see the module docstring). XW, GW: the logits and the
+        gradient viewed as int32; n_vec, stride_v, stride_gv: the row length and the row strides in
+        8-element vectors (every row 16-byte aligned); T: int64 targets; S, C: grad_output and n_valid
+        (read with FROM_S, DIVIDE)."""
+        W: gl.constexpr = gl.num_warps()
+        NT: gl.constexpr = 32 * W
+        VEC: gl.constexpr = 8
+        S0: gl.constexpr = NR * NT * VEC  # first column of the shared part
+        L2: gl.constexpr = gl.BlockedLayout([1, VEC], [32, 1], [W, 1], [1, 0])  # thread t: one 16-byte vector
+        LT: gl.constexpr = gl.SliceLayout(1, L2)
+        L3: gl.constexpr = gl.BlockedLayout([1, NR, 4], [32, 1, 1], [W, 1, 1], [2, 1, 0])  # thread t: NR x 4 words
+        buf, tid, tv, offs, mine = _ring_start(X, NS, VEC, NT, L2)
+        row = gl.program_id(0).to(gl.int64)
+        n_cols = n_vec * VEC
+        _hybrid_copy(mine, X + row * (stride_v * VEC), n_cols, tv, S0, NT, VEC, NS, EVEN, LT)
+        offw = _hybrid_words(NT, NR, L3)
+        w = gl.load(XW + row * (stride_v * 4) + offw)
+        t = gl.load(T + row)
+        # the target's column; -1: ignored, -2: outside [0, V) (one int32 kept, not the int64 and flags)
+        t32 = gl.where(t == ignore_index, -1, gl.where((t < 0) | (t >= n_cols), -2, t)).to(gl.int32)
+        m, ref, s, xt = _ce_row_stats(w, buf, tid, tv, offs, t32, n_cols, zero, NR, NS, EVEN, BF16, L2, L3)
         if WRITE_LOSS:
             loss = gl.where(t32 == -2, float("nan"), (ref - xt) + gl.log(s))
             gl.store(LOSS + row, gl.where(t32 == -1, 0.0, loss))
         if WRITE_GRAD:
-            if FROM_S:
-                c = gl.load(S + row * stride_s).to(gl.float32)
-            else:
-                c = (row * 0 + 1).to(gl.float32)
-            if DIVIDE:
-                c = c / gl.maximum(gl.load(C), 1.0)
-            c = gl.where(t32 == -1, 0.0, c)
+            c = gl.where(t32 == -1, 0.0, _ce_scale(S, C, row, stride_s, FROM_S, DIVIDE))
             f = c / gl.where(s == 0.0, 1.0, s)
-            # the target's element, c * (p_t - 1), is written again after the row by the thread that
-            # wrote it with the others (vector v is thread v % NT's in both parts; one thread's stores
-            # to one address land in program order): no compare per element here
-            g_row = G + row * (stride_gv * VEC)
-            owner = (tid == (t32 >> 3) % NT) & (t32 >= 0)
-            g_t = (gl.zeros([NT], gl.float32, LT) + (gl.exp2((xt - ref) * _LOG2E) * f - c)).to(G.dtype.element_ty)
-            lo, hi = _unpack(w, BF16)
-            gl.store(GW + row * (stride_gv * 4) + offw,
-                     _pack(gl.exp2((lo - ref) * _LOG2E) * f, gl.exp2((hi - ref) * _LOG2E) * f, BF16))
-            for i in gl.static_range(NS):
-                key = _hybrid_keys(buf, i, 2 * zero, offs, n_cols, 1.0, S0, NT, VEC, NS, EVEN, L2)
-                g = (gl.exp2((key - ref) * _LOG2E) * f).to(G.dtype.element_ty)
-                if EVEN or i < NS - 1:
-                    gl.store(g_row + S0 + i * NT * VEC + offs, g)
-                else:
-                    gl.store(g_row + S0 + i * NT * VEC + offs, g, mask=offs < n_cols - (S0 + i * NT * VEC))
-            gl.store(g_row + gl.where(owner, t32, 0), g_t, mask=owner)
+            _ce_grad_pass(GW + row * (stride_gv * 4), G + row * (stride_gv * VEC), w, buf, tid, offw, offs, t32,
+                          gl.exp2((xt - ref) * _LOG2E) * f - c, ref, f, n_cols, zero, NR, NS, EVEN, BF16, L2)
 
 
 def hybrid_maxnreg(num_warps: int) -> int:

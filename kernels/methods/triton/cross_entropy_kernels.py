@@ -30,13 +30,20 @@ tile rows from the softmax forward's table):
   start in order and a waiting program only waits for programs that are already running (a row needs
   at most MAX_SPLITS resident programs). Triton's CPU interpreter runs programs one after another, so
   there the kernel runs as two launches (partials, then outputs). One read, one write per element.
-* Stream (rows longer than TILE_MAX_N that the hybrid path cannot take, no cap): one program per row, an online pass (running max and
-  rescaled sum per lane) and a gradient pass walking the row backwards, so the chunks read last by the
-  first pass are still in L2. Reads the logits twice: 0.59-0.63 of copy on the H200 (V = 50304-262144).
+* Stream (rows longer than TILE_MAX_N that the hybrid and slices paths cannot take, no cap): one
+  program per row, an online pass (running max and rescaled sum per lane) and a gradient pass walking
+  the row backwards, so the chunks read last by the first pass are still in L2. Reads the logits twice:
+  0.59-0.63 of copy on the H200 (V = 50304-262144).
 * Hybrid (the default for 16-bit rows of 16385-65536 columns, 16-byte aligned, on a GPU; else the
   stream path): one Gluon program of 8 warps per row, part of the row in registers, the rest in shared
   memory (:mod:`.cross_entropy_gluon`, the softmax's hybrid forward turned into this row kernel). One
   read, one write: 0.95 of copy at V = 50304 (0.824 ms for 16384 rows), 0.95-0.97 at 65536 (H200).
+* Slices (the default for 16-bit rows of more than 65536 columns, a multiple of 8, up to
+  ``MAX_SLICES`` x 65536, 16-byte aligned, on a GPU; else the stream path): a row cut into S =
+  ceil(V / 65536) slices of about V / S columns, one Gluon program of 8 warps per slice holding it as
+  the hybrid path holds a row, the slices of a row trading (max, sum of exp) through a workspace and an
+  arrival counter as the split path's chunks (tickets, no deadlock) (:mod:`.cross_entropy_slices`).
+  One read, one write: expected ~0.8-0.9 of copy, unmeasured.
 
 Bytes (N x V logits of b bytes; H200 device-to-device copy ~4.2 TB/s): forward with gradient reads
 N V b and writes N V b (the ideal: 16384 x 50304 bf16 is 3.3 GB, 0.78 ms, against 3.16 ms for
@@ -46,7 +53,9 @@ gradient it only reads. Backward: ~0 bytes when grad_output is 1 (one launch of 
 that each read one float and return), else 2 N V b (0.78 ms at that size). Compiled: forward N V b
 (read only), backward 2 N V b. Small extra launches: the target count and range check (N x 8 bytes,
 one program, ``_targets_kernel``), the loss reduction (N x 4, one program, 'mean'/'sum'; a copy for
-'none'), a zeroed counter for the split path. No host-device sync anywhere on the path.
+'none'), a zeroed counter for the split path (the slices path's counters are a cached buffer its
+kernel leaves zeroed: no memset) and 8 bytes of partials per chunk or slice. No host-device sync
+anywhere on the path.
 
 The torch ops and their autograd are in :mod:`kernels.methods.triton.cross_entropy`.
 """
@@ -66,6 +75,8 @@ import triton.language as tl
 
 from kernels.methods.triton.cross_entropy_gluon import (HYBRID_MAX_N, HYBRID_MIN_N, HYBRID_WARPS, hybrid_unusable,
                                                         launch_hybrid)
+from kernels.methods.triton.cross_entropy_slices import (default_slices, launch_slices, slices_reason, slices_shape,
+                                                         slices_unusable)
 from kernels.methods.triton.tile import _split_arrive_and_wait, _split_chunk
 
 LOG2E = tl.constexpr(1.4426950408889634)  # a global a @jit function reads must be a constexpr
@@ -73,14 +84,17 @@ LOG2E = tl.constexpr(1.4426950408889634)  # a global a @jit function reads must 
 #: at 16 warps; 32768 would need 32 warps at 64 registers a thread, one program per SM).
 TILE_MAX_N = 16384
 #: Rows longer than TILE_MAX_N: "hybrid" (16-bit rows of HYBRID_MIN_N + 1 .. HYBRID_MAX_N columns where
-#: ``hybrid_unusable`` says None; the stream path elsewhere), the H200 sweep's winner in its range
-#: (``python -m kernels.methods.triton.ce_sweep``; docs/perf.md: 0.95-0.97 of copy at V = 50304-65536,
-#: against 0.62 for the stream path), "stream" (every other long row: 0.59 of copy at 128256-262144,
+#: ``hybrid_unusable`` says None, the H200 sweep's winner in its range (``python -m
+#: kernels.methods.triton.ce_sweep``; docs/perf.md: 0.95-0.97 of copy at V = 50304-65536, against 0.62
+#: for the stream path); longer 16-bit rows: the slices path where ``slices_unusable`` says None
+#: (unmeasured); the stream path elsewhere), "stream" (every long row: 0.59 of copy at 128256-262144,
 #: against 0.35-0.53 for the split path's best) or "split" (tests force it).
 LONG_PATH = "hybrid"
 #: Hybrid path warps: 8 (the sweep: 0.824 ms at V = 50304 against 1.094 at 16 warps; 1.004 against
 #: 0.986 at 65536).
 HYBRID_CE_WARPS = 8
+#: Slices path warps (8: as the hybrid path; the sweep also times 16, which spills a few registers).
+SLICES_WARPS = 8
 #: Split path: chunk length, warps, most chunks per row (each a resident program while the row waits).
 SPLIT_BLOCK_N = 8192
 SPLIT_WARPS = 8
@@ -304,12 +318,14 @@ def _scale_kernel(G, GO, COUNT, n_rows, n_cols, stride_gr, stride_go, PER_ROW: t
 @dataclass(frozen=True)
 class Plan:
     """How one launch covers the rows: ``path`` is 'tile' (``rows`` rows of ``block_n`` per program),
-    'split' (chunks of ``block_n``, one program each), 'stream' or 'hybrid' (one program per row)."""
+    'split' (chunks of ``block_n``, one program each), 'stream' or 'hybrid' (one program per row) or
+    'slices' (``slices`` slices of at most ``block_n`` columns a row, one program each)."""
 
     path: str
     block_n: int
     rows: int = 1
     num_warps: int = 4
+    slices: int = 0
 
 
 def _next_pow2(n: int) -> int:
@@ -318,7 +334,7 @@ def _next_pow2(n: int) -> int:
 
 def plan(n_cols: int, n_rows: int = 1 << 30, elem_bytes: int = 2, hybrid: bool = True) -> Plan:
     """Launch settings by row length (module constants, so tests can force a path). hybrid=False: the
-    plan for rows the hybrid path cannot take (see ``hybrid_unusable``)."""
+    plan for rows the hybrid or slices path cannot take (see ``hybrid_unusable``, ``slices_unusable``)."""
     block_n = _next_pow2(n_cols)
     if block_n <= TILE_MAX_N:
         if block_n in _TILE:
@@ -331,9 +347,30 @@ def plan(n_cols: int, n_rows: int = 1 << 30, elem_bytes: int = 2, hybrid: bool =
         return Plan("tile", block_n, rows, warps)
     if LONG_PATH == "hybrid" and hybrid and elem_bytes == 2 and HYBRID_MIN_N < n_cols <= HYBRID_MAX_N:
         return Plan("hybrid", block_n, 1, HYBRID_CE_WARPS)
+    if LONG_PATH == "hybrid" and hybrid and elem_bytes == 2 and n_cols > HYBRID_MAX_N:
+        p = slices_plan(n_cols, default_slices(n_cols), SLICES_WARPS)
+        if p is not None:
+            return p
     if LONG_PATH == "split" and -(-n_cols // SPLIT_BLOCK_N) <= MAX_SPLITS:
         return Plan("split", SPLIT_BLOCK_N, 1, SPLIT_WARPS)
     return Plan("stream", STREAM_BLOCK_N, 1, STREAM_WARPS)
+
+
+def slices_plan(n_cols: int, n_slices: int, num_warps: int) -> Optional[Plan]:
+    """The slices plan of rows of n_cols columns in n_slices slices (None where ``slices_reason`` says
+    they cannot be cut so); block_n: the slice length."""
+    if slices_reason(n_cols, n_slices, num_warps):
+        return None
+    return Plan("slices", slices_shape(n_cols, n_slices, num_warps)[0], 1, num_warps, n_slices)
+
+
+def unusable(logits: Tensor, grad: Optional[Tensor], p: Plan) -> Optional[str]:
+    """Why the Gluon plan p (hybrid, slices) cannot take these rows (None: it can, or p is no Gluon plan)."""
+    if p.path == "hybrid":
+        return hybrid_unusable(logits, grad, p.num_warps)
+    if p.path == "slices":
+        return slices_unusable(logits, grad, p.num_warps, p.slices)
+    return None
 
 
 def _device_guard(x: Tensor):
@@ -365,10 +402,10 @@ def launch_ce(logits: Tensor, targets: Tensor, loss_rows: Optional[Tensor], grad
         raise ValueError("launch_ce writes gradients with column stride 1")
     if p is None:
         p = plan(n_cols, n_rows, logits.element_size())
-        if p.path == "hybrid" and hybrid_unusable(logits, grad, p.num_warps):
+        if unusable(logits, grad, p):
             p = plan(n_cols, n_rows, logits.element_size(), hybrid=False)
-    elif p.path == "hybrid":  # (a plan asked for by name: an error, not another path)
-        why = hybrid_unusable(logits, grad, p.num_warps)
+    else:  # (a hybrid or slices plan asked for by name: an error, not another path)
+        why = unusable(logits, grad, p)
         if why:
             raise ValueError(why)
     dummy = logits if grad is None else grad
@@ -399,6 +436,9 @@ def launch_ce(logits: Tensor, targets: Tensor, loss_rows: Optional[Tensor], grad
         elif p.path == "hybrid":
             launch_hybrid(logits, targets, loss_rows, grad, scale, count, stride_s, ignore_index, p.num_warps,
                           {k: v for k, v in flags.items() if k != "num_warps"})
+        elif p.path == "slices":
+            launch_slices(logits, targets, loss_rows, grad, scale, count, stride_s, ignore_index, p.num_warps,
+                          p.slices, {k: v for k, v in flags.items() if k != "num_warps"})
         elif p.path == "stream":
             _ce_stream_kernel[(n_rows,)](*args, n_cols, *strides, BLOCK_N=p.block_n, **flags)
         else:

@@ -202,12 +202,14 @@ def _hybrid_shape(n_cols: int, p: Plan) -> tuple[int, int, bool]:
     return nr, ns, n_vec == (nr + ns) * threads
 
 
-def gluon_unusable(x2: torch.Tensor, causal: bool, p: Plan, dy2: Optional[torch.Tensor] = None) -> Optional[str]:
+def gluon_unusable(x2: torch.Tensor, causal: bool, p: Plan, dy2: Optional[torch.Tensor] = None,
+                   n_cols: Optional[int] = None, name: Optional[str] = None) -> Optional[str]:
     """Why the plan's Gluon path (hybrid forward; ring backward, with dy2) cannot take these rows (None:
     it can): they are Gluon kernels (GPU only, not in Triton's interpreter), copy 16-byte vectors (rows
     and their stride must be 16-byte aligned) and keep part of a row (hybrid) or half a row of y and of
-    dy (ring) in shared memory."""
-    name = "the ring path" if p.ring else "the hybrid path"
+    dy (ring) in shared memory. n_cols: the columns one hybrid program holds, if not a whole row (the
+    cross-entropy's slices); name: the path's name in the reasons."""
+    name = name or ("the ring path" if p.ring else "the hybrid path")
     if causal:
         return f"{name} does not take causal rows"
     if _GLUON_ERROR:
@@ -228,12 +230,12 @@ def gluon_unusable(x2: torch.Tensor, causal: bool, p: Plan, dy2: Optional[torch.
         if slots > ring_slots(x2.device, p):
             return f"a row of {x2.shape[1]} columns does not fit in this GPU's shared memory as {slots} ring slots"
     else:
-        ns = _hybrid_shape(x2.shape[1], p)[1]
+        ns = _hybrid_shape(x2.shape[1] if n_cols is None else n_cols, p)[1]
         if ns <= 0:
-            return "the hybrid path takes rows longer than the part its registers hold"
+            return f"{name} takes rows longer than the part its registers hold"
         smem, need = _smem_per_block(x2.device), ns * 16 * 32 * p.num_warps
         if need > smem - 1024:
-            return f"the hybrid path's {need // 1024} KB of shared memory per row exceed this GPU's {smem // 1024} KB"
+            return f"{name}'s {need // 1024} KB of shared memory per row exceed this GPU's {smem // 1024} KB"
     return None
 
 
