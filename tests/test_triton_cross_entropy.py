@@ -422,3 +422,31 @@ def test_split_path_all_inf_chunks_beside_very_negative_logits(ck, monkeypatch):
     g = torch.softmax(x.double(), -1)
     g[torch.arange(3), t] -= 1
     assert not grad.isnan().any() and torch.allclose(grad.double(), g, atol=1e-6)
+
+
+def test_eager_calls_go_around_the_custom_ops(monkeypatch):
+    """Not compiling, the op function launches the kernels itself (no custom-op dispatch on the host),
+    with and without a gradient, and gives what the ops give."""
+    import kernels.methods.triton.cross_entropy as ce
+
+    x = logits_like((5, 11), torch.float32)
+    t = targets_like((5,), 11)
+    via_ops = {}
+    for red in ("mean", "sum", "none"):
+        xx = x.clone().requires_grad_(True)
+        with torch.no_grad():
+            rows, count, grad = ce.triton_cross_entropy_fwd(xx, t, -100, red, True)
+        via_ops[red] = (ce.triton_cross_entropy_loss(xx, t, rows, count, grad, -100, red), grad)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("an eager call went through a custom op")
+
+    for name in ("triton_cross_entropy_fwd", "triton_cross_entropy_loss", "triton_cross_entropy_bwd"):
+        monkeypatch.setattr(ce, name, refuse)
+    for red in ("mean", "sum", "none"):
+        xx = x.clone().requires_grad_(True)
+        loss = kernels.cross_entropy(xx, t, method="triton", reduction=red)
+        loss.sum().backward()
+        assert torch.equal(loss.detach(), via_ops[red][0]) and torch.equal(xx.grad, via_ops[red][1]), red
+        with torch.no_grad():
+            assert torch.equal(kernels.cross_entropy(x, t, method="triton", reduction=red), via_ops[red][0])

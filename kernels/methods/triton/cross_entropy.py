@@ -9,7 +9,8 @@ is an input of ``_loss`` rather than an output of an op with autograd because AO
 an op output that its own backward mutates. A second backward through the same graph
 (``retain_graph=True``) raises instead of scaling the saved gradient twice.
 
-Under torch.compile the forward computes the loss only and the backward recomputes the gradient with
+Eager calls (not compiling) go around the ops (``_EagerCrossEntropy``: the same kernels without three
+custom-op dispatches on the host). Under torch.compile the forward computes the loss only and the backward recomputes the gradient with
 grad_output folded in (``_grad``: one read of the saved logits, one write): Inductor does not
 reinplace a mutation of a saved tensor (a backward-graph input) and would copy the gradient before
 scaling it, a full pass on top of the forward's write (4 passes instead of 3). The loss is the same
@@ -129,12 +130,43 @@ def _loss_backward(ctx, grad_output: Tensor):
 triton_cross_entropy_loss.register_autograd(_loss_backward, setup_context=_setup_loss)
 
 
+class _EagerCrossEntropy(torch.autograd.Function):
+    """The eager route: the kernels without the custom ops' dispatch (three ops, each a Python dispatch
+    on the host; the same kernels and results): the forward writes the gradient, the backward scales it
+    in place where grad_output is not 1."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, targets: Tensor, ignore_index: int, reduction: str) -> Tensor:
+        rows, count, grad = forward(logits, targets, ignore_index, reduction, True)
+        ctx.save_for_backward(grad, count)
+        ctx.divide = reduction == "mean" and defers_scale(logits.dtype)
+        ctx.backward_done = False
+        return reduce_loss(rows, count, reduction)
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor):
+        if ctx.backward_done:
+            raise RuntimeError(SECOND_BACKWARD)
+        ctx.backward_done = True
+        grad, count = ctx.saved_tensors
+        scale_grad_(grad, grad_output, count if ctx.divide else None)
+        return grad, None, None, None
+
+
 def triton_cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int, reduction: str) -> Tensor:
     """The method's op function (logits (N, V), int64 targets (N,), already checked). Eager: the
-    gradient comes with the forward. Under torch.compile: the forward computes the loss only and the
-    backward recomputes the gradient (one read and one write), because Inductor copies a saved tensor
-    that the backward mutates (a full pass, on top of the forward's write); the loss is the same."""
-    need_grad = logits.requires_grad and torch.is_grad_enabled() and not torch.compiler.is_compiling()
+    gradient comes with the forward, through ``_EagerCrossEntropy`` (no custom-op dispatch), or no
+    gradient at all. Under torch.compile (the ops): the forward computes the loss only and the backward
+    recomputes the gradient (one read and one write), because Inductor copies a saved tensor that the
+    backward mutates (a full pass, on top of the forward's write); the loss is the same."""
+    if not torch.compiler.is_compiling():
+        if logits.dim() != 2 or targets.dtype != torch.int64:  # (the contract's checks ran in kernels)
+            raise ValueError("the triton cross-entropy op takes logits (N, V) and int64 targets (N,)")
+        validate(logits)
+        if logits.requires_grad and torch.is_grad_enabled():
+            return _EagerCrossEntropy.apply(logits, targets, ignore_index, reduction)
+        rows, count, _ = forward(logits, targets, ignore_index, reduction, False)
+        return reduce_loss(rows, count, reduction)
     with torch.no_grad():  # (the same tensor for both ops: a detached alias is materialized twice by Inductor)
-        rows, count, grad = triton_cross_entropy_fwd(logits, targets, ignore_index, reduction, need_grad)
+        rows, count, grad = triton_cross_entropy_fwd(logits, targets, ignore_index, reduction, False)
     return triton_cross_entropy_loss(logits, targets, rows, count, grad, ignore_index, reduction)

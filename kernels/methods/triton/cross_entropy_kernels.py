@@ -73,11 +73,13 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
+from kernels.methods.triton import fastlaunch
 from kernels.methods.triton.cross_entropy_gluon import (HYBRID_MAX_N, HYBRID_MIN_N, HYBRID_WARPS, hybrid_unusable,
                                                         launch_hybrid)
 from kernels.methods.triton.cross_entropy_slices import (default_slices, launch_slices, slices_reason, slices_shape,
                                                          slices_unusable)
 from kernels.methods.triton.tile import _split_arrive_and_wait, _split_chunk
+
 
 LOG2E = tl.constexpr(1.4426950408889634)  # a global a @jit function reads must be a constexpr
 #: Rows up to this many columns are held whole in one program's registers (32 fp32 values per thread
@@ -445,11 +447,17 @@ def launch_ce(logits: Tensor, targets: Tensor, loss_rows: Optional[Tensor], grad
             raise ValueError(f"unknown cross-entropy path {p.path!r}")
 
 
+#: the small kernels around the row kernel (count, reduction, backward scale) go through the direct
+#: launch path (``fastlaunch``: Triton's launcher without ``JITFunction.run``'s per-call Python)
+_launch = fastlaunch.launch
+
+
 def count_targets(targets: Tensor, n_cols: int, ignore_index: int) -> Tensor:
     """(1,) fp32: the targets that are not ignore_index, on the device (and the device-side range check)."""
     count = torch.empty(1, dtype=torch.float32, device=targets.device)
     with _device_guard(targets):
-        _targets_kernel[(1,)](targets, count, targets.shape[0], n_cols, ignore_index, BLOCK=1024, num_warps=4)
+        _launch(_targets_kernel, (1,), (targets, count, targets.shape[0], n_cols, ignore_index),
+                dict(BLOCK=1024, num_warps=4))
     return count
 
 
@@ -459,8 +467,8 @@ def reduce_loss(loss_rows: Tensor, count: Tensor, reduction: str) -> Tensor:
         return loss_rows.clone()
     out = torch.empty((), dtype=torch.float32, device=loss_rows.device)
     with _device_guard(loss_rows):
-        _reduce_kernel[(1,)](loss_rows, count, out, loss_rows.shape[0], MEAN=reduction == "mean", BLOCK=1024,
-                             num_warps=4)
+        _launch(_reduce_kernel, (1,), (loss_rows, count, out, loss_rows.shape[0]),
+                dict(MEAN=reduction == "mean", BLOCK=1024, num_warps=4))
     return out
 
 
@@ -476,10 +484,10 @@ def scale_grad_(grad: Tensor, grad_output: Tensor, count: Optional[Tensor] = Non
     rows = max(1, 4096 // block_n)
     n_tiles = triton.cdiv(n_rows, rows) * triton.cdiv(n_cols, block_n)
     with _device_guard(grad):
-        _scale_kernel[(_persistent_programs(n_tiles, grad.device),)](
-            g2, grad_output, count if count is not None else grad_output, n_rows, n_cols, g2.stride(0),
-            grad_output.stride(0) if per_row else 0, PER_ROW=per_row, DIVIDE=count is not None,
-            ROWS=rows, BLOCK_N=block_n, num_warps=8)
+        _launch(_scale_kernel, (_persistent_programs(n_tiles, grad.device),),
+                (g2, grad_output, count if count is not None else grad_output, n_rows, n_cols, g2.stride(0),
+                 grad_output.stride(0) if per_row else 0),
+                dict(PER_ROW=per_row, DIVIDE=count is not None, ROWS=rows, BLOCK_N=block_n, num_warps=8))
 
 
 def defers_scale(dtype: torch.dtype) -> bool:
