@@ -43,7 +43,8 @@ tile rows from the softmax forward's table):
   ceil(V / 65536) slices of about V / S columns, one Gluon program of 8 warps per slice holding it as
   the hybrid path holds a row, the slices of a row trading (max, sum of exp) through a workspace and an
   arrival counter as the split path's chunks (tickets, no deadlock) (:mod:`.cross_entropy_slices`).
-  One read, one write: expected ~0.8-0.9 of copy, unmeasured.
+  One read, one write: 0.83 of copy at V = 128256 and 262144 (H200: 1.144 ms for 7680 rows of 128256;
+  more slices or 16 warps measured slower, 0.65-0.76).
 
 Bytes (N x V logits of b bytes; H200 device-to-device copy ~4.2 TB/s): forward with gradient reads
 N V b and writes N V b (the ideal: 16384 x 50304 bf16 is 3.3 GB, 0.78 ms, against 3.16 ms for
@@ -89,8 +90,8 @@ TILE_MAX_N = 16384
 #: ``hybrid_unusable`` says None, the H200 sweep's winner in its range (``python -m
 #: kernels.methods.triton.ce_sweep``; docs/perf.md: 0.95-0.97 of copy at V = 50304-65536, against 0.62
 #: for the stream path); longer 16-bit rows: the slices path where ``slices_unusable`` says None
-#: (unmeasured); the stream path elsewhere), "stream" (every long row: 0.59 of copy at 128256-262144,
-#: against 0.35-0.53 for the split path's best) or "split" (tests force it).
+#: (0.83 at 128256-262144); the stream path elsewhere), "stream" (every long row: 0.59 of copy at
+#: 128256-262144, against 0.35-0.53 for the split path's best) or "split" (tests force it).
 LONG_PATH = "hybrid"
 #: Hybrid path warps: 8 (the sweep: 0.824 ms at V = 50304 against 1.094 at 16 warps; 1.004 against
 #: 0.986 at 65536).

@@ -28,9 +28,10 @@ correct on every replay, the cached buffer never allocated from the graph's pool
 
 Bytes: one read and, with the gradient, one write per element (the one-read-one-write ideal) plus 8
 bytes of partials per slice; the stream path it replaces reads the logits twice (0.59 of copy on the
-H200 at V = 128256-262144). Expected ~0.8-0.9 of copy, unmeasured. At 8 warps a slice of 64K columns
-takes 112 KB of shared memory (one program per H200 SM), 96 KB at 16 warps (two); ``ce_sweep`` times
-both warps and more slices. The kernel is defined only where this Triton has Gluon;
+H200 at V = 128256-262144). Measured on the H200 (docs/perf.md): 0.83 of copy at V = 128256 (2
+slices) and 262144 (4), 8 warps; at 8 warps a slice of 64K columns takes 112 KB of shared memory (one
+program per SM), yet one more slice (two programs an SM) measured 0.76, twice as many 0.70, and 16
+warps 0.65-0.75 (``ce_sweep`` times them all). The kernel is defined only where this Triton has Gluon;
 ``slices_unusable`` says when it cannot run.
 """
 
