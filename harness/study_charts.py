@@ -232,6 +232,9 @@ def plot_scaling(rows: list, out: Path, cfg, device: str) -> None:
             ax.set_yticks([])
             ax.text(0.5, 0.5, "not measured here" + (" (the CPU records no peak memory)" if key == "peak_mem_gib"
                                                      else ""), ha="center", va="center", transform=ax.transAxes)
+        if ooms and drawn:  # room above (memory) or below (throughput) the data for the OOM marks
+            lo, hi = ax.get_ylim()
+            ax.set_ylim(lo, hi + 0.15 * (hi - lo)) if key == "peak_mem_gib" else ax.set_ylim(lo - 0.15 * (hi - lo), hi)
         stacked: dict = {}
         for x, color, label in ooms:
             # in axes height: at the top (memory: past what fits) or the bottom (throughput: none)
