@@ -357,6 +357,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 import kernels.methods.triton.cross_entropy_kernels as K
+import kernels.methods.triton.cross_entropy_reduction as R
 P = "*bf16"
 common = {"X": P, "T": "*i64", "LOSS": "*fp32", "G": P, "S": "*fp32", "C": "*fp32"}
 strides = {"stride_xr": "i64", "stride_xc": "i64", "stride_gr": "i64", "stride_s": "i32", "ignore_index": "i32"}
@@ -366,10 +367,10 @@ cases = [
     (K._ce_split_kernel, {**common, "CNT": "*i32", "STAT": "*fp32", "n_cols": "i32", "splits": "i32", **strides},
      {"BLOCK_N": 8192, "SPLITS_P2": 8, **flags, "PHASE": 0}, 8),
     (K._ce_stream_kernel, {**common, "n_cols": "i32", **strides}, {"BLOCK_N": 4096, **flags}, 8),
-    (K._reduce_kernel, {"LOSS": "*fp32", "COUNT": "*fp32", "OUT": "*fp32", "n_rows": "i32"}, {"MEAN": True, "BLOCK": 1024}, 4),
-    (K._scale_kernel, {"G": P, "GO": "*fp32", "COUNT": "*fp32", "n_rows": "i32", "n_cols": "i32", "stride_gr": "i64",
+    (R._reduce_kernel, {"LOSS": "*fp32", "COUNT": "*fp32", "OUT": "*fp32", "n_rows": "i32"}, {"MEAN": True, "BLOCK": 1024}, 4),
+    (R._scale_kernel, {"G": P, "GO": "*fp32", "COUNT": "*fp32", "n_rows": "i32", "n_cols": "i32", "stride_gr": "i64",
                        "stride_go": "i32"}, {"PER_ROW": False, "DIVIDE": False, "ROWS": 4, "BLOCK_N": 1024}, 8),
-    (K._targets_kernel, {"T": "*i64", "COUNT": "*fp32", "n_rows": "i32", "n_cols": "i32", "ignore_index": "i32"},
+    (R._targets_kernel, {"T": "*i64", "COUNT": "*fp32", "n_rows": "i32", "n_cols": "i32", "ignore_index": "i32"},
      {"BLOCK": 1024}, 4),
 ]
 for fn, sig, const, warps in cases:

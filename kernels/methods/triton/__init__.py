@@ -71,7 +71,9 @@ Modules (host side, then kernels, then what runs them):
   does, the compiled kernel's launcher called with it; the plain ``kernel[grid]`` otherwise).
 * ``cross_entropy_kernels`` / ``cross_entropy`` / ``linear_cross_entropy``: the loss softmax (kernels,
   torch ops, the chunked linear cross-entropy); their own docstrings give the paths and bytes.
-  ``cross_entropy_gluon``: its hybrid path (Gluon, 16-bit rows of 16385-65536 columns);
+  ``cross_entropy_reduction``: the kernels around the row kernels (target count, loss reduction,
+  the backward's scale); ``cross_entropy_gluon``: its hybrid path (Gluon, 16-bit rows of 16385-65536
+  columns);
   ``cross_entropy_slices``: its slices path (Gluon, longer 16-bit rows cut into slices of at most 65536
   columns that trade (max, sum) per row).
 * ``sweep``: the launch-table sweep (``python -m kernels.methods.triton.sweep``, also

@@ -10,8 +10,8 @@ an op output that its own backward mutates. A second backward through the same g
 (``retain_graph=True``) raises instead of scaling the saved gradient twice.
 
 Eager calls (not compiling) go around the ops (``_EagerCrossEntropy``: the same kernels without three
-custom-op dispatches on the host). Under torch.compile the forward computes the loss only and the backward recomputes the gradient with
-grad_output folded in (``_grad``: one read of the saved logits, one write): Inductor does not
+custom-op dispatches on the host). Under torch.compile the forward computes the loss only and the
+backward recomputes the gradient with grad_output folded in (``_grad``: one read of the saved logits, one write): Inductor does not
 reinplace a mutation of a saved tensor (a backward-graph input) and would copy the gradient before
 scaling it, a full pass on top of the forward's write (4 passes instead of 3). The loss is the same
 kernel's; nothing is mutated, so a second compiled backward (where PyTorch allows one) is right too.
