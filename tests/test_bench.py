@@ -184,3 +184,18 @@ def test_launch_table_measures_both_triton_launch_paths():
     assert [d for _, d in paths] == [True, False] and paths[1][0] == "plain"
     assert (paths[0][0] == "direct") == (fastlaunch.unsupported_reason() is None)
     assert _launch_paths("torch") == [("", None)]
+
+
+def test_error_text_keeps_the_allocator_account_of_an_out_of_memory_error():
+    """A table row that ran out of memory says how much PyTorch allocated and reserved (whose memory
+    filled the GPU), which CUDA's message gives past the first 200 characters; other errors: one line."""
+    from harness.bench.common import error_text
+
+    msg = ("CUDA out of memory. Tried to allocate 1024.00 MiB. GPU 0 has a total capacity of 139.80 GiB of which "
+           "119.12 MiB is free. Including non-PyTorch memory, this process has 139.68 GiB memory in use. Of the "
+           "allocated memory 1.00 GiB is allocated by PyTorch, and 2.50 GiB is reserved by PyTorch but unallocated. "
+           "If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF")
+    text = error_text(torch.OutOfMemoryError(msg))
+    assert text.startswith("OutOfMemoryError: CUDA out of memory.") and len(text) < 400
+    assert "1.00 GiB is allocated by PyTorch, and 2.50 GiB is reserved by PyTorch but unallocated" in text
+    assert error_text(ValueError("short\nsecond line")) == "ValueError: short"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import gc
 import io
+import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
@@ -76,4 +77,9 @@ def write_rows_csv(rows: list, path: Path) -> None:
 
 
 def error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    """The error's type and first line (200 characters); for CUDA's out-of-memory error also its account
+    of what PyTorch allocated and reserved (past those 200), which says whose memory filled the GPU."""
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    text = f"{type(exc).__name__}: {first[:200]}"
+    held = re.search(r"Of the allocated memory .*? reserved by PyTorch but unallocated", first)
+    return text + (f" [{held.group(0)}]" if held and held.group(0) not in text else "")
