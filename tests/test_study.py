@@ -245,6 +245,19 @@ def test_context_sweep_charts_and_records_an_oom(tmp_path, monkeypatch):
     assert (tmp_path.parent / "sweep-report" / "scaling.png").exists()
 
 
+def test_model_sweep_runs_each_model_with_its_own_shape(tmp_path):
+    """study.sweep=model: a point per model config, labelled by its name, at the model's own context
+    and batch (tiny: 128 x 8, not the quick config's 64 x 4), the report's sections named so."""
+    cfg = sm.study_cfg("trainer.max_steps=6", "trainer.warmup_steps=2", "trainer.window=3",
+                       "study.methods=[torch,naive]", "study.sweep=model", "study.models=[tiny]", "study.parity_tol=0.05")
+    rows = run_study(cfg, tmp_path)
+    assert [(r.point, r.method, r.status) for r in rows] == [("tiny", "torch", "REFERENCE"), ("tiny", "naive", "PASS")]
+    assert all(r.point_values == {"model": "tiny", "context": 128, "batch_size": 8} for r in rows)
+    assert "## tiny" in (tmp_path / "report.md").read_text()
+    done = json.loads((tmp_path / "runs" / "tiny" / "naive" / "results.json").read_text())
+    assert done["model"]["context"] == 128 and done["data"]["batch_size"] == 8
+
+
 def _write_run(d: Path, method: str, max_steps: int, curve: list, tps: float, **extra) -> None:
     d.mkdir(parents=True)
     res = {"status": "completed", "method": method, "compile_model": False, "exact": True, "seed": 1,
