@@ -24,3 +24,45 @@ def report(k) -> dict:
             usage = subprocess.run([str(cuobjdump), "-res-usage", f.name], capture_output=True, text=True).stdout
     return {"offsets": [int(o) for o in re.findall(r"@global_smem, i32 (\d+)\)", k.asm["llir"])],
             "shared": k.metadata.shared, "ptx": k.asm["ptx"], "usage": usage}
+
+
+def compile_cases(script: str, cases: list[str], timeout: int = 900) -> list[dict]:
+    """Run a compile script (its cases as arguments; it prints one JSON line per case, ``report(k)`` and
+    ``case`` among them) in a subprocess without TRITON_INTERPRET, with the repository importable; the
+    Python of HARNESS_COMPILE_PYTHON where set (e.g. a venv with another Triton). The results, in order."""
+    import json
+    import os
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
+    python = os.environ.get("HARNESS_COMPILE_PYTHON") or sys.executable
+    run = subprocess.run([python, "-c", script, *cases], capture_output=True, text=True, env=env, timeout=timeout)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    assert [r["case"] for r in results] == cases
+    return results
+
+
+def check_hybrid_layout(r: dict, warps: int, grad: bool, maxnreg: int) -> None:
+    """What a compiled hybrid-style row kernel (part of a row in registers, the rest copied by cp.async
+    into a shared buffer at offset 0, ``r["ns"]`` 16-byte slots a thread) must show: the buffer within
+    the kernel's shared memory and at its start (constant offsets below its end are slots with the
+    gradient, a reduction's scratch past it), vector stores exactly with the gradient, nothing in local
+    memory, registers within maxnreg, and a pointer or two on the stack at 8 warps (the plans'), a few
+    spilled words at most at 16 (64 registers; Triton 3.6 spills 104 bytes of the hybrid kernel there)."""
+    slot = 16 * 32 * warps
+    buffer = r["ns"] * slot
+    case = r["case"]
+    assert buffer <= r["shared"], case
+    assert any(o >= buffer for o in r["offsets"]), (case, r["offsets"])  # the first reduction's scratch
+    if grad:  # (without it the buffer dies after pass 2, and the last reduction's scratch may reuse it,
+        # behind the barrier Triton puts before a write over what was read)
+        assert all(o % slot == 0 for o in r["offsets"] if o < buffer), (case, r["offsets"])
+    assert "cp.async.cg.shared.global" in r["ptx"] and "cp.async.wait_group 0;" in r["ptx"], case
+    assert ("st.global.v4" in r["ptx"]) == grad, case
+    if r["usage"]:
+        u = r["usage"]
+        assert re.search(r"LOCAL:0\b", u), (case, u)
+        assert int(re.search(r"REG:(\d+)", u).group(1)) <= maxnreg, (case, u)
+        assert int(re.search(r"STACK:(\d+)", u).group(1)) <= (16 if warps == 8 else 128), (case, u)

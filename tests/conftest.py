@@ -41,3 +41,11 @@ def pytest_collection_modifyitems(config, items):
 def seeded():
     torch.manual_seed(0)
     return torch.Generator().manual_seed(0)
+
+
+@pytest.fixture
+def ck():
+    """The Triton cross-entropy's row kernels and plans (imported late: after TRITON_INTERPRET is set)."""
+    from kernels.methods.triton import cross_entropy_kernels
+
+    return cross_entropy_kernels

@@ -21,13 +21,6 @@ OPS = torch.ops.softmax_harness
 
 
 @pytest.fixture
-def ck():
-    from kernels.methods.triton import cross_entropy_kernels
-
-    return cross_entropy_kernels
-
-
-@pytest.fixture
 def lce():
     from kernels.methods.triton import linear_cross_entropy
 

@@ -8,12 +8,6 @@ hybrid path is never taken."""
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -21,18 +15,12 @@ import torch
 
 import kernels
 from kernels.methods.triton import availability, plan as tp
+from tests.compiled_report import check_hybrid_layout, compile_cases
 from tests.helpers import ce_rows_reference
 from tests.test_cross_entropy import DEVICE
 
 pytestmark = [pytest.mark.skipif("triton" not in kernels.runnable_methods(), reason="triton cannot run here"),
               pytest.mark.filterwarnings("ignore::RuntimeWarning")]
-
-
-@pytest.fixture
-def ck():
-    from kernels.methods.triton import cross_entropy_kernels
-
-    return cross_entropy_kernels
 
 
 @pytest.fixture
@@ -80,32 +68,11 @@ def test_hybrid_kernel_compiles_for_sm90_with_its_buffer_at_the_start_of_shared_
         pytest.skip(availability._GLUON_ERROR)
     cases = ["bf16:65536:1:16", "fp16:50304:1:16", "bf16:50304:0:16", "fp16:65536:0:16", "bf16:50304:1:8",
              "fp16:65536:1:8"]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
-    run = subprocess.run([sys.executable, "-c", _COMPILE, *cases], capture_output=True, text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    results = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-    assert [r["case"] for r in results] == cases
-    for r in results:
+    for r in compile_cases(_COMPILE, cases, timeout=600):
         dtype, v, grad, warps = r["case"].split(":")
-        slot = 16 * 32 * int(warps)
-        buffer = r["ns"] * slot
-        assert buffer <= r["shared"], r["case"]
-        if warps == "16":
+        check_hybrid_layout(r, int(warps), grad == "1", cg.hybrid_maxnreg(int(warps)))
+        if warps == "16":  # two programs an H200 SM
             assert r["shared"] <= 227 * 1024 // 2, r["case"]
-        assert any(o >= buffer for o in r["offsets"]), (r["case"], r["offsets"])  # the first reduction's scratch
-        if grad == "1":  # (without it the buffer dies after pass 2, and the last reduction's scratch may
-            # reuse it, behind the barrier Triton puts before a write over what was read)
-            assert all(o % slot == 0 for o in r["offsets"] if o < buffer), (r["case"], r["offsets"])
-        assert "cp.async.cg.shared.global" in r["ptx"] and "cp.async.wait_group 0;" in r["ptx"]
-        assert ("st.global.v4" in r["ptx"]) == (grad == "1"), r["case"]
-        if r["usage"]:
-            u = r["usage"]
-            assert re.search(r"LOCAL:0\b", u), (r["case"], u)
-            assert int(re.search(r"REG:(\d+)", u).group(1)) <= cg.hybrid_maxnreg(int(warps)), (r["case"], u)
-            # the default (8 warps): a pointer or two; 16 warps (a sweep candidate) at 64 registers spills
-            # a few words with the gradient under Triton 3.6 (104 bytes, fp16 at 50304)
-            assert int(re.search(r"STACK:(\d+)", u).group(1)) <= (16 if warps == "8" else 128), (r["case"], u)
 
 
 class _FakeRows:

@@ -11,30 +11,19 @@ another Triton)."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import kernels
 from kernels.methods.triton import availability, plan as tp
+from tests.compiled_report import check_hybrid_layout, compile_cases
 from tests.test_cross_entropy import DEVICE
 from tests.test_triton_cross_entropy_hybrid import DTYPES, _check, _err, _FakeRows, _inputs
 
 pytestmark = [pytest.mark.skipif("triton" not in kernels.runnable_methods(), reason="triton cannot run here"),
               pytest.mark.filterwarnings("ignore::RuntimeWarning")]
-
-
-@pytest.fixture
-def ck():
-    from kernels.methods.triton import cross_entropy_kernels
-
-    return cross_entropy_kernels
 
 
 @pytest.fixture
@@ -86,23 +75,11 @@ def test_slices_kernel_compiles_for_sm90(cs):
         pytest.skip(availability._GLUON_ERROR)
     cases = ["bf16:128256:1:8:2", "fp16:262144:1:8:4", "bf16:100000:0:8:2", "fp16:65544:1:8:2",
              "bf16:300000:1:8:5", "fp16:1048576:1:8:16", "bf16:128256:1:16:2", "bf16:262144:0:16:4"]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
-    python = os.environ.get("HARNESS_COMPILE_PYTHON") or sys.executable
-    run = subprocess.run([python, "-c", _COMPILE, *cases], capture_output=True, text=True, env=env, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    results = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-    assert [r["case"] for r in results] == cases
-    for r in results:
+    for r in compile_cases(_COMPILE, cases):
         dtype, v, grad, warps, n_slices = r["case"].split(":")
-        slot = 16 * 32 * int(warps)
-        buffer, ptx = r["ns"] * slot, r["ptx"]
-        assert buffer <= r["shared"] <= 227 * 1024, r["case"]
-        assert any(o >= buffer for o in r["offsets"]), (r["case"], r["offsets"])
-        if grad == "1":
-            assert all(o % slot == 0 for o in r["offsets"] if o < buffer), (r["case"], r["offsets"])
-        assert "cp.async.cg.shared.global" in ptx and "cp.async.wait_group 0;" in ptx
-        assert ("st.global.v4" in ptx) == (grad == "1"), r["case"]
+        check_hybrid_layout(r, int(warps), grad == "1", cs.hybrid_maxnreg(int(warps)))
+        buffer, ptx = r["ns"] * 16 * 32 * int(warps), r["ptx"]
+        assert r["shared"] <= 227 * 1024, r["case"]
         ticket = ptx.index("atom.global.gpu.relaxed.add")  # the first atomic: the ticket
         first_ld = re.search(_SMEM_OFFSET, ptx[ticket:])
         assert first_ld and int(first_ld.group(1) or 0) >= buffer, (r["case"], first_ld and first_ld.group(0))
@@ -110,11 +87,6 @@ def test_slices_kernel_compiles_for_sm90(cs):
         partials = ptx.rindex("st.global.b32", 0, arrive)
         assert "bar.sync" in ptx[partials:arrive], r["case"]
         assert re.search(r"(ld\.global\.gpu\.acquire|atom\.global\.gpu\.acquire)", ptx[arrive:]), r["case"]
-        if r["usage"]:
-            u = r["usage"]
-            assert re.search(r"LOCAL:0\b", u), (r["case"], u)
-            assert int(re.search(r"REG:(\d+)", u).group(1)) <= cs.hybrid_maxnreg(int(warps)), (r["case"], u)
-            assert int(re.search(r"STACK:(\d+)", u).group(1)) <= (16 if warps == "8" else 128), (r["case"], u)
 
 
 def test_slices_shape_and_reasons(cs):
