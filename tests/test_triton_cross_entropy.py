@@ -251,7 +251,7 @@ def test_fullgraph_compile_of_the_model_with_the_triton_loss():
 def test_linear_chunks_and_memory_at_the_gpt2_size(lce):
     """Chunks of equal size that cover the rows; at 16384 x 768 hidden and a 50304-token vocabulary in
     bf16 the extra memory stays within 0.5 GiB."""
-    assert lce.chunk_rows(16384, 50304, 2) == 2048
+    assert lce.chunk_rows(16384, 50304, 2) == 3280  # 5 chunks
     assert lce.extra_bytes(16384, 768, 50304, 2) <= 0.5 * 2**30
     for n, v, es in ((1, 7, 4), (100, 50304, 2), (16385, 50304, 2), (4096, 262144, 4)):
         rows = lce.chunk_rows(n, v, es)
@@ -337,7 +337,11 @@ def test_linear_on_the_gpu_matches_the_composed_form_within_half_a_gib(lce, redu
     with torch.autocast("cuda", dtype=torch.bfloat16):
         ref = F.cross_entropy(F.linear(h, w), t, reduction=reduction)
     ref.backward(dy)
-    assert _gpu_error(loss, ref) <= 1e-3
+    # the loss against float64 logits of the same bf16 inputs (the composed form's per-row losses come out
+    # rounded to bf16 precision, 1.6e-3 off in norm, so they cannot judge 1e-3)
+    with torch.no_grad():
+        exact = F.cross_entropy(h.bfloat16().double() @ w.bfloat16().double().T, t, reduction=reduction)
+    assert _gpu_error(loss, exact) <= 1e-3
     assert _gpu_error(gh, h.grad) <= 2e-2 and _gpu_error(gw, w.grad) <= 2e-2
     # beyond the inputs: the bf16 casts of h and w, the fp32 gradients (which the composed form needs too)
     inputs_cast = (16384 + 50304) * 768 * 2

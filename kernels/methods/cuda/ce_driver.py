@@ -29,10 +29,10 @@ accumulated in float32 (one buffer over all chunks, cast to the weight's dtype a
 gradients would underflow: there it scales the two small gradients), the backward only scales the two
 gradients by grad_output. ``none``:
 the forward computes the losses only, the backward runs the chunks again with the per-row grad_output as
-the gradient scale. Extra memory: one chunk of logits (:func:`default_chunk_rows`: at most 256 MiB of
-them), the float32 weight gradient and the hidden gradient; at 16384 x 768 hidden, 50304 x 768 weight,
-bf16: 2560-row chunks, about 0.41 GiB in all. Under ``torch.autocast`` hidden and weight are cast to the
-autocast dtype before the op (the casts' backward carries the gradients back to the inputs' dtypes).
+the gradient scale. Extra memory: one chunk of logits (:func:`default_chunk_rows`: at most 350 MiB of
+them, in chunks of one size), the float32 weight gradient and the hidden gradient; at 16384 x 768
+hidden, 50304 x 768 weight, bf16: 5 chunks of 3280 rows, about 0.47 GiB in all. Under ``torch.autocast``
+hidden and weight are cast to the autocast dtype before the op (the casts' backward carries the gradients back to the inputs' dtypes).
 
 Each ``make_*`` registers its forward (and backward) as ``torch.library.custom_op``s
 (``softmax_harness::{name}_fwd`` ...) with fake implementations, so ``torch.compile(fullgraph=True)``
@@ -52,20 +52,18 @@ from typing import Callable, Optional
 
 import torch
 
+from kernels import chunking
+
 CeRows = Callable[..., torch.Tensor]
 ScaleGrad = Callable[[torch.Tensor, torch.Tensor], None]
 
-#: Bytes of logits one chunk may hold (the driver's main extra memory).
-CHUNK_BYTES = 256 << 20
+#: Bytes of logits one chunk may hold (the driver's main extra memory; :mod:`kernels.chunking`: why).
+CHUNK_BYTES = chunking.CHUNK_BYTES
 
 
 def default_chunk_rows(n: int, v: int, itemsize: int, budget_bytes: int = CHUNK_BYTES) -> int:
-    """Rows per chunk: as many as keep one chunk of (rows, v) logits within ``budget_bytes``, a multiple
-    of 128 (whole cuBLAS tiles) when there are that many, at most n."""
-    rows = max(1, budget_bytes // max(1, v * itemsize))
-    if rows >= 128:
-        rows = rows // 128 * 128
-    return max(1, min(n, rows))
+    """Rows per chunk: the fewest equal chunks of at most ``budget_bytes`` of (rows, v) logits."""
+    return chunking.chunk_rows(n, v, itemsize, budget_bytes)
 
 
 # float32 accumulation of a 16-bit product into an existing float32 buffer: cuBLAS with C = the buffer

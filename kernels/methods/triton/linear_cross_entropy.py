@@ -25,8 +25,9 @@ Bytes and memory (N tokens, C hidden, V vocabulary, b bytes): the GEMMs (6 N C V
 the cross-entropy moves 2 N V b (one read and one write of each chunk, which stays in L2 only for
 small chunks); grad_weight's fp32 accumulator is read and written once per chunk inside the GEMM
 (V C x 8 bytes per chunk; chunks of >= 1024 rows keep that GEMM compute-bound). Extra memory:
-one logits chunk (``LINEAR_CHUNK_BYTES``), grad_hidden, the fp32 accumulator and the cast gradient
-(``extra_bytes``): 442 MiB at N = 16384, C = 768, V = 50304 in bf16 (chunks of 2048 tokens).
+one logits chunk (``LINEAR_CHUNK_BYTES``), grad_hidden and the fp32 accumulator during the chunks, then
+the cast gradient once the chunk is freed (``extra_bytes`` bounds it): about 0.47 GiB at N = 16384,
+C = 768, V = 50304 in bf16 (5 chunks of 3280 tokens).
 """
 
 from __future__ import annotations
@@ -36,32 +37,30 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from kernels import chunking
 from kernels.methods.triton.cross_entropy import SECOND_BACKWARD, triton_cross_entropy_bwd
 from kernels.methods.triton.cross_entropy_kernels import count_targets, defers_scale, launch_ce, reduce_loss, validate
 
-#: Bytes of one chunk's logits (rows are rounded down to a multiple of 64, then balanced over chunks).
-LINEAR_CHUNK_BYTES = 200 * 2**20
+#: Bytes of one chunk's logits (:mod:`kernels.chunking`: why 350 MiB).
+LINEAR_CHUNK_BYTES = chunking.CHUNK_BYTES
 _WEIGHT_GRAD_MODE: dict = {}
 
 
 def chunk_rows(n_rows: int, n_cols: int, elem_bytes: int) -> int:
-    """Tokens per chunk: at most LINEAR_CHUNK_BYTES of logits, chunks of equal size (multiples of 8)."""
-    cap = max(1, LINEAR_CHUNK_BYTES // (n_cols * elem_bytes))
-    if cap >= 64:
-        cap -= cap % 64
-    chunks = -(-n_rows // cap)
-    rows = -(-n_rows // chunks)
-    return min(cap, -(-rows // 8) * 8) if rows > 8 else rows
+    """Tokens per chunk: the fewest equal chunks of at most LINEAR_CHUNK_BYTES of logits."""
+    return chunking.chunk_rows(n_rows, n_cols, elem_bytes, LINEAR_CHUNK_BYTES)
 
 
 def extra_bytes(n_rows: int, hidden_dim: int, n_cols: int, elem_bytes: int) -> int:
     """An upper bound of what the forward allocates beyond its inputs when both gradients are needed:
-    a logits chunk, grad_hidden, the fp32 grad_weight and its cast, loss rows and workspaces."""
+    grad_hidden and the fp32 grad_weight throughout, with a logits chunk, loss rows and workspaces
+    during the chunks, then the cast grad_weight (the chunk is freed first)."""
     rows = chunk_rows(n_rows, n_cols, elem_bytes)
     splits = -(-n_cols // 1024)
     work = rows * splits * 8 + (rows + 1) * 4 + n_rows * 4 + 64
     cast = n_cols * hidden_dim * elem_bytes if elem_bytes != 4 else 0
-    return rows * n_cols * elem_bytes + n_rows * hidden_dim * elem_bytes + n_cols * hidden_dim * 4 + cast + work
+    held = n_rows * hidden_dim * elem_bytes + n_cols * hidden_dim * 4
+    return held + max(rows * n_cols * elem_bytes + work, cast)
 
 
 def _accumulate(mode: str, acc: Tensor, a: Tensor, b: Tensor, tmp: Optional[Tensor]) -> None:
@@ -127,6 +126,7 @@ def _chunked(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int,
                 torch.mm(logits, weight, out=gh[s:e])  # (rows, C)
             if acc is not None:
                 _accumulate(mode, acc, logits.t(), h, tmp)  # (V, C)
+        del logits, h  # (views of the chunk: the buffer is freed before the cast below, not after it)
     del buf
     gh = hidden.new_empty(0) if gh is None else gh  # (two distinct empties: op outputs may not alias)
     if acc is None:
