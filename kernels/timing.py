@@ -46,9 +46,13 @@ def bench_graph_ms(fn: Callable[[], object], rep_ms: int = 100) -> tuple[float, 
     try:
         with torch.cuda.graph(graph):
             fn()
+        failed = False
     except Exception:
+        failed = True
+    if failed:
         # A failed capture keeps its private memory pool (every tensor fn allocated inside it) until the
         # graph is gone: drop it and hand the memory back, or a table of several sizes runs out of memory.
+        # (Outside the except block: the exception's traceback would keep the graph alive.)
         del graph
         gc.collect()
         torch.cuda.synchronize()

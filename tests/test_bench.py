@@ -199,3 +199,27 @@ def test_error_text_keeps_the_allocator_account_of_an_out_of_memory_error():
     assert text.startswith("OutOfMemoryError: CUDA out of memory.") and len(text) < 400
     assert "1.00 GiB is allocated by PyTorch, and 2.50 GiB is reserved by PyTorch but unallocated" in text
     assert error_text(ValueError("short\nsecond line")) == "ValueError: short"
+
+
+def test_loss_table_measures_each_group_in_its_own_process(tmp_path):
+    """isolate=True (the GPU default): each vocabulary's rows and the linear rows come back from a fresh
+    process, checked and timed as in-process ones are."""
+    from harness.bench import loss
+
+    rows = loss.run_loss_bench(["torch"], [33], 16, (8, 12, 33), tmp_path, rep_ms=5, isolate=True)
+    assert [(r.method, r.op, r.autocast) for r in rows] == [
+        ("torch", "cross_entropy", False), ("torch", "cross_entropy", True), ("torch", "linear_cross_entropy", False)]
+    assert all(r.correct and r.fwd_bwd_ms and not r.error for r in rows)
+
+
+def test_loss_table_says_when_a_group_process_dies(tmp_path, monkeypatch):
+    from harness.bench import loss
+
+    def dies(isolate, fn, *args):
+        raise RuntimeError("A process in the process pool was terminated abruptly")
+
+    monkeypatch.setattr(loss, "_isolated", dies)
+    rows = loss.run_loss_bench(["torch"], [33], 16, (8, 12, 33), tmp_path, rep_ms=5)
+    assert [r.op for r in rows] == ["cross_entropy", "linear_cross_entropy"]
+    assert all("the measuring process failed" in r.error and "terminated abruptly" in r.error for r in rows)
+    assert "the measuring process failed" in (tmp_path / "loss.md").read_text()

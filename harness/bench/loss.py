@@ -8,7 +8,9 @@ the logits and one write of their gradient at the copy bandwidth measured in the
 extra memory (peak allocated during forward + backward above what was allocated before, the
 gradient included). Then the linear cross-entropy (hidden (tokens, C) @ weight (V, C).T, no full
 logits for the methods that implement it natively). Every method's loss and gradient are checked
-against float64 on the first rows first; a wrong result gets no ratio.
+against float64 on the first rows first; a wrong result gets no ratio. On a GPU each vocabulary's rows,
+and the linear rows, are measured in a fresh process (``_isolated``): what one row leaves on the device
+cannot starve the next; ``held_gib`` still says what each row left behind within its group.
 """
 
 from __future__ import annotations
@@ -137,28 +139,60 @@ def measure_linear(method: str, tokens: int, hidden: int, vocab: int, device: st
     return row
 
 
+def _vocab_rows(methods: Optional[list[str]], v: int, tokens: int, device: str, rep_ms: int) -> list[LossRow]:
+    """Every method's cross-entropy at one vocabulary (``torch`` also under autocast)."""
+    n = max(1, min(tokens, (2**32 // 2) // v))  # at most 4 GiB of bf16 logits
+    rows = []
+    for m in methods or default_methods():
+        rows.append(measure_ce(m, n, v, device, rep_ms))
+        if m == "torch":  # what a model's loss costs under autocast
+            rows.append(measure_ce(m, n, v, device, rep_ms, autocast=True))
+    return rows
+
+
+def _linear_rows(methods: Optional[list[str]], linear: tuple, device: str, rep_ms: int) -> list[LossRow]:
+    tok, c, v = linear
+    lin_methods = ([x for x in methods if kernels.get_method(x).provides("linear_cross_entropy")] if methods
+                   else default_methods("linear_cross_entropy"))
+    return [measure_linear(m, tok, c, v, device, rep_ms) for m in lin_methods]
+
+
+def _isolated(isolate: bool, fn, *args) -> list[LossRow]:
+    """``fn(*args)``, in a fresh process when ``isolate`` (on a GPU): one group's rows cannot leave memory behind for the next
+    (in one process the 32768 and 50304 rows ran out of memory after the larger ones while PyTorch held
+    1-4 GiB and the device 139 GiB: graph pools and library caches that no ``empty_cache`` returned). A
+    child that dies (a device-side assert, a crash) costs its group only: the rows say so."""
+    if not isolate:
+        return fn(*args)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
 def run_loss_bench(methods: Optional[list[str]], vocabs: list[int], tokens: int, linear: Optional[tuple], out: Path,
-                   rep_ms: int = 100) -> list[LossRow]:
+                   rep_ms: int = 100, isolate: Optional[bool] = None) -> list[LossRow]:
+    """The table; each vocabulary's rows and the linear rows measured in a process of their own when
+    ``isolate`` (None: on a GPU)."""
     from harness.env import environment
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    isolate = device == "cuda" if isolate is None else isolate
     copy_gbs = copy_bandwidth(device, nbytes=2**30 if device == "cuda" else 2**22)
+    free_memory()
     rows: list[LossRow] = []
-    # the largest vocabulary first, while the GPU's memory is at its cleanest: in one H200 run the
-    # 262144 row, measured last, found the process holding 139 GiB (held_gib says after which row)
     for v in sorted(vocabs, reverse=True):
-        n = max(1, min(tokens, (2**32 // 2) // v))  # at most 4 GiB of bf16 logits
-        for m in methods or default_methods():
-            r = measure_ce(m, n, v, device, rep_ms)
-            rows.append(r)
-            if m == "torch":  # what a model's loss costs under autocast
-                rows.append(measure_ce(m, n, v, device, rep_ms, autocast=True))
+        try:
+            rows += _isolated(isolate, _vocab_rows, methods, v, tokens, device, rep_ms)
+        except Exception as exc:  # the child died: its group gets one row that says how
+            rows.append(LossRow("(all)", "cross_entropy", tokens, v, error=f"the measuring process failed: {error_text(exc)}"))
     if linear:
-        tok, c, v = linear
-        lin_methods = ([x for x in methods if kernels.get_method(x).provides("linear_cross_entropy")] if methods
-                       else default_methods("linear_cross_entropy"))
-        for m in lin_methods:
-            rows.append(measure_linear(m, tok, c, v, device, rep_ms))
+        try:
+            rows += _isolated(isolate, _linear_rows, methods, linear, device, rep_ms)
+        except Exception as exc:
+            rows.append(LossRow("(all)", "linear_cross_entropy", linear[0], linear[2], hidden=linear[1],
+                                error=f"the measuring process failed: {error_text(exc)}"))
     rows.sort(key=lambda r: (r.op != "cross_entropy", r.vocab if r.op == "cross_entropy" else 0))  # (stable)
     for r in rows:
         if r.op == "cross_entropy":
