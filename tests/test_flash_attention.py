@@ -152,10 +152,14 @@ def test_float32_is_exact_to_the_fp32_tolerance():
     assert max(errs) < 1e-5  # full-precision dots (no tf32)
 
 
-@pytest.mark.parametrize("variant", ["tma-host", "tma-device", "fused", "fused-tma-host", "mixed-blocks"])
+@pytest.mark.parametrize("variant", ["tma-host", "tma-device", "fused", "fused-tma-host", "mixed-blocks", "atomic-dq",
+                                     "atomic-dq-tma-host"])
 def test_plan_variants(variant):
     f, b = SMALL
-    if variant.startswith("tma"):
+    if variant.startswith("atomic-dq"):  # dq added by the dk/dv programs (a 37 x 30 causal block pattern)
+        b = dataclasses.replace(b, dq_mode="atomic", block_n1=32 if variant.endswith("host") else 16,
+                                tma="host" if variant.endswith("host") else "off")
+    elif variant.startswith("tma"):
         mode = variant.split("-")[1]
         f, b = dataclasses.replace(f, tma=mode), dataclasses.replace(b, tma=mode)
     elif variant == "fused":
@@ -166,6 +170,33 @@ def test_plan_variants(variant):
         f = plans.FwdPlan(block_m=32, block_n=16)
         b = plans.BwdPlan(block_m1=16, block_n1=32, block_m2=32, block_n2=16, pre_block=32)
     run_and_compare(*make_qkv(1, 2, 37, 30, 16, torch.float16), causal=True, plan=(f, b))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_atomic_dq_with_a_padded_head_dim(causal):
+    """dq by atomic adds: columns past d (24, padded to 32) and rows past Tq are never added."""
+    b = dataclasses.replace(SMALL_BWD, dq_mode="atomic")
+    run_and_compare(*make_qkv(2, 2, 41, 23, 24, torch.bfloat16, layout="bthd"), causal=causal, plan=(SMALL_FWD, b))
+
+
+def test_sweep_checks_and_times_both_dq_modes(tmp_path):
+    """The plan sweep in the interpreter at a tiny shape: every candidate checked against float64
+    first, the atomic-dq phase timed, an invalid combination skipped, a table entry printed."""
+    import json
+
+    from kernels.methods.flash import sweep
+
+    out = tmp_path / "sweep.json"
+    sweep.main(["--shapes", "1,2,40,16", "--device", DEVICE, "--no-baselines", "--rep-ms", "1", "--out", str(out),
+                "--fwd-phases", "block_m=16 block_n=16",
+                "--bwd-phases", "block_m1=16 block_n1=16 block_m2=16 block_n2=16 pre_block=16 | fused=1 | "
+                                "fused=0 dq_mode=atomic | fused=1 dq_mode=atomic"])
+    recs = json.loads(out.read_text())
+    bwd = [r for r in recs["results"] if r["direction"] == "fwd+bwd"]
+    assert {r["plan"]["dq_mode"] for r in bwd} == {"pass", "atomic"}
+    assert all(r["status"] == "ok" and r["error"] <= kernels.ATTN_BWD_TOL[torch.bfloat16] for r in bwd)
+    assert not any(r["plan"]["fused"] and r["plan"]["dq_mode"] == "atomic" for r in bwd)  # invalid: skipped
+    assert set(recs["best"]) == {"1,2,40,40,16/causal/bfloat16"}
 
 
 def test_tma_falls_back_to_pointers_where_it_cannot_read():
@@ -243,6 +274,10 @@ def test_launch_plan_table_lookup(monkeypatch):
         plans.FwdPlan(block_m=48)
     with pytest.raises(ValueError, match="tma"):
         plans.BwdPlan(tma="yes")
+    with pytest.raises(ValueError, match="dq_mode='sum'.*pass, atomic"):
+        plans.BwdPlan(dq_mode="sum")
+    with pytest.raises(ValueError, match="no dq programs"):
+        plans.BwdPlan(dq_mode="atomic", fused=True)
 
 
 def test_method_is_registered_with_its_config():
@@ -279,7 +314,7 @@ def test_gpu_full_size_against_float64_on_two_heads(shape, causal):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["off", "host", "device", "warp_specialize", "fused"])
+@pytest.mark.parametrize("variant", ["off", "host", "device", "warp_specialize", "fused", "atomic", "atomic-d128"])
 def test_gpu_hopper_switches_are_correct(variant):
     f, b = plans.default_plans(64, torch.bfloat16, True)
     if variant in plans.TMA_MODES:
@@ -287,6 +322,13 @@ def test_gpu_hopper_switches_are_correct(variant):
     elif variant == "warp_specialize":  # Triton 3.6 cannot build it with 4 warps on Hopper
         f = dataclasses.replace(f, warp_specialize=True, num_warps=8)
         b = dataclasses.replace(b, warp_specialize=True, num_warps=8, dq_warps=8)
+    elif variant.startswith("atomic"):
+        d = 128 if variant.endswith("d128") else 64
+        f, b = plans.default_plans(d, torch.bfloat16, True)
+        b = dataclasses.replace(b, dq_mode="atomic")
+        run_and_compare(*make_qkv(2, 4, 1000, 1000, d, torch.bfloat16, layout="bthd", device="cuda"),
+                        causal=True, plan=(f, b))
+        return
     else:
         b = dataclasses.replace(b, fused=True)
     run_and_compare(*make_qkv(2, 4, 1000, 1000, 64, torch.bfloat16, layout="bthd", device="cuda"),

@@ -16,8 +16,10 @@ Code paths (each module opens with its own details):
   BLOCK_N1 keys, looping over the queries that see them, diagonal blocks masked) and a dq kernel (a
   program per BLOCK_M2 queries, looping over their keys); both recompute P = exp2(s * c - lse *
   log2(e)) from q, k and lse; dS = P * (dP - delta) with dP = do v^T; dv = P^T do, dk = scale *
-  dS^T q, dq = scale * dS k. No atomics (dq is its own pass), no Tq x Tk tensor. The two run as two
-  launches or one fused launch (plan ``fused``).
+  dS^T q, dq = scale * dS k. No Tq x Tk tensor. The two run as two launches or one fused launch
+  (plan ``fused``). With plan ``dq_mode="atomic"`` (FA2's structure) there is no dq pass: the dk/dv
+  programs add each tile's scale * dS k into an fp32 dq buffer by atomic adds (five matmuls per tile
+  pair instead of seven; dq's summation order then varies from run to run), cast once at the end.
 * Any strides: every tensor is addressed through its own (B, H, T, d) strides; the model's (B, T, H,
   d) views are read in place, never copied. Head dims 1..128, padded to the next power of two
   (>= 16) with masked loads; dv may differ from d. float16 / bfloat16 (tensor cores, fp32

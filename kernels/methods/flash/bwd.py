@@ -3,7 +3,13 @@
 delta = rowsum(o * do) first (one small kernel), then dk/dv (a program per BLOCK_N1 keys, looping
 over the queries that see them) and dq (a program per BLOCK_M2 queries, looping over the keys they
 see), each recomputing P = exp(scale * q k^T - lse) tile by tile; two launches, or one when the plan
-fuses them (the first programs of the grid do dk/dv, the rest dq). No atomics, no T x T tensor.
+fuses them (the first programs of the grid do dk/dv, the rest dq). No T x T tensor.
+
+``dq_mode="atomic"`` (a plan switch, FA2's structure): no dq pass. The dk/dv programs, which already
+hold dS for each (key block, query block) tile, also form dq's share dS k there and add it into an
+fp32 (B, H, Tq, d) buffer with atomic adds; one cast writes dq at the end. Five matmuls per tile pair
+instead of seven (the dq pass recomputes q k^T and do v^T), for B H Tq Tk / BLOCK_N1 x d fp32 atomics
+and a nondeterministic summation order of dq (each add is exact to fp32 rounding; the order varies).
 """
 
 from __future__ import annotations
@@ -29,13 +35,14 @@ if triton is not None:
         tl.store(DELTA + (b * H + h).to(tl.int64) * TQ + rows, tl.sum(o * do, 1), mask=rows < TQ)
 
     @triton.jit
-    def _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, b, h, lo, hi, offs_n, H, TQ, TK, qk_scale,
+    def _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQA, b, h, lo, hi, offs_n, H, TQ, TK, qk_scale, scale,
                     sqb, sqh, sqm, sqd, sdb, sdh, sdm, sdd,
                     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
                     BLOCK_M: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr,
-                    WARP_SPEC: tl.constexpr, PREC: tl.constexpr):
+                    WARP_SPEC: tl.constexpr, PREC: tl.constexpr, DQ_ATOMIC: tl.constexpr):
         """Queries lo .. hi into dk, dv (transposed tiles: keys along the rows). Rows past Tq read
-        q = do = 0 and lse = +inf, so they add exactly 0; MASKED applies the causal mask."""
+        q = do = 0 and lse = +inf, so they add exactly 0; MASKED applies the causal mask. DQ_ATOMIC:
+        also scale * dS k into the fp32 rows of DQA ((B H Tq) x D_PAD), by atomic adds."""
         row = (b * H + h).to(tl.int64) * TQ
         for m0 in tl.range(lo, hi, BLOCK_M, warp_specialize=WARP_SPEC):
             m0 = tl.multiple_of(m0, BLOCK_M)
@@ -53,16 +60,21 @@ if triton is not None:
             dp_t = mma(v, tl.trans(do), None, PREC)
             ds_t = p_t * (dp_t - delta[None, :])
             dk = mma(ds_t.to(q.dtype), q, dk, PREC)
+            if DQ_ATOMIC:
+                dq_part = mma(tl.trans(ds_t.to(k.dtype)), k, None, PREC) * scale  # (BLOCK_M, D_PAD)
+                cols = tl.arange(0, D_PAD)
+                ptrs = DQA + (row + offs_m)[:, None] * D_PAD + cols[None, :]
+                tl.atomic_add(ptrs, dq_part, mask=(offs_m[:, None] < TQ) & (cols[None, :] < D), sem="relaxed")
         return dk, dv
 
     @triton.jit
-    def _dkdv_program(pid_n, b, h, Q, K, V, DO, DK, DV_, LSE, DELTA,
+    def _dkdv_program(pid_n, b, h, Q, K, V, DO, DK, DV_, LSE, DELTA, DQA,
                       sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdm, sdd,
                       s_dkb, s_dkh, s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd,
                       B, H, TQ, TK, qk_scale, scale,
                       D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                      TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr):
+                      TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr, DQ_ATOMIC: tl.constexpr):
         if TMA == 2:
             Q = device_descriptor(Q, B, H, TQ, sqb, sqh, sqm, BLOCK_M, D, D_PAD)
             DO = device_descriptor(DO, B, H, TQ, sdb, sdh, sdm, BLOCK_M, DV, DV_PAD)
@@ -78,12 +90,12 @@ if triton is not None:
         dv = tl.zeros([BLOCK_N, DV_PAD], tl.float32)
         lo, full = query_bounds(n0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
         if CAUSAL:
-            dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, b, h, lo, full, offs_n, H, TQ, TK, qk_scale,
-                                 sqb, sqh, sqm, sqd, sdb, sdh, sdm, sdd, D, DV, D_PAD, DV_PAD,
-                                 BLOCK_M, True, TMA, WARP_SPEC, PREC)
-        dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, b, h, full, TQ, offs_n, H, TQ, TK, qk_scale,
-                             sqb, sqh, sqm, sqd, sdb, sdh, sdm, sdd, D, DV, D_PAD, DV_PAD,
-                             BLOCK_M, False, TMA, WARP_SPEC, PREC)
+            dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQA, b, h, lo, full, offs_n, H, TQ, TK,
+                                 qk_scale, scale, sqb, sqh, sqm, sqd, sdb, sdh, sdm, sdd, D, DV, D_PAD, DV_PAD,
+                                 BLOCK_M, True, TMA, WARP_SPEC, PREC, DQ_ATOMIC)
+        dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQA, b, h, full, TQ, offs_n, H, TQ, TK,
+                             qk_scale, scale, sqb, sqh, sqm, sqd, sdb, sdh, sdm, sdd, D, DV, D_PAD, DV_PAD,
+                             BLOCK_M, False, TMA, WARP_SPEC, PREC, DQ_ATOMIC)
         store_rows(DK, (dk * scale).to(k.dtype), b, h, n0, TK, s_dkb, s_dkh, s_dkn, s_dkd, BLOCK_N, D, D_PAD, TMA)
         store_rows(DV_, dv.to(v.dtype), b, h, n0, TK, s_dvb, s_dvh, s_dvn, s_dvd, BLOCK_N, DV, DV_PAD, TMA)
 
@@ -142,27 +154,29 @@ if triton is not None:
         store_rows(DQ, (dq * scale).to(q.dtype), b, h, m0, TQ, s_dqb, s_dqh, s_dqm, s_dqd, BLOCK_M, D, D_PAD, TMA)
 
     @triton.jit
-    def _bwd_kernel(Q, K, V, DO, Q2, K2, V2, DO2, DQ, DK, DV_, LSE, DELTA,
+    def _bwd_kernel(Q, K, V, DO, Q2, K2, V2, DO2, DQ, DK, DV_, LSE, DELTA, DQA,
                     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdm, sdd,
                     s_dqb, s_dqh, s_dqm, s_dqd, s_dkb, s_dkh, s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd,
                     B, H, TQ, TK, qk_scale, scale, N_KV_PROGRAMS,
                     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
                     BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_M2: tl.constexpr,
                     BLOCK_N2: tl.constexpr, CAUSAL: tl.constexpr, DO_KV: tl.constexpr, DO_Q: tl.constexpr,
-                    TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr):
+                    TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr, DQ_ATOMIC: tl.constexpr):
         """Programs [0, N_KV_PROGRAMS) compute dk/dv (when DO_KV), the others dq (when DO_Q); a
         launch with both is the fused backward. Q, K, V, DO are the dk/dv programs' inputs, Q2 .. DO2
         the dq programs' (the same tensors; with host descriptors, boxes of their tile shapes).
-        Causal dq programs run heaviest first (the last queries see the most keys)."""
+        Causal dq programs run heaviest first (the last queries see the most keys). DQ_ATOMIC: the
+        dk/dv programs also add dq into DQA (fp32), and no program does the dq pass."""
         pid = tl.program_id(0)
         h = tl.program_id(1)
         b = tl.program_id(2)
         if DO_KV:
             if pid < N_KV_PROGRAMS:
-                _dkdv_program(pid, b, h, Q, K, V, DO, DK, DV_, LSE, DELTA,
+                _dkdv_program(pid, b, h, Q, K, V, DO, DK, DV_, LSE, DELTA, DQA,
                               sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdm, sdd,
                               s_dkb, s_dkh, s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, B, H, TQ, TK, qk_scale,
-                              scale, D, DV, D_PAD, DV_PAD, BLOCK_M1, BLOCK_N1, CAUSAL, TMA, WARP_SPEC, PREC)
+                              scale, D, DV, D_PAD, DV_PAD, BLOCK_M1, BLOCK_N1, CAUSAL, TMA, WARP_SPEC, PREC,
+                              DQ_ATOMIC)
         if DO_Q:
             if pid >= N_KV_PROGRAMS:
                 pid_m = pid - N_KV_PROGRAMS
@@ -212,11 +226,19 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         ins, outs = (q, k, v, do, q, k, v, do), (dq, dk, dv)
     sizes = (B, H, TQ, TK, scale * LOG2E, scale)
 
-    def launch(n_programs: int, n_kv: int, do_kv: bool, do_q: bool, warps: int, stages: int) -> None:
-        _bwd_kernel[(n_programs, H, B)](*ins, *outs, lse, delta, *strides, *sizes, n_kv, **common,
-                                        DO_KV=do_kv, DO_Q=do_q, num_warps=warps, num_stages=stages)
+    atomic = plan.dq_mode == "atomic"
+    # fp32 dq sums, rows of d_pad (zeroed: the atomic adds accumulate into them); else a dummy pointer
+    dq_acc = torch.zeros((B, H, TQ, d_pad), dtype=torch.float32, device=q.device) if atomic else delta
 
-    if plan.fused:
+    def launch(n_programs: int, n_kv: int, do_kv: bool, do_q: bool, warps: int, stages: int) -> None:
+        _bwd_kernel[(n_programs, H, B)](*ins, *outs, lse, delta, dq_acc, *strides, *sizes, n_kv, **common,
+                                        DO_KV=do_kv, DO_Q=do_q, DQ_ATOMIC=atomic, num_warps=warps,
+                                        num_stages=stages)
+
+    if atomic:
+        launch(n_kv, n_kv, True, False, plan.num_warps, plan.num_stages)
+        dq.copy_(dq_acc[..., :D])
+    elif plan.fused:
         launch(n_kv + n_q, n_kv, True, True, plan.num_warps, plan.num_stages)
     else:
         launch(n_kv, n_kv, True, False, plan.num_warps, plan.num_stages)

@@ -2,8 +2,9 @@
 
 Runs the real launchers on CPU tensors with the kernels swapped for recorders, then hands each
 recorded launch to ``triton.compile`` for the target (sm_90 by default) and prints what ptxas made
-of it: registers per thread, spill stack, shared memory, and whether the TTGIR has wgmma
-(``warp_group_dot``), TMA copies and warp-specialized partitions. A plan that spills or does not
+of it: registers per thread, spill stack, shared memory, whether the TTGIR has wgmma
+(``warp_group_dot``), TMA copies and warp-specialized partitions, and the PTX's atomic instructions
+(the atomic dq's adds: how many, and whether vectorized). A plan that spills or does not
 fit shared memory shows here before any GPU time is spent; timings come from ``sweep``.
 
     python -m kernels.methods.flash.compile_check --d 64,128 --dtype bfloat16 \\
@@ -90,9 +91,10 @@ def compile_call(fn, args, kw, target: GPUTarget) -> dict:
         usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
     regs, stack = re.search(r"REG:(\d+)", usage), re.search(r"STACK:(\d+)", usage)
     g = k.asm["ttgir"]
+    reds = re.findall(r"\b(?:red|atom)\.global[.\w]*", k.asm["ptx"])  # the atomic dq's adds
     return {"regs": int(regs.group(1)) if regs else -1, "stack": int(stack.group(1)) if stack else -1,
             "smem": k.metadata.shared, "wgmma": "warp_group_dot" in g, "tma": g.count("async_tma_copy"),
-            "ws": "ttg.warp_specialize" in g}
+            "ws": "ttg.warp_specialize" in g, "atomics": sorted(set(reds)), "n_atomics": len(reds)}
 
 
 def record(d: int, dtype: torch.dtype, causal: bool, fplan: plans.FwdPlan, bplan: plans.BwdPlan,
@@ -137,7 +139,8 @@ def main(argv=None) -> None:
                 r = compile_call(fn, args, kw, target)
                 print(f"  {part:11s} {kw['num_warps']} warps {kw['num_stages']} stages: {r['regs']} registers, "
                       f"{r['stack']} B spill stack, {r['smem'] / 1024:.0f} KB shared; wgmma {r['wgmma']}, "
-                      f"TMA copies {r['tma']}, warp-specialized {r['ws']}")
+                      f"TMA copies {r['tma']}, warp-specialized {r['ws']}"
+                      + (f"; {r['n_atomics']} atomic instructions ({', '.join(r['atomics'])})" if r["n_atomics"] else ""))
             except Exception as exc:
                 lines = str(exc).strip().splitlines()
                 print(f"  {part:11s} FAILED to compile: {type(exc).__name__}: {lines[-1][:200] if lines else ''}")

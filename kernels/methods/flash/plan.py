@@ -22,6 +22,8 @@ import torch
 #: kernel parameters), or descriptors built on the device (tl.make_tensor_descriptor; needs a
 #: scratch allocator). TMA needs 16-byte aligned base pointers and strides; other inputs use pointers.
 TMA_MODES = ("off", "host", "device")
+#: Where the backward computes dq: its own programs ("pass") or the dk/dv programs by atomic adds.
+DQ_MODES = ("pass", "atomic")
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,9 @@ class BwdPlan:
     """Backward: the dk/dv kernel keeps BLOCK_N1 keys and loops over BLOCK_M1 queries; the dq
     kernel keeps BLOCK_M2 queries and loops over BLOCK_N2 keys (no atomics); the delta kernel takes
     ``pre_block`` rows a program. ``fused``: the dk/dv and dq programs share one launch (one grid,
-    ``num_warps``/``num_stages`` for both), else two launches (dq with ``dq_warps``/``dq_stages``)."""
+    ``num_warps``/``num_stages`` for both), else two launches (dq with ``dq_warps``/``dq_stages``).
+    ``dq_mode``: "pass" (dq in its own programs, as above) or "atomic" (the dk/dv programs add dq into
+    an fp32 buffer by atomic adds; no dq programs, so the dq fields and ``fused`` do not apply)."""
 
     block_m1: int = 32
     block_n1: int = 128
@@ -58,9 +62,15 @@ class BwdPlan:
     warp_specialize: bool = False
     fused: bool = False
     pre_block: int = 64
+    dq_mode: str = "pass"
 
     def __post_init__(self) -> None:
         _check_blocks(self, ("block_m1", "block_n1", "block_m2", "block_n2", "pre_block"))
+        if self.dq_mode not in DQ_MODES:
+            raise ValueError(f"BwdPlan.dq_mode={self.dq_mode!r}: one of {', '.join(DQ_MODES)}")
+        if self.dq_mode == "atomic" and self.fused:
+            raise ValueError("BwdPlan: fused=True launches the dq programs beside the dk/dv ones; "
+                             "dq_mode='atomic' has no dq programs (use fused=False)")
 
 
 def _check_blocks(plan, names) -> None:
