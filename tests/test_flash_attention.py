@@ -179,6 +179,23 @@ def test_atomic_dq_with_a_padded_head_dim(causal):
     run_and_compare(*make_qkv(2, 2, 41, 23, 24, torch.bfloat16, layout="bthd"), causal=causal, plan=(SMALL_FWD, b))
 
 
+def test_atomic_dq_gives_way_to_the_dq_pass_in_deterministic_mode():
+    """Under torch.use_deterministic_algorithms an atomic-dq plan runs the (deterministic) dq pass: the
+    gradients equal the pass plan's bit for bit."""
+    atomic = dataclasses.replace(SMALL_BWD, dq_mode="atomic")
+    grads = {}
+    for name, b in (("pass", SMALL_BWD), ("atomic", atomic)):
+        q, k, v = make_qkv(1, 2, 37, 37, 16, torch.bfloat16)
+        was = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(True)
+        try:
+            _, got = run_and_compare(q, k, v, causal=True, plan=(SMALL_FWD, b))
+        finally:
+            torch.use_deterministic_algorithms(was)
+        grads[name] = got[1:]
+    assert all(torch.equal(a, p) for a, p in zip(grads["atomic"], grads["pass"]))
+
+
 def test_sweep_checks_and_times_both_dq_modes(tmp_path):
     """The plan sweep in the interpreter at a tiny shape: every candidate checked against float64
     first, the atomic-dq phase timed, an invalid combination skipped, a table entry printed."""

@@ -9,7 +9,8 @@ fuses them (the first programs of the grid do dk/dv, the rest dq). No T x T tens
 hold dS for each (key block, query block) tile, also form dq's share dS k there and add it into an
 fp32 (B, H, Tq, d) buffer with atomic adds; one cast writes dq at the end. Five matmuls per tile pair
 instead of seven (the dq pass recomputes q k^T and do v^T), for B H Tq Tk / BLOCK_N1 x d fp32 atomics
-and a nondeterministic summation order of dq (each add is exact to fp32 rounding; the order varies).
+and a nondeterministic summation order of dq (each add is exact to fp32 rounding; the order varies):
+under ``torch.use_deterministic_algorithms(True)`` such a plan runs the dq pass instead.
 """
 
 from __future__ import annotations
@@ -226,7 +227,8 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         ins, outs = (q, k, v, do, q, k, v, do), (dq, dk, dv)
     sizes = (B, H, TQ, TK, scale * LOG2E, scale)
 
-    atomic = plan.dq_mode == "atomic"
+    # atomic adds sum dq in a varying order: under torch.use_deterministic_algorithms, the dq pass
+    atomic = plan.dq_mode == "atomic" and not torch.are_deterministic_algorithms_enabled()
     # fp32 dq sums, rows of d_pad (zeroed: the atomic adds accumulate into them); else a dummy pointer
     dq_acc = torch.zeros((B, H, TQ, d_pad), dtype=torch.float32, device=q.device) if atomic else delta
 
