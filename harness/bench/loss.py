@@ -69,6 +69,7 @@ def _check(loss_rows: torch.Tensor, grad: Optional[torch.Tensor], logits: torch.
 def measure_ce(method: str, tokens: int, vocab: int, device: str, rep_ms: int, autocast: bool = False) -> LossRow:
     row = LossRow(method, "cross_entropy", tokens, vocab, autocast=autocast)
     ctx = (lambda: torch.autocast("cuda", torch.bfloat16)) if autocast else contextlib.nullcontext
+    logits = t = None
     try:
         fn = kernels.bind(method, "cross_entropy")
         g = torch.Generator(device=device).manual_seed(0)
@@ -95,6 +96,7 @@ def measure_ce(method: str, tokens: int, vocab: int, device: str, rep_ms: int, a
     except Exception as exc:
         row.error = error_text(exc)
     finally:
+        logits = t = None  # (the row's own inputs do not count as held)
         free_memory()
         row.held_gib = held_gib()
     return row
@@ -112,6 +114,7 @@ def held_gib() -> Optional[float]:
 
 def measure_linear(method: str, tokens: int, hidden: int, vocab: int, device: str, rep_ms: int) -> LossRow:
     row = LossRow(method, "linear_cross_entropy", tokens, vocab, hidden=hidden)
+    h = w = t = None
     try:
         fn = kernels.bind(method, "linear_cross_entropy")
         g = torch.Generator(device=device).manual_seed(0)
@@ -134,6 +137,7 @@ def measure_linear(method: str, tokens: int, hidden: int, vocab: int, device: st
     except Exception as exc:
         row.error = error_text(exc)
     finally:
+        h = w = t = None  # (the row's own inputs do not count as held)
         free_memory()
         row.held_gib = held_gib()
     return row
