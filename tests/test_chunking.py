@@ -12,13 +12,16 @@ from kernels.chunking import CHUNK_BYTES, chunk_rows
 def test_chunks_cover_the_rows_within_the_budget_and_are_fewest(n, v, es, budget):
     rows = chunk_rows(n, v, es, budget)
     chunks = -(-n // rows)
-    assert 1 <= rows <= n
-    assert rows * v * es <= max(budget, v * es)  # one row always fits, whatever the budget
-    cap = max(1, budget // (v * es))
-    if cap >= 64:
-        cap -= cap % 64
-    assert chunks == -(-n // min(cap, n))  # no more chunks than the budget forces
-    assert rows - (n - (chunks - 1) * rows) < 8 * chunks  # the last chunk is not a small remainder
+    cap = max(1, budget // (v * es))  # rows of logits that fit the budget (one at least)
+    assert 1 <= rows <= n and rows <= cap  # within the budget, one row always
+    assert chunks == -(-n // cap)  # no more chunks than the budget forces
+    assert rows - -(-n // chunks) < 8  # even chunks: the last is not a small remainder
+    assert rows % 8 == 0 or rows == n or -(-rows // 8) * 8 > cap  # whole 8-row groups where they fit
+
+
+def test_a_budget_that_fits_the_rows_takes_one_chunk_and_no_rows_take_one_row():
+    assert chunk_rows(3600, 50304, 2) == 3600  # 362 MB of logits fit 350 MiB: one chunk
+    assert chunk_rows(0, 50304, 2) == 1
 
 
 def test_the_gpt2_size_takes_five_chunks_within_half_a_gib():

@@ -253,6 +253,8 @@ def test_linear_chunks_and_memory_at_the_gpt2_size(lce):
     bf16 the extra memory stays within 0.5 GiB."""
     assert lce.chunk_rows(16384, 50304, 2) == 3280  # 5 chunks
     assert lce.extra_bytes(16384, 768, 50304, 2) <= 0.5 * 2**30
+    assert lce.extra_bytes(16384, 768, 50304, 2, "product") <= 0.5 * 2**30  # its buffer comes off the chunks
+    assert lce.chunk_rows(16384, 50304, 2, 50304 * 768 * 2) < lce.chunk_rows(16384, 50304, 2)
     for n, v, es in ((1, 7, 4), (100, 50304, 2), (16385, 50304, 2), (4096, 262144, 4)):
         rows = lce.chunk_rows(n, v, es)
         assert 1 <= rows and rows * v * es <= max(lce.LINEAR_CHUNK_BYTES, v * es) and -(-n // rows) * rows >= n
@@ -337,8 +339,9 @@ def test_linear_on_the_gpu_matches_the_composed_form_within_half_a_gib(lce, redu
     with torch.autocast("cuda", dtype=torch.bfloat16):
         ref = F.cross_entropy(F.linear(h, w), t, reduction=reduction)
     ref.backward(dy)
-    # the loss against float64 logits of the same bf16 inputs (the composed form's per-row losses come out
-    # rounded to bf16 precision, 1.6e-3 off in norm, so they cannot judge 1e-3)
+    # the loss against float64 logits of the same bf16 inputs: the composed form's per-row losses came out
+    # at bf16 precision on the H200 (run M: 11.1875, 11.8125, 10.6875 ..., multiples of 1/16 where ours
+    # read 11.1717, 11.7945, 10.6714), 1.6e-3 off in norm, so they cannot judge 1e-3
     with torch.no_grad():
         exact = F.cross_entropy(h.bfloat16().double() @ w.bfloat16().double().T, t, reduction=reduction)
     assert _gpu_error(loss, exact) <= 1e-3

@@ -31,7 +31,8 @@ gradients by grad_output. ``none``:
 the forward computes the losses only, the backward runs the chunks again with the per-row grad_output as
 the gradient scale. Extra memory: one chunk of logits (:func:`default_chunk_rows`: at most 350 MiB of
 them, in chunks of one size), the float32 weight gradient and the hidden gradient; at 16384 x 768
-hidden, 50304 x 768 weight, bf16: 5 chunks of 3280 rows, about 0.47 GiB in all. Under ``torch.autocast``
+hidden, 50304 x 768 weight, bf16: 5 chunks of 3280 rows, about 0.47 GiB in all (with the fp32-output GEMM of
+torch >= 2.8; before it each chunk's fp32 (V, C) product comes on top). Under ``torch.autocast``
 hidden and weight are cast to the autocast dtype before the op (the casts' backward carries the gradients back to the inputs' dtypes).
 
 Each ``make_*`` registers its forward (and backward) as ``torch.library.custom_op``s

@@ -27,7 +27,8 @@ small chunks); grad_weight's fp32 accumulator is read and written once per chunk
 (V C x 8 bytes per chunk; chunks of >= 1024 rows keep that GEMM compute-bound). Extra memory:
 one logits chunk (``LINEAR_CHUNK_BYTES``), grad_hidden and the fp32 accumulator during the chunks, then
 the cast gradient once the chunk is freed (``extra_bytes`` bounds it): about 0.47 GiB at N = 16384,
-C = 768, V = 50304 in bf16 (5 chunks of 3280 tokens).
+C = 768, V = 50304 in bf16 (5 chunks of 3280 tokens) with an fp32-output GEMM (torch >= 2.8); in
+'product' mode (older torch) the 16-bit product buffer is held too and the chunks shrink by its size.
 """
 
 from __future__ import annotations
@@ -46,21 +47,26 @@ LINEAR_CHUNK_BYTES = chunking.CHUNK_BYTES
 _WEIGHT_GRAD_MODE: dict = {}
 
 
-def chunk_rows(n_rows: int, n_cols: int, elem_bytes: int) -> int:
-    """Tokens per chunk: the fewest equal chunks of at most LINEAR_CHUNK_BYTES of logits."""
-    return chunking.chunk_rows(n_rows, n_cols, elem_bytes, LINEAR_CHUNK_BYTES)
+def chunk_rows(n_rows: int, n_cols: int, elem_bytes: int, held_bytes: int = 0) -> int:
+    """Tokens per chunk: the fewest equal chunks of at most LINEAR_CHUNK_BYTES of logits, less
+    ``held_bytes`` (the product mode's (V, C) buffer, so that its peak stays where the others' is)."""
+    budget = max(LINEAR_CHUNK_BYTES - held_bytes, n_cols * elem_bytes)
+    return chunking.chunk_rows(n_rows, n_cols, elem_bytes, budget)
 
 
-def extra_bytes(n_rows: int, hidden_dim: int, n_cols: int, elem_bytes: int) -> int:
-    """An upper bound of what the forward allocates beyond its inputs when both gradients are needed:
-    grad_hidden and the fp32 grad_weight throughout, with a logits chunk, loss rows and workspaces
-    during the chunks, then the cast grad_weight (the chunk is freed first)."""
-    rows = chunk_rows(n_rows, n_cols, elem_bytes)
+def extra_bytes(n_rows: int, hidden_dim: int, n_cols: int, elem_bytes: int, mode: str = "addmm_dtype") -> int:
+    """An upper bound of what the forward allocates beyond its inputs when both gradients are needed
+    (``mode``: ``weight_grad_mode``'s answer): grad_hidden and the fp32 grad_weight throughout, with a
+    logits chunk, loss rows and workspaces during the chunks, then the cast grad_weight (the chunk is
+    freed first); in 'product' mode the 16-bit (V, C) product buffer is held throughout (the cast
+    reuses it) and the chunks are smaller by as much."""
+    cast = n_cols * hidden_dim * elem_bytes if elem_bytes != 4 else 0
+    product = cast if mode == "product" else 0
+    rows = chunk_rows(n_rows, n_cols, elem_bytes, product)
     splits = -(-n_cols // 1024)
     work = rows * splits * 8 + (rows + 1) * 4 + n_rows * 4 + 64
-    cast = n_cols * hidden_dim * elem_bytes if elem_bytes != 4 else 0
-    held = n_rows * hidden_dim * elem_bytes + n_cols * hidden_dim * 4
-    return held + max(rows * n_cols * elem_bytes + work, cast)
+    held = n_rows * hidden_dim * elem_bytes + n_cols * hidden_dim * 4 + product
+    return held + max(rows * n_cols * elem_bytes + work, cast - product)
 
 
 def _accumulate(mode: str, acc: Tensor, a: Tensor, b: Tensor, tmp: Optional[Tensor]) -> None:
@@ -111,8 +117,9 @@ def _chunked(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int,
     acc = torch.zeros((v, c), dtype=torch.float32, device=hidden.device) if need_w else None
     mode = weight_grad_mode(hidden.device, hidden.dtype) if need_w else ""
     tmp = torch.empty((v, c), dtype=hidden.dtype, device=hidden.device) if mode == "product" else None
-    rows = chunk_rows(n, v, hidden.element_size())
+    rows = chunk_rows(n, v, hidden.element_size(), 0 if tmp is None else tmp.numel() * tmp.element_size())
     buf = torch.empty((min(rows, n), v), dtype=hidden.dtype, device=hidden.device)
+    logits = h = None
     with torch.autocast(hidden.device.type, enabled=False):
         for s in range(0, n, rows):
             e = min(n, s + rows)
