@@ -168,8 +168,8 @@ def test_loss_table_shows_a_measurement_error_even_after_a_correct_check(tmp_pat
     def boom(*a, **k):
         raise RuntimeError("CUDA out of memory (simulated)")
 
-    monkeypatch.setattr(loss, "eager_and_graph_ms", boom)
-    rows = loss.run_loss_bench(["torch"], [33], 16, None, tmp_path, rep_ms=5)
+    monkeypatch.setattr(loss, "eager_and_graph_ms", boom)  # (this process only: no child processes)
+    rows = loss.run_loss_bench(["torch"], [33], 16, None, tmp_path, rep_ms=5, isolate=False)
     assert rows[0].correct and "out of memory" in rows[0].error
     assert "error: RuntimeError: CUDA out of memory" in (tmp_path / "loss.md").read_text()
 
@@ -206,6 +206,9 @@ def test_loss_table_measures_each_group_in_its_own_process(tmp_path):
     process, checked and timed as in-process ones are."""
     from harness.bench import loss
 
+    import os
+
+    assert loss._isolated(True, os.getpid) != os.getpid() and loss._isolated(False, os.getpid) == os.getpid()
     rows = loss.run_loss_bench(["torch"], [33], 16, (8, 12, 33), tmp_path, rep_ms=5, isolate=True)
     assert [(r.method, r.op, r.autocast) for r in rows] == [
         ("torch", "cross_entropy", False), ("torch", "cross_entropy", True), ("torch", "linear_cross_entropy", False)]
@@ -220,6 +223,6 @@ def test_loss_table_says_when_a_group_process_dies(tmp_path, monkeypatch):
 
     monkeypatch.setattr(loss, "_isolated", dies)
     rows = loss.run_loss_bench(["torch"], [33], 16, (8, 12, 33), tmp_path, rep_ms=5)
-    assert [r.op for r in rows] == ["cross_entropy", "linear_cross_entropy"]
+    assert [(r.op, r.tokens) for r in rows] == [("cross_entropy", 16), ("linear_cross_entropy", 8)]
     assert all("the measuring process failed" in r.error and "terminated abruptly" in r.error for r in rows)
     assert "the measuring process failed" in (tmp_path / "loss.md").read_text()

@@ -44,7 +44,7 @@ class LossRow:
     ideal_ms: Optional[float] = None
     frac_ideal: Optional[float] = None  # ideal / eager forward + backward
     extra_gib: Optional[float] = None
-    held_gib: Optional[float] = None  # GPU memory in use after the row was measured and freed (held_gib())
+    held_gib: Optional[float] = None  # GPU memory in use after the row, its inputs freed, beyond its group's start
     correct: Optional[bool] = None
     error: str = ""
 
@@ -143,22 +143,39 @@ def measure_linear(method: str, tokens: int, hidden: int, vocab: int, device: st
     return row
 
 
+def ce_tokens(tokens: int, v: int) -> int:
+    """The rows a vocabulary's table rows take: at most 4 GiB of bf16 logits."""
+    return max(1, min(tokens, (2**32 // 2) // v))
+
+
+def _held_since(rows: list[LossRow], start: Optional[float]) -> list[LossRow]:
+    """held_gib relative to what the device had in use when the group began (this process's context
+    and, under isolation, the parent's): what each row left behind."""
+    if start is not None:
+        for r in rows:
+            if r.held_gib is not None:
+                r.held_gib -= start
+    return rows
+
+
 def _vocab_rows(methods: Optional[list[str]], v: int, tokens: int, device: str, rep_ms: int) -> list[LossRow]:
     """Every method's cross-entropy at one vocabulary (``torch`` also under autocast)."""
-    n = max(1, min(tokens, (2**32 // 2) // v))  # at most 4 GiB of bf16 logits
+    n = ce_tokens(tokens, v)
+    start = held_gib()
     rows = []
     for m in methods or default_methods():
         rows.append(measure_ce(m, n, v, device, rep_ms))
         if m == "torch":  # what a model's loss costs under autocast
             rows.append(measure_ce(m, n, v, device, rep_ms, autocast=True))
-    return rows
+    return _held_since(rows, start)
 
 
 def _linear_rows(methods: Optional[list[str]], linear: tuple, device: str, rep_ms: int) -> list[LossRow]:
     tok, c, v = linear
     lin_methods = ([x for x in methods if kernels.get_method(x).provides("linear_cross_entropy")] if methods
                    else default_methods("linear_cross_entropy"))
-    return [measure_linear(m, tok, c, v, device, rep_ms) for m in lin_methods]
+    start = held_gib()
+    return _held_since([measure_linear(m, tok, c, v, device, rep_ms) for m in lin_methods], start)
 
 
 def _isolated(isolate: bool, fn, *args) -> list[LossRow]:
@@ -190,7 +207,8 @@ def run_loss_bench(methods: Optional[list[str]], vocabs: list[int], tokens: int,
         try:
             rows += _isolated(isolate, _vocab_rows, methods, v, tokens, device, rep_ms)
         except Exception as exc:  # the child died: its group gets one row that says how
-            rows.append(LossRow("(all)", "cross_entropy", tokens, v, error=f"the measuring process failed: {error_text(exc)}"))
+            rows.append(LossRow("(all)", "cross_entropy", ce_tokens(tokens, v), v,
+                                error=f"the measuring process failed: {error_text(exc)}"))
     if linear:
         try:
             rows += _isolated(isolate, _linear_rows, methods, linear, device, rep_ms)
@@ -205,13 +223,13 @@ def run_loss_bench(methods: Optional[list[str]], vocabs: list[int], tokens: int,
                 r.frac_ideal = r.ideal_ms / r.fwd_bwd_ms
         print(f"  {r.method:8s}{'+autocast' if r.autocast else '':9s} {r.op:21s} {r.tokens}x{r.vocab}: fwd+bwd "
               f"{fmt(r.fwd_bwd_ms, '.3f')} ms (graph {fmt(r.fwd_bwd_graph_ms, '.3f')}), ideal {fmt(r.ideal_ms, '.3f')}, "
-              f"extra {fmt(r.extra_gib, '.2f')} GiB, GPU in use after {fmt(r.held_gib, '.2f')} GiB "
+              f"extra {fmt(r.extra_gib, '.2f')} GiB, left on the GPU {fmt(r.held_gib, '.2f')} GiB "
               f"{r.error or ('ok' if r.correct else 'WRONG')}", flush=True)
     env = environment()
     lines = [f"## Cross-entropy on {env['device_name']} (torch {env['torch']}, triton {env['triton']}), bf16 logits", "",
              f"Copy ceiling {copy_gbs:.0f} GB/s; ideal = one read of the logits + one write of their gradient at it.", "",
              "| method | op | tokens x V (C) | fwd+bwd ms eager | fwd+bwd ms graph | fwd ms | ideal ms | ideal / eager "
-             "| extra GiB | GPU in use after GiB | correct |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| extra GiB | left on the GPU GiB | correct |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         shape = f"{r.tokens} x {r.vocab}" + (f" ({r.hidden})" if r.hidden else "")
         ok = f"error: {r.error}" if r.error else ("yes" if r.correct else "**NO**")
