@@ -174,7 +174,8 @@ def test_plan_variants(variant):
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_atomic_dq_with_a_padded_head_dim(causal):
-    """dq by atomic adds: columns past d (24, padded to 32) and rows past Tq are never added."""
+    """dq by atomic adds with a padded head dim (24 in tiles of 32) and partial query blocks (41 rows in
+    blocks of 16, whose rows past Tq the mask keeps inside the fp32 buffer)."""
     b = dataclasses.replace(SMALL_BWD, dq_mode="atomic")
     run_and_compare(*make_qkv(2, 2, 41, 23, 24, torch.bfloat16, layout="bthd"), causal=causal, plan=(SMALL_FWD, b))
 
@@ -187,7 +188,7 @@ def test_atomic_dq_gives_way_to_the_dq_pass_in_deterministic_mode():
     for name, b in (("pass", SMALL_BWD), ("atomic", atomic)):
         q, k, v = make_qkv(1, 2, 37, 37, 16, torch.bfloat16)
         was = torch.are_deterministic_algorithms_enabled()
-        torch.use_deterministic_algorithms(True)
+        torch.use_deterministic_algorithms(True, warn_only=True)  # (the float64 reference's cuBLAS on a GPU)
         try:
             _, got = run_and_compare(q, k, v, causal=True, plan=(SMALL_FWD, b))
         finally:
@@ -331,7 +332,8 @@ def test_gpu_full_size_against_float64_on_two_heads(shape, causal):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["off", "host", "device", "warp_specialize", "fused", "atomic", "atomic-d128"])
+@pytest.mark.parametrize("variant", ["off", "host", "device", "warp_specialize", "fused", "atomic", "atomic-d128",
+                                     "atomic-host"])
 def test_gpu_hopper_switches_are_correct(variant):
     f, b = plans.default_plans(64, torch.bfloat16, True)
     if variant in plans.TMA_MODES:
@@ -342,7 +344,7 @@ def test_gpu_hopper_switches_are_correct(variant):
     elif variant.startswith("atomic"):
         d = 128 if variant.endswith("d128") else 64
         f, b = plans.default_plans(d, torch.bfloat16, True)
-        b = dataclasses.replace(b, dq_mode="atomic")
+        b = dataclasses.replace(b, dq_mode="atomic", tma="host" if variant.endswith("host") else b.tma)
         run_and_compare(*make_qkv(2, 4, 1000, 1000, d, torch.bfloat16, layout="bthd", device="cuda"),
                         causal=True, plan=(f, b))
         return
@@ -350,6 +352,16 @@ def test_gpu_hopper_switches_are_correct(variant):
         b = dataclasses.replace(b, fused=True)
     run_and_compare(*make_qkv(2, 4, 1000, 1000, 64, torch.bfloat16, layout="bthd", device="cuda"),
                     causal=True, plan=(f, b))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tq,tk,causal", [(1000, 1000, False), (700, 1300, True), (1300, 700, True)])
+def test_gpu_atomic_dq_full_and_ragged(tq, tk, causal):
+    """dq by concurrent atomic adds (the interpreter runs programs one by one): not causal, Tq < Tk, and
+    Tq > Tk (queries with no key)."""
+    f, b = plans.default_plans(64, torch.bfloat16, causal)
+    run_and_compare(*make_qkv(2, 4, tq, tk, 64, torch.bfloat16, layout="bthd", device="cuda"), causal=causal,
+                    plan=(f, dataclasses.replace(b, dq_mode="atomic")))
 
 
 @pytest.mark.gpu

@@ -7,7 +7,7 @@ fuses them (the first programs of the grid do dk/dv, the rest dq). No T x T tens
 
 ``dq_mode="atomic"`` (a plan switch, FA2's structure): no dq pass. The dk/dv programs, which already
 hold dS for each (key block, query block) tile, also form dq's share dS k there and add it into an
-fp32 (B, H, Tq, d) buffer with atomic adds; one cast writes dq at the end. Five matmuls per tile pair
+fp32 (B, H, Tq, d_pad) buffer with atomic adds; one cast writes dq at the end. Five matmuls per tile pair
 instead of seven (the dq pass recomputes q k^T and do v^T), for B H Tq Tk / BLOCK_N1 x d fp32 atomics
 and a nondeterministic summation order of dq (each add is exact to fp32 rounding; the order varies):
 under ``torch.use_deterministic_algorithms(True)`` such a plan runs the dq pass instead.

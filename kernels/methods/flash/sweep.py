@@ -43,7 +43,7 @@ from kernels.timing import bench_ms, error_on_device
 FWD_PHASES = "block_m=64,128 block_n=32,64,128 num_warps=4,8 num_stages=2,3,4 | tma=off,host,device"
 BWD_PHASES = ("block_m1=32,64 block_n1=64,128 num_warps=4,8 num_stages=2,3,4 | "
               "block_m2=64,128 block_n2=32,64 dq_warps=4,8 dq_stages=2,3,4 | tma=off,host,device | fused=0,1 | "
-              "fused=0 dq_mode=atomic | block_m1=32,64 block_n1=64,128 num_warps=4,8 num_stages=2,3,4")
+              "fused=0 dq_mode=pass,atomic | block_m1=32,64 block_n1=64,128 num_warps=4,8 num_stages=2,3,4")
 
 
 def parse_phases(text: str, cls) -> list[dict]:
