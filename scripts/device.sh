@@ -12,6 +12,9 @@
 #   cuda-sweep  python -m harness.bench cuda-sweep (CUDA launch variants per N; CUDA_SWEEP_ARGS)
 #   triton-ce-sweep  python -m kernels.methods.triton.ce_sweep (Triton cross-entropy plans per V; TRITON_CE_SWEEP_ARGS)
 #   ce-sweep python -m kernels.methods.cuda.ce_sweep (CUDA cross-entropy launch variants per V; CE_SWEEP_ARGS)
+#   flash-sweep  python -m kernels.methods.flash.sweep (flash attention plans per shape, SDPA flash and cuDNN
+#            beside them; FLASH_SHAPES, FLASH_FWD_PHASES, FLASH_BWD_PHASES override its --shapes and phases,
+#            e.g. FLASH_SHAPES="4,12,4096,64" FLASH_BWD_PHASES="fused=0 dq_mode=pass,atomic")
 #   overhead python -m harness.bench overhead model=gpt2s
 #   study    python -m harness.study (STUDY_ARGS)
 #   profile  Nsight Compute on scripts/profile_softmax.py (PROFILE_ARGS: method, N, direction; NCU_KERNEL:
@@ -65,6 +68,15 @@ for stage in "$@"; do
     ce-sweep)
       timeout ${CE_SWEEP_TIMEOUT:-300} python3 -m kernels.methods.cuda.ce_sweep --out "$OUT" ${CE_SWEEP_ARGS:-} 2>&1 | tee "$OUT/ce_sweep.log" | grep -E "^V=|best|^ce-sweep|WRONG|Error" | tail -30
       summary+=("ce-sweep: see $OUT/ce_sweep.json")
+      ;;
+    flash-sweep)
+      args=(--out "$OUT/flash_sweep.json" --max-seconds $(( ${FLASH_SWEEP_TIMEOUT:-400} - 30 )))
+      [ -n "${FLASH_SHAPES:-}" ] && args+=(--shapes "$FLASH_SHAPES")
+      [ -n "${FLASH_FWD_PHASES:-}" ] && args+=(--fwd-phases "$FLASH_FWD_PHASES")
+      [ -n "${FLASH_BWD_PHASES:-}" ] && args+=(--bwd-phases "$FLASH_BWD_PHASES")
+      timeout ${FLASH_SWEEP_TIMEOUT:-400} python3 -m kernels.methods.flash.sweep "${args[@]}" 2>&1 | tee "$OUT/flash_sweep.log" \
+        | grep -E "^==|sdpa-|table entry|\*$|FAILED|WRONG" | cut -c1-220 | tail -40
+      summary+=("flash-sweep: see $OUT/flash_sweep.json")
       ;;
     overhead)
       timeout ${OVERHEAD_TIMEOUT:-300} python3 -m harness.bench overhead --out "$OUT/overhead" ${OVERHEAD_ARGS:-model=gpt2s} 2>&1 | tee "$OUT/overhead.log" | grep -E "round|harness /|Error|error" | tail -20
