@@ -26,6 +26,19 @@ def report(k) -> dict:
             "shared": k.metadata.shared, "ptx": k.asm["ptx"], "usage": usage}
 
 
+def compile_gluon_sm90(fn, sig: dict, const: dict, divisible: tuple, warps: int, maxnreg: int):
+    """A Gluon row kernel compiled for Hopper (sm_90): ``sig`` its runtime arguments' types, ``const`` its
+    constexprs, the arguments at positions ``divisible`` 16-byte aligned, ``warps`` warps within
+    ``maxnreg`` registers. Returns the ``triton.compile`` result (for ``report``)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    src = GluonASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in const}},
+                         attrs={(i,): [["tt.divisibility", 16]] for i in divisible}, constexprs=const)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "maxnreg": maxnreg})
+
+
 def compile_cases(script: str, cases: list[str], timeout: int = 900) -> list[dict]:
     """Run a compile script (its cases as arguments; it prints one JSON line per case, ``report(k)`` and
     ``case`` among them) in a subprocess without TRITON_INTERPRET, with the repository importable; the

@@ -32,10 +32,7 @@ def cg():
 
 _COMPILE = r"""
 import json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
-from tests.compiled_report import report
+from tests.compiled_report import compile_gluon_sm90, report
 from kernels.methods.triton import cross_entropy_gluon as cg, plan as tp
 
 for case in sys.argv[1:]:
@@ -47,10 +44,7 @@ for case in sys.argv[1:]:
     nr, ns, even = tp._hybrid_shape(v, cg._softmax_plan(warps))
     const = {"NR": nr, "NS": ns, "EVEN": even, "BF16": dtype == "bf16", "FROM_S": grad, "DIVIDE": True,
              "WRITE_LOSS": True, "WRITE_GRAD": grad}
-    src = GluonASTSource(fn=cg._ce_hybrid_kernel, signature={**sig, **{k: "constexpr" for k in const}},
-                         attrs={(i,): [["tt.divisibility", 16]] for i in (0, 3, 6, 7)}, constexprs=const)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": warps, "maxnreg": cg.hybrid_maxnreg(warps)})
+    k = compile_gluon_sm90(cg._ce_hybrid_kernel, sig, const, (0, 3, 6, 7), warps, cg.hybrid_maxnreg(warps))
     print(json.dumps({"case": case, "ns": ns, **report(k)}))
 """
 

@@ -36,9 +36,7 @@ def cs():
 _COMPILE = r"""
 import json, sys
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
-from tests.compiled_report import report
+from tests.compiled_report import compile_gluon_sm90, report
 from kernels.methods.triton import cross_entropy_slices as cs, plan as tp
 from kernels.methods.triton.cross_entropy_gluon import hybrid_maxnreg
 
@@ -52,10 +50,7 @@ for case in sys.argv[1:]:
     sl, last, nr, ns, even = cs.slices_shape(v, n_slices, warps)
     const = {"NR": nr, "NS": ns, "EVEN": even, "BF16": dtype == "bf16", "SP2": tp._next_pow2(n_slices),
              "FROM_S": grad, "DIVIDE": True, "WRITE_LOSS": True, "WRITE_GRAD": grad}
-    src = GluonASTSource(fn=cs._ce_slices_kernel, signature={**sig, **{k: "constexpr" for k in const}},
-                         attrs={(i,): [["tt.divisibility", 16]] for i in (0, 3, 6, 7, 8, 9)}, constexprs=const)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": warps, "maxnreg": hybrid_maxnreg(warps)})
+    k = compile_gluon_sm90(cs._ce_slices_kernel, sig, const, (0, 3, 6, 7, 8, 9), warps, hybrid_maxnreg(warps))
     print(json.dumps({"case": case, "ns": ns, "triton": triton.__version__, **report(k)}))
 """
 
