@@ -218,19 +218,23 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if tma == "device":
         ensure_allocator()
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *dk.stride(), *dv.stride())
-    if tma == "host":  # one box shape per descriptor: the dk/dv programs' tiles, then the dq programs'
-        ins = (host_descriptor(q, bm1, d_pad), host_descriptor(k, bn1, d_pad), host_descriptor(v, bn1, dv_pad),
-               host_descriptor(do, bm1, dv_pad), host_descriptor(q, bm2, d_pad), host_descriptor(k, bn2, d_pad),
-               host_descriptor(v, bn2, dv_pad), host_descriptor(do, bm2, dv_pad))
-        outs = (host_descriptor(dq, bm2, d_pad), host_descriptor(dk, bn1, d_pad), host_descriptor(dv, bn1, dv_pad))
-    else:
-        ins, outs = (q, k, v, do, q, k, v, do), (dq, dk, dv)
-    sizes = (B, H, TQ, TK, scale * LOG2E, scale)
-
     # atomic adds sum dq in a varying order: under torch.use_deterministic_algorithms, the dq pass
     atomic = plan.dq_mode == "atomic" and not torch.are_deterministic_algorithms_enabled()
     # fp32 dq sums, rows of d_pad (zeroed: the atomic adds accumulate into them); else a dummy pointer
     dq_acc = torch.zeros((B, H, TQ, d_pad), dtype=torch.float32, device=q.device) if atomic else delta
+    if tma == "host":  # one box shape per descriptor: the dk/dv programs' tiles, then the dq programs'
+        kv_ins = (host_descriptor(q, bm1, d_pad), host_descriptor(k, bn1, d_pad), host_descriptor(v, bn1, dv_pad),
+                  host_descriptor(do, bm1, dv_pad))
+        kv_outs = (host_descriptor(dk, bn1, d_pad), host_descriptor(dv, bn1, dv_pad))
+        if atomic:  # no dq programs: their slots take the dk/dv programs' descriptors (same types), unread
+            ins, outs = kv_ins * 2, (kv_outs[0], *kv_outs)
+        else:
+            ins = (*kv_ins, host_descriptor(q, bm2, d_pad), host_descriptor(k, bn2, d_pad),
+                   host_descriptor(v, bn2, dv_pad), host_descriptor(do, bm2, dv_pad))
+            outs = (host_descriptor(dq, bm2, d_pad), *kv_outs)
+    else:
+        ins, outs = (q, k, v, do, q, k, v, do), (dq, dk, dv)
+    sizes = (B, H, TQ, TK, scale * LOG2E, scale)
 
     def launch(n_programs: int, n_kv: int, do_kv: bool, do_q: bool, warps: int, stages: int) -> None:
         _bwd_kernel[(n_programs, H, B)](*ins, *outs, lse, delta, dq_acc, *strides, *sizes, n_kv, **common,
