@@ -432,6 +432,44 @@ def test_linear_cross_entropy_extra_memory_at_the_lm_head_shape():
     assert math.isfinite(loss.item())
 
 
+# Each input check of the raw op with the message it must raise. In a child process: a check that
+# crashed (run R: every message formatting an integer died in a libstdc++ copy the extension exported,
+# kernels/methods/cuda/build.py LDFLAGS) fails this test instead of ending the test session.
+_CHECKS = """
+import torch, kernels
+kernels.get_method("cuda").prepare()
+op = torch.ops.softmax_harness_cuda.ce_rows
+x = torch.randn(4, 70000, device="cuda"); t = torch.zeros(4, dtype=torch.long, device="cuda")
+cases = {"forced path": (x, t, -100, None, None, 0), "path range": (x, t, -100, None, None, 7),
+         "scale shape": (x, t, -100, torch.ones(3, device="cuda"), None, -1),
+         "targets shape": (x, t[:3], -100, None, None, -1), "grad dtype": (x, t, -100, None, x.half(), -1),
+         "targets dtype": (x, t.float(), -100, None, None, -1)}
+for name, args in cases.items():
+    try:
+        op(*args)
+        print(name, "| no error")
+    except RuntimeError as e:
+        print(name, "|", str(e).splitlines()[0])
+"""
+_MESSAGES = {"forced path": "the forced path 0 cannot take these rows (4 x 70000, Float",
+             "path range": "path 7 is not one of -1..3",
+             "scale shape": "grad_scale must be a scalar or (N,) = (4,), got [3]",
+             "targets shape": "targets must be (N,) = (4",
+             "grad dtype": "grad must have the logits' dtype Float, got Half",
+             "targets dtype": "targets must be int64 (or int32), got Float"}
+
+
+def test_input_checks_raise_with_their_numbers():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _CHECKS], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"the checks' process died (exit {proc.returncode}): {proc.stderr[-2000:]}"
+    got = dict(line.split(" | ", 1) for line in proc.stdout.splitlines() if " | " in line)
+    for name, message in _MESSAGES.items():
+        assert message in got.get(name, "(nothing printed)"), f"{name}: {got.get(name)!r}"
+
+
 def test_rejects_cpu_tensors():
     with pytest.raises(ValueError, match="runs on CUDA tensors"):
         kernels.cross_entropy(torch.randn(4, 8), torch.zeros(4, dtype=torch.long), method="cuda")

@@ -23,6 +23,14 @@ SOURCES = [CSRC / "softmax_binding.cpp", CSRC / "softmax_kernels.cu", CSRC / "cr
 DEVICE_HEADERS = sorted((CSRC / "softmax").glob("*.cuh"))
 CE_DEVICE_HEADERS = sorted((CSRC / "cross_entropy").glob("*.cuh"))
 HEADERS = [CSRC / "softmax_kernels.h", CSRC / "cross_entropy_kernels.h", *DEVICE_HEADERS, *CE_DEVICE_HEADERS]
+#: Link flags of every build here: keep the symbols of static archives inside the extension. A compiler
+#: whose driver links libstdc++ statically (the H200 image's /opt/gcc g++ does: the built library needs no
+#: libstdc++.so and exported 3397 std:: symbols) otherwise exports a second libstdc++ from the extension;
+#: the dynamic linker binds part of the extension's stream calls to the process's libstdc++.so (torch
+#: loaded it first) and part to the copy, whose locale facet ids differ, and the first error message that
+#: formats an integer crashed (SIGSEGV in std::ostream::_M_insert<long>, docs/perf.md run R). Hidden, the
+#: copy is used whole. No effect when libstdc++ is linked dynamically (no archive to hide).
+LDFLAGS = ["-Wl,--exclude-libs,ALL"]
 _LOCK = threading.Lock()
 STATE: dict = {"loaded": False, "error": None, "build_s": None}
 
@@ -78,6 +86,7 @@ def prepare() -> dict:
                 sources=[str(s) for s in SOURCES],
                 extra_cflags=["-O3"],
                 extra_cuda_cflags=["-O3", "-lineinfo", headers_flag(HEADERS)],
+                extra_ldflags=LDFLAGS,
                 extra_include_paths=[str(CSRC)],
                 is_python_module=False,
                 verbose=False,

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kernels.methods.cuda.build import CE_DEVICE_HEADERS, CSRC, DEVICE_HEADERS, headers_flag
+from kernels.methods.cuda.build import CE_DEVICE_HEADERS, CSRC, DEVICE_HEADERS, LDFLAGS, headers_flag
 from kernels.reference import FWD_TOL
 from kernels.timing import bench_graph_ms, bench_ms, copy_bandwidth
 
@@ -90,7 +90,7 @@ def load_ce_tuning() -> float:
          extra_cflags=["-O3"], extra_include_paths=[str(CSRC)],
          extra_cuda_cflags=["-O3",
                             headers_flag([*DEVICE_HEADERS, *CE_DEVICE_HEADERS, CSRC / "cross_entropy_tuning.h"])],
-         is_python_module=False, verbose=False)
+         extra_ldflags=LDFLAGS, is_python_module=False, verbose=False)
     return time.perf_counter() - t0
 
 

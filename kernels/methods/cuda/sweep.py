@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.methods.cuda.build import CSRC, DEVICE_HEADERS, headers_flag
+from kernels.methods.cuda.build import CSRC, DEVICE_HEADERS, LDFLAGS, headers_flag
 from kernels.reference import BWD_TOL, FWD_TOL
 from kernels.timing import bench_graph_ms, copy_bandwidth, error_on_device, sweep_references
 
@@ -70,7 +70,7 @@ def load_cuda_tuning() -> float:
                   str(CSRC / "softmax_tuning_persist.cu")],
          extra_cflags=["-O3"], extra_include_paths=[str(CSRC)],
          extra_cuda_cflags=["-O3", headers_flag([*DEVICE_HEADERS, CSRC / "softmax_tuning.h"])],
-         is_python_module=False, verbose=False)
+         extra_ldflags=LDFLAGS, is_python_module=False, verbose=False)
     return time.perf_counter() - t0
 
 
