@@ -171,6 +171,18 @@ def _err(out, ref):
     return ((out.double() - ref).norm() / ref.norm().clamp(min=1e-300)).item()
 
 
+def _grad_bound(ref_grad, w, dtype):
+    """3x the error of rounding the exact gradient (grad_output w: 0-dim or one per row) to dtype the
+    way the op does: the forward writes the gradient before w in dtype (the mean's 1 / n_valid
+    included outside float16) and the backward multiplies by w, a second rounding. Whichever of one or
+    two roundings errs more: with w = 1 there is one, and a lucky w can make the single rounding of the
+    product small (run R: 6.2e-4 for one rounding, 3.8e-3 measured, 2.0e-3 for the two roundings at w = 1.25)."""
+    wb = w.reshape(-1, 1) if w.dim() else w
+    once = _err(ref_grad.to(dtype), ref_grad)
+    twice = _err(((ref_grad / wb).to(dtype).double() * wb).to(dtype), ref_grad)
+    return 3 * max(once, twice) + 1e-6
+
+
 def _check(loss, grad, x, t, c=1.0):
     ref_loss, ref_grad = ce_rows_reference(x, t, -100)
     ref_grad = ref_grad * c
@@ -245,7 +257,7 @@ def test_the_op_on_the_hybrid_path(ck, monkeypatch, v, dtype, reduction):
         if frac == "all":
             assert (xr.grad == 0).all()
         else:
-            assert _err(xr.grad, x64.grad) <= 3 * _err(x64.grad.to(dtype), x64.grad) + 1e-6
+            assert _err(xr.grad, x64.grad) <= _grad_bound(x64.grad, w, dtype)
 
 
 @pytest.mark.gpu
