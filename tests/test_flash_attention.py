@@ -354,6 +354,76 @@ def test_gpu_hopper_switches_are_correct(variant):
                     causal=True, plan=(f, b))
 
 
+def _recorded_launches(monkeypatch, plan, tma="off"):
+    """(kernel, args, meta) of every launch one forward + backward makes (launched the plain way)."""
+    from kernels.methods.triton import fastlaunch
+
+    seen = []
+
+    def record(kernel, grid, args, meta, device=None):
+        seen.append((kernel, args, meta))
+        kernel[grid](*args, **meta)
+
+    monkeypatch.setattr(fastlaunch, "launch", record)
+    f, b = (dataclasses.replace(p, tma=tma) for p in plan)
+    q, k, v = make_qkv(1, 2, 40, 40, 16, torch.float16, layout="bthd")
+    out, lse = launch_fwd(q, k, v, 0.25, True, f)
+    from kernels.methods.flash.bwd import launch_bwd
+
+    launch_bwd(torch.randn_like(out), q, k, v, out, lse, 0.25, True, b)
+    return seen
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_every_flash_launch_takes_the_direct_path_shape(monkeypatch, fused):
+    """fastlaunch launches a kernel directly only when the positionals are its plain parameters and every
+    later parameter is a constexpr given by keyword (else it silently takes Triton's launcher): each
+    launch of a forward + backward (forward, delta, dk/dv, dq) passes its arguments that way."""
+    import inspect
+
+    seen = _recorded_launches(monkeypatch, (SMALL_FWD, dataclasses.replace(SMALL_BWD, fused=fused)))
+    assert len(seen) == (3 if fused else 4)
+    for kernel, args, meta in seen:
+        fn = getattr(kernel, "fn", kernel)
+        params = list(inspect.signature(fn).parameters.values())
+        plain = [p.name for p in params[:len(args)] if p.annotation is not inspect.Parameter.empty]
+        assert not plain, f"{fn.__name__}: positionals {plain} are annotated (constexprs?)"
+        later = [p.name for p in params[len(args):]]
+        assert all("constexpr" in str(p.annotation) for p in params[len(args):]), fn.__name__
+        assert set(later) <= set(meta), f"{fn.__name__}: constexprs {set(later) - set(meta)} not given by keyword"
+        assert not getattr(kernel, "kwargs", {}).get("do_not_specialize"), fn.__name__
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [False, True])
+def test_gpu_direct_launches_match_plain_ones(fused):
+    """Forward and backward launched directly (after the first, compiling call) give bit for bit what
+    Triton's launcher gives, and direct entries were made for the flash kernels."""
+    from kernels.methods.flash.bwd import launch_bwd
+    from kernels.methods.triton import fastlaunch as fl
+
+    assert fl.unsupported_reason() is None, fl.unsupported_reason()
+    f, b = plans.default_plans(64, torch.bfloat16, True)
+    b = dataclasses.replace(b, fused=fused)
+    q, k, v = make_qkv(2, 4, 1000, 1000, 64, torch.bfloat16, layout="bthd", device="cuda")
+    do = torch.randn(2, 4, 1000, 64, device="cuda", dtype=torch.bfloat16)
+    results = {}
+    try:
+        for direct in (False, True):
+            fl.configure(direct)
+            fl.clear()
+            for _ in range(3):  # the first call compiles (or finds) and records; the next ones go direct
+                out, lse = launch_fwd(q, k, v, 0.125, True, f)
+                grads = launch_bwd(do, q, k, v, out, lse, 0.125, True, b)
+            results[direct] = (out, lse, *grads)
+            if direct:
+                made = {getattr(e[0], "__name__", "") or e[0].fn.__name__ for e in fl._kernels.values() if e[1]}
+                assert {"_fwd_kernel", "_delta_kernel", "_bwd_kernel"} <= made, made
+    finally:
+        fl.configure()
+    assert all(torch.equal(a, c) for a, c in zip(results[False], results[True]))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("tq,tk,causal", [(1000, 1000, False), (700, 1300, True), (1300, 700, True)])
 def test_gpu_atomic_dq_full_and_ragged(tq, tk, causal):

@@ -21,6 +21,7 @@ from kernels.methods.flash import plan as plans
 from kernels.methods.flash.fwd import precision, resolve_tma
 from kernels.methods.flash.tiles import (LOG2E, TMA_CODE, device_descriptor, ensure_allocator, host_descriptor,
                                          key_bounds, load_rows, mma, query_bounds, store_rows, tl, triton)
+from kernels.methods.triton import fastlaunch
 
 if triton is not None:
 
@@ -205,9 +206,9 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         plan = plans.plans_for(D, DV, q.dtype, causal, TQ, TK)[1]
     d_pad, dv_pad = plans.head_pad(D), plans.head_pad(DV)
     delta = torch.empty((B, H, TQ), dtype=torch.float32, device=q.device)
-    _delta_kernel[(triton.cdiv(TQ, plan.pre_block), H, B)](
-        out, do, delta, *out.stride(), *do.stride(), H, TQ, DV=DV, DV_PAD=dv_pad, BLOCK=plan.pre_block,
-    )
+    fastlaunch.launch(_delta_kernel, (triton.cdiv(TQ, plan.pre_block), H, B),
+                      (out, do, delta, *out.stride(), *do.stride(), H, TQ),
+                      dict(DV=DV, DV_PAD=dv_pad, BLOCK=plan.pre_block))
     dq, dk, dv = _grad_like(q), _grad_like(k), _grad_like(v)
     tma = resolve_tma(plan.tma, q.device, q, k, v, do, dq, dk, dv)
     bm1, bn1, bm2, bn2 = plan.block_m1, plan.block_n1, plan.block_m2, plan.block_n2
@@ -237,9 +238,8 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     sizes = (B, H, TQ, TK, scale * LOG2E, scale)
 
     def launch(n_programs: int, n_kv: int, do_kv: bool, do_q: bool, warps: int, stages: int) -> None:
-        _bwd_kernel[(n_programs, H, B)](*ins, *outs, lse, delta, dq_acc, *strides, *sizes, n_kv, **common,
-                                        DO_KV=do_kv, DO_Q=do_q, DQ_ATOMIC=atomic, num_warps=warps,
-                                        num_stages=stages)
+        fastlaunch.launch(_bwd_kernel, (n_programs, H, B), (*ins, *outs, lse, delta, dq_acc, *strides, *sizes, n_kv),
+                          dict(common, DO_KV=do_kv, DO_Q=do_q, DQ_ATOMIC=atomic, num_warps=warps, num_stages=stages))
 
     if atomic:
         launch(n_kv, n_kv, True, False, plan.num_warps, plan.num_stages)

@@ -14,6 +14,7 @@ from kernels.methods.flash import plan as plans
 from kernels.methods.flash.tiles import (LOG2E, TMA_CODE, device_descriptor, ensure_allocator, host_descriptor,
                                          interpreter_enabled, key_bounds, load_rows, mma, store_rows, tl,
                                          tma_eligible, tma_supported, triton)
+from kernels.methods.triton import fastlaunch
 
 if triton is not None:
 
@@ -131,11 +132,11 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
         if tma == "device":
             ensure_allocator()
     grid = (triton.cdiv(TQ, bm), H, B)
-    _fwd_kernel[grid](
-        qa, ka, va, oa, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        B, H, TQ, TK, scale * LOG2E,
-        D=D, DV=DV, D_PAD=d_pad, DV_PAD=dv_pad, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
-        SCALE_NONNEG=scale >= 0, TMA=TMA_CODE[tma], WARP_SPEC=plan.warp_specialize,
-        PREC=precision(q.dtype), num_warps=plan.num_warps, num_stages=plan.num_stages,
+    fastlaunch.launch(
+        _fwd_kernel, grid,
+        (qa, ka, va, oa, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), B, H, TQ, TK, scale * LOG2E),
+        dict(D=D, DV=DV, D_PAD=d_pad, DV_PAD=dv_pad, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
+             SCALE_NONNEG=scale >= 0, TMA=TMA_CODE[tma], WARP_SPEC=plan.warp_specialize,
+             PREC=precision(q.dtype), num_warps=plan.num_warps, num_stages=plan.num_stages),
     )
     return out, lse
