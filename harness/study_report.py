@@ -311,8 +311,11 @@ TABLE = ["method", "status", "patched", "judged by", "repeats", "tokens/s [95% C
 
 
 def table_lines(rows: list[StudyRow], cfg: DictConfig) -> list[str]:
+    """The report's table; one ratio column where the baseline is the reference (the same runs)."""
     names = {"baseline": cfg.study.baseline, "reference": cfg.study.reference}
-    lines = ["| " + " | ".join(h.format(**names) for h in TABLE) + " |", "|" + "---|" * len(TABLE)]
+    one = names["baseline"] == names["reference"]
+    heads = [h for h in TABLE if not (one and h == "vs {reference} [95% CI]")]
+    lines = ["| " + " | ".join(h.format(**names) for h in heads) + " |", "|" + "---|" * len(heads)]
     for r in rows:
         steps = "-" if r.step_ms_p50 is None else f"{r.step_ms_p50:.2f} / {_cell(r.step_ms_p90, 'step_ms_p90')}"
         vs_b = _with_interval(r, "speedup_vs_baseline") + _noise_mark(r, names["baseline"])
@@ -320,7 +323,7 @@ def table_lines(rows: list[StudyRow], cfg: DictConfig) -> list[str]:
         reason = r.reason.replace("|", "/").replace("\n", " ")
         lines.append("| " + " | ".join([
             r.label, r.status, patched_words(r.patched) or "-", r.judged or "-", str(r.repeats),
-            _with_interval(r, "tokens_per_s"), vs_b, vs_r, steps,
+            _with_interval(r, "tokens_per_s"), vs_b, *([] if one else [vs_r]), steps,
             _spread_cell(r), _cell(r.peak_mem_gib, "peak_mem_gib"), _cell(r.mfu, "mfu"), _cell(r.warmup_s, "warmup_s"),
             _cell(r.final_loss, "final_loss"), _cell(r.loss_diff_vs_reference, "loss_diff_vs_reference"),
             _parity_cell(r), reason or "-"]) + " |")

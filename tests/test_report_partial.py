@@ -1,5 +1,6 @@
 """The report over a study cut short: a context sweep killed inside a point and moved to another place
-(shaped like a real H200 study's directory), and a study stopped by Ctrl+C after its first point."""
+(shaped like a real H200 study's directory), and a study stopped by Ctrl+C after its first point; the
+report's table when the baseline is the reference."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from harness.env import environment
 from harness.report import build_report
 from harness.study import run_study
+from harness.study_report import StudyRow, table_lines
 from tests import study_methods as sm
 
 ENV = {"device_name": "NVIDIA H200", "cuda_available": True, "gpu_count": 1, "torch": "2.11.0+cu130", "cuda": "13.0",
@@ -163,3 +166,20 @@ def test_a_finished_study_says_nothing_of_progress(tmp_path, monkeypatch):
     report = (tmp_path / "report.md").read_text()
     assert report.startswith("# Speedup study\n") and "Incomplete" not in report
     assert json.loads((tmp_path / "study.json").read_text())["progress"]["complete"] is True
+
+
+def test_one_ratio_column_when_the_baseline_is_the_reference():
+    """study.baseline == study.reference: the same runs, so one "vs" column, its cells in place."""
+    row = StudyRow("flash", False, "PASS", speedup_vs_baseline=1.012, speedup_vs_reference=1.012,
+                   tokens_per_s=356167.0)
+    for baseline, reference in (("sdpa_cudnn", "sdpa_cudnn"), ("naive", "torch")):
+        cfg = OmegaConf.create({"study": {"baseline": baseline, "reference": reference}})
+        head, rule, line = table_lines([row], cfg)
+        cols = [c.strip() for c in head.strip("|").split("|")]
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert len(cells) == len(cols) == rule.count("---")
+        ratios = [c for c in cols if c.startswith("vs ")]
+        assert ratios == ([f"vs {baseline} [95% CI]"] if baseline == reference else
+                          [f"vs {baseline} [95% CI]", f"vs {reference} [95% CI]"])
+        assert cells[cols.index(ratios[0])].startswith("1.012")
+        assert cells[cols.index("step ms p50 / p90")] == "-"
