@@ -20,6 +20,8 @@ Code paths (each module opens with its own details):
   (plan ``fused``). With plan ``dq_mode="atomic"`` (FA2's structure) there is no dq pass: the dk/dv
   programs add each tile's scale * dS k into an fp32 dq buffer by atomic adds (five matmuls per tile
   pair instead of seven; dq's summation order then varies from run to run), cast once at the end.
+  Measured slower than the dq pass at every swept shape (docs/perf.md, run S: the atomics cost more
+  than the two matmuls they save), so no table entry uses it; the sweep still tries it.
 * Any strides: every tensor is addressed through its own (B, H, T, d) strides; the model's (B, T, H,
   d) views are read in place, never copied. Head dims 1..128, padded to the next power of two
   (>= 16) with masked loads; dv may differ from d. float16 / bfloat16 (tensor cores, fp32
@@ -47,6 +49,9 @@ Compiled for sm_90 by Triton 3.6 (``compile_check``, no GPU needed): every path 
 TMA copies replace the pointer loads and take 20-50 fewer registers a thread; warp_specialize
 leaves these loops unspecialized on Hopper (same code with 8 warps; with 4 the pass fails to
 compile), so on 3.6 it is a Blackwell switch.
+
+Launches go through ``kernels.methods.triton.fastlaunch`` (Triton's launcher skipped once a
+specialization is known: ~20 us less per forward on the H200's host).
 
 Registered as the torch ops ``softmax_harness::flash_attention_fwd`` (-> out, lse) and
 ``softmax_harness::flash_attention_bwd`` (``ops``). Dropout is refused (sdpa or a composed method
