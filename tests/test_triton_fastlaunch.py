@@ -265,3 +265,12 @@ def test_a_differently_aligned_tensor_gets_its_own_specialization(shape, dtype, 
     assert after > before
     assert torch.equal(y_off, got[False][0][0]) and torch.equal(dx_off, got[False][0][1])
     assert torch.equal(got[True][0][0], got[False][0][0])
+
+
+def test_cdiv_is_tritons_without_the_constexpr_call():
+    """The grids' host-side ceil division gives what triton.cdiv gives (0, exact, one past, large)."""
+    import triton
+
+    for a in (0, 1, 15, 16, 17, 1000, 1024, 2**31 + 5):
+        for b in (1, 16, 64, 128):
+            assert fl.cdiv(a, b) == triton.cdiv(a, b)

@@ -206,13 +206,13 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         plan = plans.plans_for(D, DV, q.dtype, causal, TQ, TK)[1]
     d_pad, dv_pad = plans.head_pad(D), plans.head_pad(DV)
     delta = torch.empty((B, H, TQ), dtype=torch.float32, device=q.device)
-    fastlaunch.launch(_delta_kernel, (triton.cdiv(TQ, plan.pre_block), H, B),
+    fastlaunch.launch(_delta_kernel, (fastlaunch.cdiv(TQ, plan.pre_block), H, B),
                       (out, do, delta, *out.stride(), *do.stride(), H, TQ),
                       dict(DV=DV, DV_PAD=dv_pad, BLOCK=plan.pre_block))
     dq, dk, dv = _grad_like(q), _grad_like(k), _grad_like(v)
     tma = resolve_tma(plan.tma, q.device, q, k, v, do, dq, dk, dv)
     bm1, bn1, bm2, bn2 = plan.block_m1, plan.block_n1, plan.block_m2, plan.block_n2
-    n_kv, n_q = triton.cdiv(TK, bn1), triton.cdiv(TQ, bm2)
+    n_kv, n_q = fastlaunch.cdiv(TK, bn1), fastlaunch.cdiv(TQ, bm2)
     common = dict(D=D, DV=DV, D_PAD=d_pad, DV_PAD=dv_pad, BLOCK_M1=bm1, BLOCK_N1=bn1, BLOCK_M2=bm2,
                   BLOCK_N2=bn2, CAUSAL=causal, TMA=TMA_CODE[tma], WARP_SPEC=plan.warp_specialize,
                   PREC=precision(q.dtype))

@@ -131,7 +131,7 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
         qa, ka, va, oa = q, k, v, out
         if tma == "device":
             ensure_allocator()
-    grid = (triton.cdiv(TQ, bm), H, B)
+    grid = (fastlaunch.cdiv(TQ, bm), H, B)
     fastlaunch.launch(
         _fwd_kernel, grid,
         (qa, ka, va, oa, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), B, H, TQ, TK, scale * LOG2E),

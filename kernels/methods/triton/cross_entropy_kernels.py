@@ -73,6 +73,7 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
+from kernels.methods.triton import fastlaunch
 from kernels.methods.triton.cross_entropy_gluon import (HYBRID_MAX_N, HYBRID_MIN_N, hybrid_unusable,
                                                         launch_hybrid)
 from kernels.methods.triton.cross_entropy_slices import (default_slices, launch_slices, slices_reason, slices_shape,
@@ -345,7 +346,7 @@ def launch_ce(logits: Tensor, targets: Tensor, loss_rows: Optional[Tensor], grad
     strides = (logits.stride(0), logits.stride(1), dummy.stride(0), stride_s, ignore_index)
     with _device_guard(logits):
         if p.path == "tile":
-            _ce_tile_kernel[(triton.cdiv(n_rows, p.rows),)](
+            _ce_tile_kernel[(fastlaunch.cdiv(n_rows, p.rows),)](
                 *args, n_rows, n_cols, *strides, BLOCK_N=p.block_n, ROWS=p.rows, **flags)
         elif p.path == "split":
             splits = -(-n_cols // p.block_n)

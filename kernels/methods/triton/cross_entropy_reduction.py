@@ -128,7 +128,7 @@ def scale_grad_(grad: Tensor, grad_output: Tensor, count: Optional[Tensor] = Non
     per_row = grad_output.dim() == 1
     block_n = min(_next_pow2(n_cols), 4096)
     rows = max(1, 4096 // block_n)
-    n_tiles = triton.cdiv(n_rows, rows) * triton.cdiv(n_cols, block_n)
+    n_tiles = fastlaunch.cdiv(n_rows, rows) * fastlaunch.cdiv(n_cols, block_n)
     with _device_guard(grad):
         _launch(_scale_kernel, (_persistent_programs(n_tiles, grad.device),),
                 (g2, grad_output, count if count is not None else grad_output, n_rows, n_cols, g2.stride(0),
