@@ -194,7 +194,7 @@ def _grad_like(t: torch.Tensor) -> torch.Tensor:
     """A gradient laid out as (B, T, H, d) in memory, viewed as (B, H, T, d): the layout the model's
     q/k/v views come from, so their backward (transpose, view, concatenation) copies nothing extra."""
     B, H, T, D = t.shape
-    return torch.empty((B, T, H, D), dtype=t.dtype, device=t.device).transpose(1, 2)
+    return torch.empty_strided((B, H, T, D), (T * H * D, D, H * D, 1), dtype=t.dtype, device=t.device)
 
 
 def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,

@@ -95,12 +95,15 @@ if triton is not None:
         store_rows(O, (acc * inv[:, None]).to(q.dtype), b, h, m0, TQ, sob, soh, som, sod, BLOCK_M, DV, DV_PAD, TMA)
 
 
+#: PREC of 16-bit inputs: tensor cores, or widened dots where the kernels were built for Triton's
+#: interpreter (decided when triton.jit wrapped them, at import: so read once, not per call)
+_PREC_16 = 2 if interpreter_enabled() else 0
+
+
 def precision(dtype: torch.dtype) -> int:
     """The kernels' PREC (see tiles.mma): fp32 full-precision dots, 16-bit tensor cores (widened
     under the interpreter)."""
-    if dtype == torch.float32:
-        return 1
-    return 2 if interpreter_enabled() else 0
+    return 1 if dtype == torch.float32 else _PREC_16
 
 
 def resolve_tma(mode: str, device: torch.device, *tensors: torch.Tensor) -> str:
@@ -119,7 +122,7 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
     TK, DV = k.shape[2], v.shape[3]
     if plan is None:
         plan = plans.plans_for(D, DV, q.dtype, causal, TQ, TK)[0]
-    out = torch.empty((B, TQ, H, DV), dtype=q.dtype, device=q.device).transpose(1, 2)
+    out = torch.empty_strided((B, H, TQ, DV), (TQ * H * DV, DV, H * DV, 1), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, TQ), dtype=torch.float32, device=q.device)
     d_pad, dv_pad = plans.head_pad(D), plans.head_pad(DV)
     bm, bn = plan.block_m, plan.block_n
