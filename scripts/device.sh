@@ -14,7 +14,7 @@
 #   ce-sweep python -m kernels.methods.cuda.ce_sweep (CUDA cross-entropy launch variants per V; CE_SWEEP_ARGS)
 #   flash-sweep  python -m kernels.methods.flash.sweep (flash attention plans per shape, SDPA flash and cuDNN
 #            beside them; FLASH_SHAPES, FLASH_FWD_PHASES, FLASH_BWD_PHASES override its --shapes and phases,
-#            e.g. FLASH_SHAPES="4,12,4096,64" FLASH_BWD_PHASES="fused=0 dq_mode=pass,atomic")
+#            e.g. FLASH_SHAPES="4,12,4096,64" FLASH_BWD_PHASES="fused=0 dq_mode=pass,atomic,tma_add")
 #   overhead python -m harness.bench overhead model=gpt2s
 #   study    python -m harness.study (STUDY_ARGS)
 #   profile  Nsight Compute on scripts/profile_softmax.py (PROFILE_ARGS: method, N, direction; NCU_KERNEL:

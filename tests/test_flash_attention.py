@@ -153,11 +153,11 @@ def test_float32_is_exact_to_the_fp32_tolerance():
 
 
 @pytest.mark.parametrize("variant", ["tma-host", "tma-device", "fused", "fused-tma-host", "mixed-blocks", "atomic-dq",
-                                     "atomic-dq-tma-host"])
+                                     "atomic-dq-tma-host", "tma_add-dq"])
 def test_plan_variants(variant):
     f, b = SMALL
-    if variant.startswith("atomic-dq"):  # dq added by the dk/dv programs (a 37 x 30 causal block pattern)
-        b = dataclasses.replace(b, dq_mode="atomic", block_n1=32 if variant.endswith("host") else 16,
+    if variant.startswith(("atomic-dq", "tma_add")):  # dq added by the dk/dv programs (a 37 x 30 causal block pattern)
+        b = dataclasses.replace(b, dq_mode=variant.split("-")[0], block_n1=32 if variant.endswith("host") else 16,
                                 tma="host" if variant.endswith("host") else "off")
     elif variant.startswith("tma"):
         mode = variant.split("-")[1]
@@ -172,20 +172,21 @@ def test_plan_variants(variant):
     run_and_compare(*make_qkv(1, 2, 37, 30, 16, torch.float16), causal=True, plan=(f, b))
 
 
+@pytest.mark.parametrize("mode", ["atomic", "tma_add"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_atomic_dq_with_a_padded_head_dim(causal):
+def test_atomic_dq_with_a_padded_head_dim(causal, mode):
     """dq by atomic adds with a padded head dim (24 in tiles of 32) and partial query blocks (41 rows in
-    blocks of 16, whose rows past Tq the mask keeps inside the fp32 buffer)."""
-    b = dataclasses.replace(SMALL_BWD, dq_mode="atomic")
+    blocks of 16, whose rows past Tq the mask, or the descriptor's bounds, keep inside the fp32 buffer)."""
+    b = dataclasses.replace(SMALL_BWD, dq_mode=mode)
     run_and_compare(*make_qkv(2, 2, 41, 23, 24, torch.bfloat16, layout="bthd"), causal=causal, plan=(SMALL_FWD, b))
 
 
 def test_atomic_dq_gives_way_to_the_dq_pass_in_deterministic_mode():
-    """Under torch.use_deterministic_algorithms an atomic-dq plan runs the (deterministic) dq pass: the
-    gradients equal the pass plan's bit for bit."""
-    atomic = dataclasses.replace(SMALL_BWD, dq_mode="atomic")
+    """Under torch.use_deterministic_algorithms an atomic-dq plan (either kind) runs the (deterministic) dq
+    pass: the gradients equal the pass plan's bit for bit."""
     grads = {}
-    for name, b in (("pass", SMALL_BWD), ("atomic", atomic)):
+    for name, b in (("pass", SMALL_BWD), ("atomic", dataclasses.replace(SMALL_BWD, dq_mode="atomic")),
+                    ("tma_add", dataclasses.replace(SMALL_BWD, dq_mode="tma_add"))):
         q, k, v = make_qkv(1, 2, 37, 37, 16, torch.bfloat16)
         was = torch.are_deterministic_algorithms_enabled()
         torch.use_deterministic_algorithms(True, warn_only=True)  # (the float64 reference's cuBLAS on a GPU)
@@ -194,7 +195,58 @@ def test_atomic_dq_gives_way_to_the_dq_pass_in_deterministic_mode():
         finally:
             torch.use_deterministic_algorithms(was)
         grads[name] = got[1:]
-    assert all(torch.equal(a, p) for a, p in zip(grads["atomic"], grads["pass"]))
+    for mode in ("atomic", "tma_add"):
+        assert all(torch.equal(a, p) for a, p in zip(grads[mode], grads["pass"]))
+
+
+def test_dq_adds_compile_to_what_each_mode_promises():
+    """Compiled for sm_90 (no GPU: kernels.methods.flash.compile_check in a subprocess without the
+    interpreter, HARNESS_COMPILE_PYTHON's Triton where set): the atomic mode's dk/dv kernel adds dq by
+    vector fp32 atomics, tma_add's by bulk tensor reductions and no element atomic."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
+    python = os.environ.get("HARNESS_COMPILE_PYTHON") or sys.executable
+    lines = {}
+    for mode in ("atomic", "tma_add"):
+        run = subprocess.run([python, "-m", "kernels.methods.flash.compile_check", "--d", "64", "--bwd",
+                              f"dq_mode={mode}"], capture_output=True, text=True, env=env, timeout=600)
+        assert run.returncode == 0, run.stderr[-2000:]
+        lines[mode] = next(line for line in run.stdout.splitlines() if line.strip().startswith("dk/dv"))
+    assert "FAILED" not in lines["atomic"] + lines["tma_add"], lines
+    vector_add = re.compile(r"\b(atom|red)\.global\.gpu\.relaxed\.add\.v4\.f32")  # (red: 3.9, atom: 3.6)
+    assert vector_add.search(lines["atomic"]) and "cp.reduce" not in lines["atomic"], lines["atomic"]
+    assert "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add" in lines["tma_add"], lines["tma_add"]
+    assert not re.search(r"\b(atom|red)\.global", lines["tma_add"]), lines["tma_add"]
+
+
+@pytest.mark.parametrize("tma_there", [True, False])
+def test_tma_add_launches_descriptor_reductions_where_tma_is(monkeypatch, tma_there):
+    """dq_mode="tma_add" hands the dk/dv programs a (1, 1, BLOCK_M1, d_pad) descriptor of the fp32 dq
+    buffer and DQ_ATOMIC=2 where TMA is (sm_90+, outside the interpreter), element atomics (1) elsewhere;
+    no dq programs either way."""
+    from kernels.methods.flash import bwd, fwd
+    from kernels.methods.flash.tiles import TensorDescriptor
+
+    b = dataclasses.replace(SMALL_BWD, dq_mode="tma_add", block_m1=32)
+    monkeypatch.setattr(bwd, "interpreter_enabled", lambda: False)
+    monkeypatch.setattr(fwd, "tma_supported", lambda device: tma_there)
+    seen = _recorded_launches(monkeypatch, (SMALL_FWD, b), run=False)  # (no descriptor reductions here)
+    kv = [(args, meta) for kernel, args, meta in seen if meta.get("DO_KV") is not None]
+    assert len(kv) == 1 and kv[0][1]["DO_KV"] and not kv[0][1]["DO_Q"]
+    args, meta = kv[0]
+    dqa = args[13]  # Q, K, V, DO, Q2, K2, V2, DO2, DQ, DK, DV_, LSE, DELTA, DQA
+    if tma_there:
+        assert meta["DQ_ATOMIC"] == 2 and isinstance(dqa, TensorDescriptor)
+        assert list(dqa.block_shape) == [1, 1, 32, 16] and dqa.base.dtype == torch.float32
+        assert list(dqa.shape) == [1, 2, 40, 16]
+    else:
+        assert meta["DQ_ATOMIC"] == 1 and isinstance(dqa, torch.Tensor) and dqa.dtype == torch.float32
 
 
 def test_sweep_checks_and_times_both_dq_modes(tmp_path):
@@ -292,10 +344,11 @@ def test_launch_plan_table_lookup(monkeypatch):
         plans.FwdPlan(block_m=48)
     with pytest.raises(ValueError, match="tma"):
         plans.BwdPlan(tma="yes")
-    with pytest.raises(ValueError, match="dq_mode='sum'.*pass, atomic"):
+    with pytest.raises(ValueError, match="dq_mode='sum'.*pass, atomic, tma_add"):
         plans.BwdPlan(dq_mode="sum")
-    with pytest.raises(ValueError, match="no dq programs"):
-        plans.BwdPlan(dq_mode="atomic", fused=True)
+    for mode in ("atomic", "tma_add"):
+        with pytest.raises(ValueError, match=f"dq_mode='{mode}' has no dq programs"):
+            plans.BwdPlan(dq_mode=mode, fused=True)
 
 
 def test_method_is_registered_with_its_config():
@@ -333,7 +386,7 @@ def test_gpu_full_size_against_float64_on_two_heads(shape, causal):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["off", "host", "device", "warp_specialize", "fused", "atomic", "atomic-d128",
-                                     "atomic-host"])
+                                     "atomic-host", "tma_add", "tma_add-d128", "tma_add-host"])
 def test_gpu_hopper_switches_are_correct(variant):
     f, b = plans.default_plans(64, torch.bfloat16, True)
     if variant in plans.TMA_MODES:
@@ -341,10 +394,10 @@ def test_gpu_hopper_switches_are_correct(variant):
     elif variant == "warp_specialize":  # Triton 3.6 cannot build it with 4 warps on Hopper
         f = dataclasses.replace(f, warp_specialize=True, num_warps=8)
         b = dataclasses.replace(b, warp_specialize=True, num_warps=8, dq_warps=8)
-    elif variant.startswith("atomic"):
+    elif variant.startswith(("atomic", "tma_add")):
         d = 128 if variant.endswith("d128") else 64
         f, b = plans.default_plans(d, torch.bfloat16, True)
-        b = dataclasses.replace(b, dq_mode="atomic", tma="host" if variant.endswith("host") else b.tma)
+        b = dataclasses.replace(b, dq_mode=variant.split("-")[0], tma="host" if variant.endswith("host") else b.tma)
         run_and_compare(*make_qkv(2, 4, 1000, 1000, d, torch.bfloat16, layout="bthd", device="cuda"),
                         causal=True, plan=(f, b))
         return
@@ -354,15 +407,17 @@ def test_gpu_hopper_switches_are_correct(variant):
                     causal=True, plan=(f, b))
 
 
-def _recorded_launches(monkeypatch, plan, tma="off"):
-    """(kernel, args, meta) of every launch one forward + backward makes (launched the plain way)."""
+def _recorded_launches(monkeypatch, plan, tma="off", run=True):
+    """(kernel, args, meta) of every launch one forward + backward makes (launched the plain way, or
+    not at all without ``run``)."""
     from kernels.methods.triton import fastlaunch
 
     seen = []
 
     def record(kernel, grid, args, meta, device=None):
         seen.append((kernel, args, meta))
-        kernel[grid](*args, **meta)
+        if run:
+            kernel[grid](*args, **meta)
 
     monkeypatch.setattr(fastlaunch, "launch", record)
     f, b = (dataclasses.replace(p, tma=tma) for p in plan)
@@ -425,13 +480,14 @@ def test_gpu_direct_launches_match_plain_ones(fused):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["atomic", "tma_add"])
 @pytest.mark.parametrize("tq,tk,causal", [(1000, 1000, False), (700, 1300, True), (1300, 700, True)])
-def test_gpu_atomic_dq_full_and_ragged(tq, tk, causal):
-    """dq by concurrent atomic adds (the interpreter runs programs one by one): not causal, Tq < Tk, and
-    Tq > Tk (queries with no key)."""
+def test_gpu_atomic_dq_full_and_ragged(tq, tk, causal, mode):
+    """dq by concurrent atomic adds or TMA reductions (the interpreter runs programs one by one, and has
+    no descriptor reductions): not causal, Tq < Tk, and Tq > Tk (queries with no key)."""
     f, b = plans.default_plans(64, torch.bfloat16, causal)
     run_and_compare(*make_qkv(2, 4, tq, tk, 64, torch.bfloat16, layout="bthd", device="cuda"), causal=causal,
-                    plan=(f, dataclasses.replace(b, dq_mode="atomic")))
+                    plan=(f, dataclasses.replace(b, dq_mode=mode)))
 
 
 @pytest.mark.gpu

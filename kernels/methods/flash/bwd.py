@@ -11,6 +11,10 @@ fp32 (B, H, Tq, d_pad) buffer with atomic adds; one cast writes dq at the end. F
 instead of seven (the dq pass recomputes q k^T and do v^T), for B H Tq Tk / BLOCK_N1 x d fp32 atomics
 and a nondeterministic summation order of dq (each add is exact to fp32 rounding; the order varies):
 under ``torch.use_deterministic_algorithms(True)`` such a plan runs the dq pass instead.
+``dq_mode="tma_add"`` (FA3's structure): the same shares, each tile added by one TMA reduction
+(``cp.reduce.async.bulk.tensor`` through a host tensor descriptor of the buffer: the tile goes through
+shared memory, the adds happen in L2, the registers and issue slots of the element atomics are free).
+Triton's interpreter has no descriptor reductions: there, and on GPUs without TMA, it runs "atomic".
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ import torch
 from kernels.methods.flash import plan as plans
 from kernels.methods.flash.fwd import precision, resolve_tma
 from kernels.methods.flash.tiles import (LOG2E, TMA_CODE, device_descriptor, ensure_allocator, host_descriptor,
-                                         key_bounds, load_rows, mma, query_bounds, store_rows, tl, triton)
+                                         interpreter_enabled, key_bounds, load_rows, mma, query_bounds, store_rows,
+                                         tl, triton)
 from kernels.methods.triton import fastlaunch
 
 if triton is not None:
@@ -44,7 +49,9 @@ if triton is not None:
                     WARP_SPEC: tl.constexpr, PREC: tl.constexpr, DQ_ATOMIC: tl.constexpr):
         """Queries lo .. hi into dk, dv (transposed tiles: keys along the rows). Rows past Tq read
         q = do = 0 and lse = +inf, so they add exactly 0; MASKED applies the causal mask. DQ_ATOMIC:
-        also scale * dS k into the fp32 rows of DQA ((B H Tq) x D_PAD), by atomic adds."""
+        also scale * dS k into the fp32 rows of DQA ((B H Tq) x D_PAD), by element atomic adds (1) or,
+        DQA a descriptor of that buffer as (B, H, Tq, D_PAD) with (1, 1, BLOCK_M, D_PAD) boxes, one TMA
+        reduction per tile (2; rows past Tq fall outside the box's bounds and are not written)."""
         row = (b * H + h).to(tl.int64) * TQ
         for m0 in tl.range(lo, hi, BLOCK_M, warp_specialize=WARP_SPEC):
             m0 = tl.multiple_of(m0, BLOCK_M)
@@ -62,11 +69,14 @@ if triton is not None:
             dp_t = mma(v, tl.trans(do), None, PREC)
             ds_t = p_t * (dp_t - delta[None, :])
             dk = mma(ds_t.to(q.dtype), q, dk, PREC)
-            if DQ_ATOMIC:
+            if DQ_ATOMIC == 1:
                 dq_part = mma(tl.trans(ds_t.to(k.dtype)), k, None, PREC) * scale  # (BLOCK_M, D_PAD)
                 cols = tl.arange(0, D_PAD)
                 ptrs = DQA + (row + offs_m)[:, None] * D_PAD + cols[None, :]
                 tl.atomic_add(ptrs, dq_part, mask=(offs_m[:, None] < TQ) & (cols[None, :] < D), sem="relaxed")
+            elif DQ_ATOMIC == 2:
+                dq_part = mma(tl.trans(ds_t.to(k.dtype)), k, None, PREC) * scale
+                DQA.atomic_add([b, h, m0, 0], dq_part.reshape([1, 1, BLOCK_M, D_PAD]))
         return dk, dv
 
     @triton.jit
@@ -167,8 +177,9 @@ if triton is not None:
         """Programs [0, N_KV_PROGRAMS) compute dk/dv (when DO_KV), the others dq (when DO_Q); a
         launch with both is the fused backward. Q, K, V, DO are the dk/dv programs' inputs, Q2 .. DO2
         the dq programs' (the same tensors; with host descriptors, boxes of their tile shapes).
-        Causal dq programs run heaviest first (the last queries see the most keys). DQ_ATOMIC: the
-        dk/dv programs also add dq into DQA (fp32), and no program does the dq pass."""
+        Causal dq programs run heaviest first (the last queries see the most keys). DQ_ATOMIC (1:
+        element atomics, 2: TMA reductions): the dk/dv programs also add dq into DQA (fp32), and no
+        program does the dq pass."""
         pid = tl.program_id(0)
         h = tl.program_id(1)
         b = tl.program_id(2)
@@ -220,9 +231,13 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         ensure_allocator()
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *dk.stride(), *dv.stride())
     # atomic adds sum dq in a varying order: under torch.use_deterministic_algorithms, the dq pass
-    atomic = plan.dq_mode == "atomic" and not torch.are_deterministic_algorithms_enabled()
+    atomic = 0 if plan.dq_mode == "pass" or torch.are_deterministic_algorithms_enabled() else 1
     # fp32 dq sums, rows of d_pad (zeroed: the atomic adds accumulate into them); else a dummy pointer
     dq_acc = torch.zeros((B, H, TQ, d_pad), dtype=torch.float32, device=q.device) if atomic else delta
+    dq_sums = dq_acc  # what the kernel adds into: the buffer, or (tma_add, where TMA is) its descriptor
+    if atomic and plan.dq_mode == "tma_add" and not interpreter_enabled():
+        if resolve_tma("host", q.device, dq_acc) == "host":
+            atomic, dq_sums = 2, host_descriptor(dq_acc, bm1, d_pad)
     if tma == "host":  # one box shape per descriptor: the dk/dv programs' tiles, then the dq programs'
         kv_ins = (host_descriptor(q, bm1, d_pad), host_descriptor(k, bn1, d_pad), host_descriptor(v, bn1, dv_pad),
                   host_descriptor(do, bm1, dv_pad))
@@ -238,7 +253,7 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     sizes = (B, H, TQ, TK, scale * LOG2E, scale)
 
     def launch(n_programs: int, n_kv: int, do_kv: bool, do_q: bool, warps: int, stages: int) -> None:
-        fastlaunch.launch(_bwd_kernel, (n_programs, H, B), (*ins, *outs, lse, delta, dq_acc, *strides, *sizes, n_kv),
+        fastlaunch.launch(_bwd_kernel, (n_programs, H, B), (*ins, *outs, lse, delta, dq_sums, *strides, *sizes, n_kv),
                           dict(common, DO_KV=do_kv, DO_Q=do_q, DQ_ATOMIC=atomic, num_warps=warps, num_stages=stages))
 
     if atomic:

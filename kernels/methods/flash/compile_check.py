@@ -4,7 +4,7 @@ Runs the real launchers on CPU tensors with the kernels swapped for recorders, t
 recorded launch to ``triton.compile`` for the target (sm_90 by default) and prints what ptxas made
 of it: registers per thread, spill stack, shared memory, whether the TTGIR has wgmma
 (``warp_group_dot``), TMA copies and warp-specialized partitions, and the PTX's atomic instructions
-(the atomic dq's adds: how many, and whether vectorized). A plan that spills or does not
+(the atomic dq's adds: how many, and whether vectorized; tma_add's bulk tensor reductions). A plan that spills or does not
 fit shared memory shows here before any GPU time is spent; timings come from ``sweep``.
 
     python -m kernels.methods.flash.compile_check --d 64,128 --dtype bfloat16 \\
@@ -92,9 +92,10 @@ def compile_call(fn, args, kw, target: GPUTarget) -> dict:
     regs, stack = re.search(r"REG:(\d+)", usage), re.search(r"STACK:(\d+)", usage)
     g = k.asm["ttgir"]
     reds = re.findall(r"\b(?:red|atom)\.global[.\w]*", k.asm["ptx"])  # the atomic dq's adds
+    bulk = re.findall(r"\bcp\.reduce\.async\.bulk\.tensor[.\w:]*", k.asm["ptx"])  # tma_add's reductions
     return {"regs": int(regs.group(1)) if regs else -1, "stack": int(stack.group(1)) if stack else -1,
             "smem": k.metadata.shared, "wgmma": "warp_group_dot" in g, "tma": g.count("async_tma_copy"),
-            "ws": "ttg.warp_specialize" in g, "atomics": sorted(set(reds)), "n_atomics": len(reds)}
+            "ws": "ttg.warp_specialize" in g, "atomics": sorted(set(reds + bulk)), "n_atomics": len(reds) + len(bulk)}
 
 
 def record(d: int, dtype: torch.dtype, causal: bool, fplan: plans.FwdPlan, bplan: plans.BwdPlan,

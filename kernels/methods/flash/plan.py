@@ -22,8 +22,10 @@ import torch
 #: kernel parameters), or descriptors built on the device (tl.make_tensor_descriptor; needs a
 #: scratch allocator). TMA needs 16-byte aligned base pointers and strides; other inputs use pointers.
 TMA_MODES = ("off", "host", "device")
-#: Where the backward computes dq: its own programs ("pass") or the dk/dv programs by atomic adds.
-DQ_MODES = ("pass", "atomic")
+#: Where the backward computes dq: its own programs ("pass"), or the dk/dv programs, adding their
+#: shares into an fp32 buffer element by element ("atomic") or a tile at a time by TMA reductions
+#: ("tma_add": cp.reduce.async.bulk through a tensor descriptor, sm_90+).
+DQ_MODES = ("pass", "atomic", "tma_add")
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,9 @@ class BwdPlan:
     kernel keeps BLOCK_M2 queries and loops over BLOCK_N2 keys (no atomics); the delta kernel takes
     ``pre_block`` rows a program. ``fused``: the dk/dv and dq programs share one launch (one grid,
     ``num_warps``/``num_stages`` for both), else two launches (dq with ``dq_warps``/``dq_stages``).
-    ``dq_mode``: "pass" (dq in its own programs, as above) or "atomic" (the dk/dv programs add dq into
-    an fp32 buffer by atomic adds; no dq programs, so the dq fields and ``fused`` do not apply)."""
+    ``dq_mode``: "pass" (dq in its own programs, as above), "atomic" (the dk/dv programs add dq into
+    an fp32 buffer by atomic adds; no dq programs, so the dq fields and ``fused`` do not apply) or
+    "tma_add" (the same adds, one TMA reduction per tile; "atomic" where TMA is not there)."""
 
     block_m1: int = 32
     block_n1: int = 128
@@ -68,9 +71,9 @@ class BwdPlan:
         _check_blocks(self, ("block_m1", "block_n1", "block_m2", "block_n2", "pre_block"))
         if self.dq_mode not in DQ_MODES:
             raise ValueError(f"BwdPlan.dq_mode={self.dq_mode!r}: one of {', '.join(DQ_MODES)}")
-        if self.dq_mode == "atomic" and self.fused:
+        if self.dq_mode != "pass" and self.fused:
             raise ValueError("BwdPlan: fused=True launches the dq programs beside the dk/dv ones; "
-                             "dq_mode='atomic' has no dq programs (use fused=False)")
+                             f"dq_mode={self.dq_mode!r} has no dq programs (use fused=False)")
 
 
 def _check_blocks(plan, names) -> None:
