@@ -141,8 +141,14 @@ def test_launch_table_reports_host_time_per_call(tmp_path):
     from harness.bench.launch import run_launch_bench
 
     rows = run_launch_bench(["torch", "sdpa"], tmp_path, calls=5)
+    host = [r for r in rows if r.method.startswith("host: ")]
+    rows = [r for r in rows if not r.method.startswith("host: ")]
     assert {(r.method, r.op) for r in rows} == {("torch", "softmax"), ("torch", "cross_entropy"), ("sdpa", "attention")}
     assert all(r.one_shot_us > 0 and r.bound_us > 0 and r.bound_fwd_bwd_us > 0 and not r.error for r in rows), rows
+    # the host's own floor, same run: bare torch.softmax and an identity autograd.Function
+    assert [r.method for r in host] == ["host: torch.softmax", "host: identity Function"]
+    assert all(r.bound_us > 0 and r.bound_fwd_bwd_us > 0 and r.one_shot_us is None and not r.error for r in host), host
+    assert "host: identity Function" in (tmp_path / "launch.md").read_text()
     assert "one-shot / bound" in (tmp_path / "launch.md").read_text() and "| launch |" in (tmp_path / "launch.md").read_text()
 
 

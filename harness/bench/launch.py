@@ -11,6 +11,13 @@ The ``triton`` method is measured twice, once per launch path of its softmax (co
 ``direct`` (compiled kernels' launchers called directly: ``kernels.methods.triton.fastlaunch``) and
 ``plain`` (every launch through ``kernel[grid]``, as with ``HARNESS_TRITON_DIRECT=0``); where the direct
 path cannot run here the first row says why.
+
+Two rows put the host itself on the table, measured in the same run (the lent hosts differ: a bound
+``torch`` softmax forward took 9.7 us on one and 63 us on another, docs/perf.md): ``host: torch.softmax``,
+PyTorch's own softmax called bare (forward; forward + backward through its C++ autograd node), and
+``host: identity Function``, an ``autograd.Function`` that returns its input, whose forward + backward
+is what the autograd engine alone costs a method built as a Python Function (the triton, cuda and
+flash eager routes are). No method's forward + backward can cost less than that row here.
 """
 
 from __future__ import annotations
@@ -101,6 +108,40 @@ def _calls(method: str, op: str, device: str):
     raise ValueError(op)
 
 
+class _Identity(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def _host_rows(device: str, calls: int) -> list[LaunchRow]:
+    """The host's own floor (module docstring): bare torch.softmax and an identity autograd.Function."""
+    g = torch.Generator().manual_seed(0)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    shape = TINY["softmax"]["shape"]
+    x = torch.randn(shape, generator=g).to(device, dtype).requires_grad_(True)
+    dy = torch.randn(shape, generator=g).to(device, dtype)
+    xd = x.detach()
+    calls_of = {
+        "host: torch.softmax": (lambda: torch.softmax(xd, -1), lambda: torch.autograd.grad(torch.softmax(x, -1), x, dy)),
+        "host: identity Function": (lambda: _Identity.apply(xd), lambda: torch.autograd.grad(_Identity.apply(x), x, dy)),
+    }
+    rows = []
+    for name, (fwd, both) in calls_of.items():
+        row = LaunchRow(name, "softmax", shape)
+        try:
+            row.bound_us, row.spread = host_us(fwd, calls)
+            row.bound_fwd_bwd_us, _ = host_us(both, max(20, calls // 2))
+        except Exception as exc:
+            row.error = error_text(exc)
+        rows.append(row)
+    return rows
+
+
 def default_methods() -> list[str]:
     """Every method that can run here (timing-only ones too: their host cost is real)."""
     return kernels.runnable_methods(include_timing_only=True)
@@ -129,7 +170,7 @@ def _measure(row: LaunchRow, method: str, op: str, device: str, calls: int) -> N
 
 def run_launch_bench(methods: Optional[list[str]], out: Path, calls: int = 200) -> list[LaunchRow]:
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    rows = []
+    rows = _host_rows(device, calls)
     for method in methods or default_methods():
         m = kernels.get_method(method)
         if m.prepare is not None:
