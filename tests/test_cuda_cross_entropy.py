@@ -460,10 +460,15 @@ _MESSAGES = {"forced path": "the forced path 0 cannot take these rows (4 x 70000
 
 
 def test_input_checks_raise_with_their_numbers():
+    import os
     import subprocess
     import sys
+    from pathlib import Path
 
-    proc = subprocess.run([sys.executable, "-c", _CHECKS], capture_output=True, text=True, timeout=600)
+    root = str(Path(__file__).resolve().parents[1])  # the child imports kernels from this checkout
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-c", _CHECKS], capture_output=True, text=True, timeout=600, cwd=root,
+                          env=env)
     assert proc.returncode == 0, f"the checks' process died (exit {proc.returncode}): {proc.stderr[-2000:]}"
     got = dict(line.split(" | ", 1) for line in proc.stdout.splitlines() if " | " in line)
     for name, message in _MESSAGES.items():

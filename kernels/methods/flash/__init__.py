@@ -23,8 +23,10 @@ Code paths (each module opens with its own details):
   Measured slower than the dq pass at every swept shape (docs/perf.md, run S: the atomics cost more
   than the two matmuls they save), so no table entry uses it; the sweep still tries it. Plan
   ``dq_mode="tma_add"`` (FA3's structure) adds each tile's share by one TMA reduction instead
-  (``cp.reduce.async.bulk.tensor`` through a descriptor of the buffer): 174 registers against 200 for
-  the element atomics at d = 64 (compile_check, sm_90); not timed yet.
+  (``cp.reduce.async.bulk.tensor`` through a descriptor of the buffer). Compiled for sm_90 with the
+  T > 1024, d = 64 table plan: 174 registers against 200 for the element atomics under Triton 3.6
+  (162 against 160 under 3.9); at d = 128 (8-warp 64 x 128) 255 with a 112 B spill, as the pass plan
+  there. Not timed yet.
 * Any strides: every tensor is addressed through its own (B, H, T, d) strides; the model's (B, T, H,
   d) views are read in place, never copied. Head dims 1..128, padded to the next power of two
   (>= 16) with masked loads; dv may differ from d. float16 / bfloat16 (tensor cores, fp32

@@ -51,7 +51,7 @@ if triton is not None:
         q = do = 0 and lse = +inf, so they add exactly 0; MASKED applies the causal mask. DQ_ATOMIC:
         also scale * dS k into the fp32 rows of DQA ((B H Tq) x D_PAD), by element atomic adds (1) or,
         DQA a descriptor of that buffer as (B, H, Tq, D_PAD) with (1, 1, BLOCK_M, D_PAD) boxes, one TMA
-        reduction per tile (2; rows past Tq fall outside the box's bounds and are not written)."""
+        reduction per tile (2; rows past Tq fall outside the descriptor's bounds and are not written)."""
         row = (b * H + h).to(tl.int64) * TQ
         for m0 in tl.range(lo, hi, BLOCK_M, warp_specialize=WARP_SPEC):
             m0 = tl.multiple_of(m0, BLOCK_M)
