@@ -172,6 +172,16 @@ def test_plan_variants(variant):
     run_and_compare(*make_qkv(1, 2, 37, 30, 16, torch.float16), causal=True, plan=(f, b))
 
 
+@pytest.mark.parametrize("group", [2, 4, 8])
+@pytest.mark.parametrize("tq,tk", [(37, 30), (30, 37)])
+def test_grouped_causal_program_order(group, tq, tk):
+    """FwdPlan.group: the causal forward's programs remapped G heads at a time, heaviest blocks first.
+    6 heads (B = 2, H = 3): groups of 2 (even), of 4 (the last group short: 2 heads) and of 8 (one
+    group of all 6); every (query block, head, batch) tile must still be computed exactly once."""
+    f = dataclasses.replace(SMALL_FWD, group=group)
+    run_and_compare(*make_qkv(2, 3, tq, tk, 16, torch.float16, layout="bthd"), causal=True, plan=(f, SMALL_BWD))
+
+
 @pytest.mark.parametrize("mode", ["atomic", "tma_add"])
 @pytest.mark.parametrize("causal", [True, False])
 def test_atomic_dq_with_a_padded_head_dim(causal, mode):
@@ -394,6 +404,8 @@ def test_launch_plan_table_lookup(monkeypatch):
         plans.forget()
     with pytest.raises(ValueError, match="powers of two"):
         plans.FwdPlan(block_m=48)
+    with pytest.raises(ValueError, match="group=0.*int >= 1"):
+        plans.FwdPlan(group=0)
     with pytest.raises(ValueError, match="tma"):
         plans.BwdPlan(tma="yes")
     with pytest.raises(ValueError, match="dq_mode='sum'.*pass, atomic, tma_add"):

@@ -39,6 +39,9 @@ matmuls instead of two; recomputing P is one of them), plus reads of do, out, ls
 compute-bound on an H200 for T >= a few hundred: the target is tensor-core throughput (anchors:
 SDPA flash 192 / FlexAttention 225 / cuDNN 303 TFLOP/s forward at (16, 12, 1024, 64) causal bf16).
 
+Causal programs start heaviest first: head by head (the default), or by groups of heads (plan
+``FwdPlan.group``: every group's heaviest query blocks first, so the grid ends on its lightest ones).
+
 Hopper features, each a switch of the launch plan (``plan``; measured by ``sweep``): ``tma``
 ("off": pointer loads, pipelined with cp.async; "host": tensor descriptors built on the host and
 passed as kernel parameters, loaded by TMA into shared memory with mbarriers, which frees the

@@ -30,7 +30,12 @@ DQ_MODES = ("pass", "atomic", "tma_add")
 
 @dataclass(frozen=True)
 class FwdPlan:
-    """Forward: one program per (BLOCK_M queries, head, batch), looping over BLOCK_N keys."""
+    """Forward: one program per (BLOCK_M queries, head, batch), looping over BLOCK_N keys.
+    ``group`` (causal only): the order programs start in. 1: head by head, each head's query blocks
+    heaviest first (its keys and values stay in L2 while its programs run); G > 1: G heads at a time,
+    all their heaviest blocks first, then the next lighter ones, so the last programs of the grid are
+    the lightest (a shorter tail when the last wave leaves SMs idle), for G heads' keys and values in
+    L2 at once."""
 
     block_m: int = 128
     block_n: int = 64
@@ -38,9 +43,12 @@ class FwdPlan:
     num_stages: int = 3  # software-pipelining depth of the key loop (loads in flight)
     tma: str = "off"
     warp_specialize: bool = False  # tl.range(..., warp_specialize=True): producer/consumer warps
+    group: int = 1
 
     def __post_init__(self) -> None:
         _check_blocks(self, ("block_m", "block_n"))
+        if not isinstance(self.group, int) or self.group < 1:
+            raise ValueError(f"FwdPlan.group={self.group!r}: heads per group of the causal program order, an int >= 1")
 
 
 @dataclass(frozen=True)
