@@ -331,6 +331,23 @@ def test_sweep_checks_and_times_both_dq_modes(tmp_path):
     assert set(recs["best"]) == {"1,2,40,40,16/causal/bfloat16"}
 
 
+def test_sweep_tries_the_program_order_only_where_causal(tmp_path):
+    """FwdPlan.group changes only the causal launch: the sweep times its values there and leaves the
+    phase out of the non-causal shape (the same launch four times otherwise)."""
+    import json
+
+    from kernels.methods.flash import sweep
+
+    out = tmp_path / "sweep.json"
+    sweep.main(["--shapes", "2,3,40,16", "--device", DEVICE, "--no-baselines", "--rep-ms", "1", "--out", str(out),
+                "--causal", "both", "--mode", "fwd", "--fwd-phases", "block_m=16 block_n=16 | group=1,2,4"])
+    recs = json.loads(out.read_text())["results"]
+    groups = {causal: {r["plan"]["group"] for r in recs if r["shape"].split("/")[1] == causal} for causal in
+              ("causal", "full")}
+    assert groups == {"causal": {1, 2, 4}, "full": {1}}
+    assert all(r["status"] == "ok" for r in recs)
+
+
 def test_tma_falls_back_to_pointers_where_it_cannot_read():
     q, k, v = make_qkv(1, 1, 16, 16, 16, torch.float16)
     assert resolve_tma("host", q.device, q, k, v) == ("host" if tma_supported(q.device) else "off")

@@ -39,7 +39,7 @@ from kernels.timing import bench_ms, error_on_device
 #: The default phases (about 43 forward and 80 backward candidates a shape). warp_specialize is left
 #: out: Triton 3.6 does not specialize these loops on Hopper (compile_check); add "| warp_specialize=0,1"
 #: to measure it (on Blackwell, say). The forward's last phase tries the grouped causal program order
-#: (FwdPlan.group; the same candidate four times where not causal). The backward's last two phases try dq added by the dk/dv programs
+#: (FwdPlan.group; left out where not causal, where it changes nothing). The backward's last two phases try dq added by the dk/dv programs
 #: (element atomics or TMA reductions, no dq pass), then re-tune the dk/dv tiles for whichever dq mode won.
 FWD_PHASES = "block_m=64,128 block_n=32,64,128 num_warps=4,8 num_stages=2,3,4 | tma=off,host,device | group=1,4,8,16"
 BWD_PHASES = ("block_m1=32,64 block_n1=64,128 num_warps=4,8 num_stages=2,3,4 | "
@@ -142,7 +142,10 @@ class Sweep:
             return max(errs), max(errs) <= ATTN_BWD_TOL[dtype]
 
         if a.mode in ("fwd", "both"):
-            fplan = self.phases(tag, "fwd", fplan, parse_phases(a.fwd_phases, plans.FwdPlan), check_fwd,
+            fwd_phases = parse_phases(a.fwd_phases, plans.FwdPlan)
+            if not causal:  # the program order (group) is a causal knob: the same launch otherwise
+                fwd_phases = [ph for ph in ({n: vs for n, vs in ph.items() if n != "group"} for ph in fwd_phases) if ph]
+            fplan = self.phases(tag, "fwd", fplan, fwd_phases, check_fwd,
                                 lambda fp: (lambda: launch_fwd(q, k, v, scale, causal, fp)), fl)
         if a.mode in ("bwd", "both"):
             def fwd_bwd(bp):
