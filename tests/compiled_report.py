@@ -39,18 +39,25 @@ def compile_gluon_sm90(fn, sig: dict, const: dict, divisible: tuple, warps: int,
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "maxnreg": maxnreg})
 
 
-def compile_cases(script: str, cases: list[str], timeout: int = 900) -> list[dict]:
-    """Run a compile script (its cases as arguments; it prints one JSON line per case, ``report(k)`` and
-    ``case`` among them) in a subprocess without TRITON_INTERPRET, with the repository importable; the
-    Python of HARNESS_COMPILE_PYTHON where set (e.g. a venv with another Triton). The results, in order."""
-    import json
+def compile_run(args: list[str], timeout: int = 900) -> subprocess.CompletedProcess:
+    """``python *args`` for compiling to a GPU target: in a subprocess without TRITON_INTERPRET, with the
+    repository importable; the Python of HARNESS_COMPILE_PYTHON where set (e.g. a venv with another
+    Triton)."""
     import os
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
     python = os.environ.get("HARNESS_COMPILE_PYTHON") or sys.executable
-    run = subprocess.run([python, "-c", script, *cases], capture_output=True, text=True, env=env, timeout=timeout)
+    return subprocess.run([python, *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def compile_cases(script: str, cases: list[str], timeout: int = 900) -> list[dict]:
+    """Run a compile script (its cases as arguments; it prints one JSON line per case, ``report(k)`` and
+    ``case`` among them) through ``compile_run``. The results, in order."""
+    import json
+
+    run = compile_run(["-c", script, *cases], timeout)
     assert run.returncode == 0, run.stderr[-3000:]
     results = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     assert [r["case"] for r in results] == cases

@@ -83,19 +83,13 @@ def test_dq_adds_compile_to_what_each_mode_promises():
     """Compiled for sm_90 (no GPU: kernels.methods.flash.compile_check in a subprocess without the
     interpreter, HARNESS_COMPILE_PYTHON's Triton where set): the atomic mode's dk/dv kernel adds dq by
     vector fp32 atomics, tma_add's by bulk tensor reductions and no element atomic."""
-    import os
     import re
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
-    python = os.environ.get("HARNESS_COMPILE_PYTHON") or sys.executable
+    from tests.compiled_report import compile_run
+
     lines = {}
     for mode in ("atomic", "tma_add"):
-        run = subprocess.run([python, "-m", "kernels.methods.flash.compile_check", "--d", "64", "--bwd",
-                              f"dq_mode={mode}"], capture_output=True, text=True, env=env, timeout=600)
+        run = compile_run(["-m", "kernels.methods.flash.compile_check", "--d", "64", "--bwd", f"dq_mode={mode}"], 600)
         assert run.returncode == 0, run.stderr[-2000:]
         lines[mode] = next(line for line in run.stdout.splitlines() if line.strip().startswith("dk/dv"))
     assert "FAILED" not in lines["atomic"] + lines["tma_add"], lines

@@ -79,14 +79,22 @@ def host_us(fn: Callable[[], object], calls: int = 200, repeats: int = 7) -> tup
     return p50, p90 / p50
 
 
+def _softmax_inputs(device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (requires grad) and dy at the softmax's tiny shape."""
+    g = torch.Generator().manual_seed(0)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    shape = TINY["softmax"]["shape"]
+    return (torch.randn(shape, generator=g).to(device, dtype).requires_grad_(True),
+            torch.randn(shape, generator=g).to(device, dtype))
+
+
 def _calls(method: str, op: str, device: str):
     """(one-shot, bound forward, bound forward + backward) for ``op`` of ``method`` on tiny inputs."""
     g = torch.Generator().manual_seed(0)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     shape = TINY[op]["shape"]
     if op == "softmax":
-        x = torch.randn(shape, generator=g).to(device, dtype).requires_grad_(True)
-        dy = torch.randn(shape, generator=g).to(device, dtype)
+        x, dy = _softmax_inputs(device)
         fn = kernels.bind(method, "softmax")
         return (lambda: kernels.softmax(x.detach(), scale=0.125, causal=True, method=method),
                 lambda: fn(x.detach(), 0.125, True),
@@ -120,11 +128,7 @@ class _Identity(torch.autograd.Function):
 
 def _host_rows(device: str, calls: int) -> list[LaunchRow]:
     """The host's own floor (module docstring): bare torch.softmax and an identity autograd.Function."""
-    g = torch.Generator().manual_seed(0)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    shape = TINY["softmax"]["shape"]
-    x = torch.randn(shape, generator=g).to(device, dtype).requires_grad_(True)
-    dy = torch.randn(shape, generator=g).to(device, dtype)
+    x, dy = _softmax_inputs(device)
     xd = x.detach()
     calls_of = {
         "host: torch.softmax": (lambda: torch.softmax(xd, -1), lambda: torch.autograd.grad(torch.softmax(x, -1), x, dy)),
@@ -132,7 +136,7 @@ def _host_rows(device: str, calls: int) -> list[LaunchRow]:
     }
     rows = []
     for name, (fwd, both) in calls_of.items():
-        row = LaunchRow(name, "softmax", shape)
+        row = LaunchRow(name, "softmax", TINY["softmax"]["shape"])
         try:
             row.bound_us, row.spread = host_us(fwd, calls)
             row.bound_fwd_bwd_us, _ = host_us(both, max(20, calls // 2))

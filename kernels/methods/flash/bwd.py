@@ -69,14 +69,14 @@ if triton is not None:
             dp_t = mma(v, tl.trans(do), None, PREC)
             ds_t = p_t * (dp_t - delta[None, :])
             dk = mma(ds_t.to(q.dtype), q, dk, PREC)
-            if DQ_ATOMIC == 1:
+            if DQ_ATOMIC != 0:
                 dq_part = mma(tl.trans(ds_t.to(k.dtype)), k, None, PREC) * scale  # (BLOCK_M, D_PAD)
-                cols = tl.arange(0, D_PAD)
-                ptrs = DQA + (row + offs_m)[:, None] * D_PAD + cols[None, :]
-                tl.atomic_add(ptrs, dq_part, mask=(offs_m[:, None] < TQ) & (cols[None, :] < D), sem="relaxed")
-            elif DQ_ATOMIC == 2:
-                dq_part = mma(tl.trans(ds_t.to(k.dtype)), k, None, PREC) * scale
-                DQA.atomic_add([b, h, m0, 0], dq_part.reshape([1, 1, BLOCK_M, D_PAD]))
+                if DQ_ATOMIC == 1:
+                    cols = tl.arange(0, D_PAD)
+                    ptrs = DQA + (row + offs_m)[:, None] * D_PAD + cols[None, :]
+                    tl.atomic_add(ptrs, dq_part, mask=(offs_m[:, None] < TQ) & (cols[None, :] < D), sem="relaxed")
+                else:
+                    DQA.atomic_add([b, h, m0, 0], dq_part.reshape([1, 1, BLOCK_M, D_PAD]))
         return dk, dv
 
     @triton.jit

@@ -124,7 +124,7 @@ def default_plans(d_pad: int, dtype: torch.dtype, causal: bool) -> tuple[FwdPlan
 #: first entry whose max T >= max(Tq, Tk) is used (the last one beyond). Filled from the H200 sweep
 #: (``python -m kernels.methods.flash.sweep``, which prints entries in this form); empty until then.
 TABLE: dict[tuple[int, str, bool], tuple[tuple[int, FwdPlan, BwdPlan], ...]] = {
-    # H200 sweeps, causal bf16 (docs/perf.md, runs B and R). T <= 1024, at (16, 12, 1024, 64): forward 282
+    # H200 sweeps, causal bf16 (docs/perf.md, runs B and S). T <= 1024, at (16, 12, 1024, 64): forward 282
     # TFLOP/s (the tutorial's 128 x 64 tiles: 244), forward + backward 248 with the fused backward. Longer
     # rows, at (4, 12, 4096, 64): forward 381 (default 344), forward + backward 308 (default 267) with 4-warp
     # 32 x 64 dk/dv tiles; applied beyond 4096 too (the tiles' work is the same, there are more of them).
