@@ -5,6 +5,11 @@ where the method provides the op: the attention core from the method's ``attenti
 composed from its softmax: q k^T -> softmax -> v), the loss from its ``cross_entropy`` (``loss_form:
 logits``) or ``linear_cross_entropy`` (``loss_form: linear``, native or composed). A softmax the method
 does not provide keeps the model's own eager PyTorch, and the record says so.
+
+``accel.loss_method`` takes the loss from another method than the attention (the project's fused
+attention with Triton's fused linear cross-entropy: ``accel=flash_linear``). It must provide the loss
+op, and the loss must be in ``accel.patch``; ``accel.options`` are ``method``'s, so a different loss
+method runs with its defaults.
 """
 
 from __future__ import annotations
@@ -35,7 +40,18 @@ class Applied:
     loss: Optional[str] = None
     loss_form: str = "logits"
     options: dict = field(default_factory=dict)
+    loss_method: Optional[str] = None  # the method that computes the loss; None: ``method``
     _undo: list = field(default_factory=list, repr=False)
+
+    @property
+    def loss_from(self) -> str:
+        """The method the loss is bound from."""
+        return self.loss_method or self.method
+
+    @property
+    def loss_options(self) -> dict:
+        """The options the loss is bound with: ``options`` are ``method``'s alone."""
+        return dict(self.options) if self.loss_from == self.method else {}
 
     def undo(self) -> None:
         for fn in reversed(self._undo):
@@ -44,33 +60,53 @@ class Applied:
 
     def as_dict(self) -> dict:
         return {"method": self.method, "attention": self.attention, "loss": self.loss,
-                "loss_form": self.loss_form, "options": dict(self.options)}
+                "loss_form": self.loss_form, "options": dict(self.options),
+                "loss_method": self.loss_from if self.loss else None}
 
     def describe(self) -> str:
         att = f"attention={self.attention or 'eager torch (not patched)'}"
         loss = f"loss={self.loss + ' ' + self.loss_form if self.loss else 'eager F.cross_entropy (not patched)'}"
+        if self.loss and self.loss_from != self.method:
+            att, loss = f"{att} ({self.method})", f"{loss} ({self.loss_from})"
         return f"{att}, {loss}"
 
 
 def apply_accel(model: nn.Module, method: str, patch: Iterable[str] = ("attention", "loss"),
-                loss_form: str = "logits", options: Optional[Mapping[str, Any]] = None) -> Applied:
-    """Patch the softmaxes ``patch`` names that ``method`` provides; unknown or unavailable methods
-    raise the registry's clear errors before anything is changed."""
+                loss_form: str = "logits", options: Optional[Mapping[str, Any]] = None,
+                loss_method: Optional[str] = None) -> Applied:
+    """Patch the softmaxes ``patch`` names that ``method`` provides (the loss from ``loss_method`` when
+    given; ``options`` go to ``method`` alone); unknown or unavailable methods raise the registry's
+    clear errors before anything is changed."""
     m = kernels.get_method(method)
+    lm = kernels.get_method(loss_method) if loss_method is not None else m
     options = dict(options or {})
     patch = list(patch)
     if loss_form not in LOSS_OPS:
         raise AccelError(f"accel.loss_form={loss_form!r} is not accepted: one of {', '.join(LOSS_OPS)}")
-    applied = Applied(method, loss_form=loss_form, options=options)
+    op = LOSS_OPS[loss_form]
+    if loss_method is not None:
+        if "loss" not in patch:
+            raise AccelError(
+                f"accel.loss_method={loss_method!r} names the method of the loss, but accel.patch={patch} does not "
+                f"patch the loss (add loss to accel.patch, or leave accel.loss_method null)"
+            )
+        if not lm.provides(op):
+            raise AccelError(
+                f"accel.loss_method={loss_method!r} with accel.loss_form={loss_form} needs a method that provides "
+                f"{op}; {loss_method!r} provides: {', '.join(lm.ops())} (methods that provide {op} here: "
+                f"{', '.join(kernels.runnable_methods(op=op)) or 'none'})"
+            )
+    loss_options = options if lm is m else {}
+    applied = Applied(method, loss_form=loss_form, options=options,
+                      loss_method=lm.name if lm is not m else None)
     if "attention" in patch and m.provides("attention"):
         fn = kernels.bind(method, "attention", **options)
         applied._undo.append(set_attention(model, fn))
         applied.attention = m.provides("attention")
-    op = LOSS_OPS[loss_form]
-    if "loss" in patch and m.provides(op):
-        fn = kernels.bind(method, op, **options)
+    if "loss" in patch and lm.provides(op):
+        fn = kernels.bind(lm.name, op, **loss_options)
         applied._undo.append(set_loss(model, functools.partial(fn, ignore_index=-100, reduction="mean"), loss_form))
-        applied.loss = m.provides(op)
+        applied.loss = lm.provides(op)
     elif "loss" in patch and loss_form == "linear":
         raise AccelError(
             f"accel.loss_form=linear needs a method that provides linear_cross_entropy; {method!r} provides: "
@@ -92,5 +128,5 @@ def patched_ops(applied: Applied) -> dict[str, Callable]:
         out["attention"] = kernels.bind(applied.method, "attention", **applied.options)
     if applied.loss:
         op = LOSS_OPS[applied.loss_form]
-        out[op] = kernels.bind(applied.method, op, **applied.options)
+        out[op] = kernels.bind(applied.loss_from, op, **applied.loss_options)
     return out

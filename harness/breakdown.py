@@ -267,7 +267,7 @@ def profile_step(cfg, accel):
     if applied.attention == "composed":
         softmax = kernels.bind(applied.method, "softmax", **applied.options)
     try:
-        return measure(model, list(stream), applied, softmax, loss_form=applied.loss_form)
+        return measure(model, list(stream), applied, softmax, loss_form=model.loss_form)  # eager when not patched
     finally:
         applied.undo()
         del model

@@ -72,7 +72,8 @@ def build_model(cfg: DictConfig) -> GPT:
 def accel_applied(model: GPT, cfg: DictConfig) -> Applied:
     """The configured method applied to ``model`` (see harness.accel)."""
     a = cfg.accel
-    return apply_accel(model, a.method, list(a.patch), a.loss_form, dict(a.options or {}))
+    return apply_accel(model, a.method, list(a.patch), a.loss_form, dict(a.options or {}),
+                       loss_method=a.get("loss_method"))
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Callable, NoReturn, Optional
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from harness.config import group_options
+from harness.config import PATCHABLE, accel_methods, group_options
 
 #: exit status of a user error (a bad command line or config), as argparse uses
 USAGE_ERROR = 2
@@ -201,16 +201,15 @@ def accel_choices(conf_dir: Optional[str] = None) -> list[dict]:
         path = Path(conf_dir) / "accel" / f"{name}.yaml"
         raw = OmegaConf.load(path)
         method, options = str(raw.get("method")), dict(raw.get("options") or {})
+        loss_method = raw.get("loss_method")
         a = known.get(method)
-        try:
-            reason = kernels.unavailable_reason(method, **options)
-        except (kernels.UnknownMethodError, ValueError) as exc:
-            reason = str(exc)
+        reason = _unavailable(method, options, loss_method, raw.get("patch", PATCHABLE))
         # the plain config says what its method is; a variant (sdpa_flash) says what it changes
         summary = a.summary if (a and (name == method or not _comment(path))) else _comment(path)
-        out.append({"name": name, "method": method, "options": options, "available": not reason,
-                    "reason": reason or "", "summary": summary,
-                    "exact": a.exact if a else True, "comment": _comment(path)})
+        exact = all(known[m].exact for m in (method, loss_method) if m in known)
+        out.append({"name": name, "method": method, "options": options, "loss_method": loss_method,
+                    "available": not reason, "reason": reason or "", "summary": summary,
+                    "exact": exact, "comment": _comment(path)})
     return out
 
 
@@ -219,14 +218,25 @@ def runnable_accel_names(conf_dir: Optional[str] = None) -> list[str]:
     return [c["name"] for c in accel_choices(conf_dir) if c["available"]]
 
 
-def method_unavailable_message(accel_name: str, method: str, options: dict) -> Optional[str]:
-    """None when accel=``accel_name`` can run here; else why not and which accel options can."""
+def _unavailable(method: str, options: dict, loss_method: Optional[str] = None, patch=PATCHABLE) -> Optional[str]:
+    """Why an accel configuration's methods (``method``, and ``loss_method`` for the loss) cannot run
+    here (None: they can)."""
     import kernels
 
-    try:
-        reason = kernels.unavailable_reason(method, **options)
-    except (kernels.UnknownMethodError, ValueError) as exc:
-        reason = str(exc)
+    for name, opts in accel_methods(method, loss_method, options, patch):
+        try:
+            reason = kernels.unavailable_reason(name, **opts)
+        except (kernels.UnknownMethodError, ValueError) as exc:
+            reason = str(exc)
+        if reason:
+            return reason if name == method else f"its loss_method {name!r}: {reason}"
+    return None
+
+
+def method_unavailable_message(accel_name: str, method: str, options: dict, loss_method: Optional[str] = None,
+                               patch=PATCHABLE) -> Optional[str]:
+    """None when accel=``accel_name`` can run here; else why not and which accel options can."""
+    reason = _unavailable(method, options, loss_method, patch)
     if not reason:
         return None
     which = f"accel={accel_name}" + (f" (method {method!r})" if method != accel_name else "")

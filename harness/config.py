@@ -39,7 +39,8 @@ class AccelConfig:
     method: str = MISSING  # the kernels method (kernels.available_methods()) that computes the softmaxes
     patch: list = field(default_factory=lambda: ["attention", "loss"])  # which softmaxes it computes, where it can
     loss_form: str = "logits"  # logits (cross-entropy on the logits) | linear (fused linear + cross-entropy)
-    options: dict = field(default_factory=dict)  # the method's options (sdpa: backend)
+    options: dict = field(default_factory=dict)  # the method's options (sdpa: backend); not loss_method's
+    loss_method: Optional[str] = None  # the method that computes the loss softmax; None: method
 
 
 @dataclass
@@ -164,6 +165,16 @@ def patch_words(patch, loss_form: str = "logits") -> str:
     if "loss" in patch:
         parts.append("linear loss" if loss_form == "linear" else "loss")
     return " + ".join(parts) or "nothing"
+
+
+def accel_methods(method: str, loss_method: Optional[str] = None, options: Optional[dict] = None,
+                  patch: Any = PATCHABLE) -> list[tuple[str, dict]]:
+    """(kernels method, its options) for each method an accel configuration runs: ``method`` with
+    ``options``, then a different ``loss_method`` (when the loss is patched) with none."""
+    out = [(method, dict(options or {}))]
+    if loss_method is not None and loss_method != method and "loss" in list(patch):
+        out.append((loss_method, {}))
+    return out
 
 
 DEFAULT_PATCH = patch_words(PATCHABLE)  # what an accel config patches unless it says otherwise

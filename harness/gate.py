@@ -151,33 +151,48 @@ class RunShapes:
     extra: dict = field(default_factory=dict)
 
 
-def run_gate(applied, shapes: RunShapes) -> dict:
-    """Check every op ``applied`` (harness.accel.Applied) patched; returns the record for results.json
-    and raises GateError on the first failure."""
-    m = kernels.get_method(applied.method)
+def _unchecked(m) -> Optional[str]:
+    """Why the gate leaves the ops of method ``m`` unchecked (None: it checks them)."""
     if not m.exact:
-        return {"checked": False, "reason": "timing-only method (not what its ops promise)"}
+        return "timing-only method (not what its ops promise)"
     if m.approximate:
-        return {"checked": False, "reason": "approximate by design: judged by loss parity only"}
+        return "approximate by design: judged by loss parity only"
+    return None
+
+
+def run_gate(applied, shapes: RunShapes) -> dict:
+    """Check every op ``applied`` (harness.accel.Applied) patched, each against the method it came from
+    (the loss from ``applied.loss_from``); returns the record for results.json and raises GateError on
+    the first failure."""
+    m = kernels.get_method(applied.method)
+    lm = kernels.get_method(applied.loss_from) if applied.loss else m
+    skip = {"attention": _unchecked(m), "loss": _unchecked(lm) if applied.loss else None}
+    if skip["attention"] and (not applied.loss or skip["loss"]):
+        return {"checked": False, "reason": skip["attention"]}
     results = []
     heads = max(1, min(shapes.heads, GATE_SCORES // (shapes.seq_len * shapes.seq_len)))  # float64 scores bounded
-    if applied.attention == "composed":  # the method's own softmax, on the run's scores
+    if skip["attention"]:
+        pass
+    elif applied.attention == "composed":  # the method's own softmax, on the run's scores
         results.append(check_softmax(applied.method, (1, heads, shapes.seq_len, shapes.seq_len), shapes.dtype,
                                      shapes.device, scale=shapes.head_dim ** -0.5, causal=True))
     elif applied.attention == "native":
         results.append(check_attention(applied.method, (1, heads, shapes.seq_len, shapes.head_dim),
                                        shapes.dtype, shapes.device, options=applied.options))
-    if applied.loss:
+    if applied.loss and not skip["loss"]:
         op = "cross_entropy" if applied.loss_form == "logits" else "linear_cross_entropy"
-        results.append(check_loss(applied.method, op, min(shapes.tokens, 256), shapes.vocab, shapes.n_embd,
+        results.append(check_loss(applied.loss_from, op, min(shapes.tokens, 256), shapes.vocab, shapes.n_embd,
                                   shapes.dtype, shapes.device))
     for r in results:
         if not r.passed:
             raise GateError(
-                f"method {applied.method!r} failed its {r.op} check against float64 on shape {r.shape} {r.dtype}: "
+                f"method {r.method!r} failed its {r.op} check against float64 on shape {r.shape} {r.dtype}: "
                 f"{r.reason}. Refusing to train (check_kernel=false skips the check, and is recorded in the results)."
             )
     if not results:
         return {"checked": False, "reason": "nothing patched to check"}
     first = results[0]
-    return {"checked": True, **first.as_dict(), "checks": [r.as_dict() for r in results]}
+    patched = {"attention": applied.attention, "loss": applied.loss}
+    unchecked = {op: why for op, why in skip.items() if why and patched[op]}
+    return {"checked": True, **first.as_dict(), "checks": [r.as_dict() for r in results],
+            **({"unchecked": unchecked} if unchecked else {})}

@@ -74,6 +74,7 @@ def final_record(cfg, *, status: str, failure, guard_event, stopped_by, steps_do
         "segments": ((previous or {}).get("segments") or 1) + (1 if previous else 0),
         "method": cfg.accel.name,
         "kernels_method": cfg.accel.method,
+        "kernels_loss_method": cfg.accel.get("loss_method"),  # None: the loss (if patched) is kernels_method's
         "exact": exact,
         "patched": applied,
         "compile_model": bool(cfg.compile_model),

@@ -53,7 +53,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from harness.cli import run_app
-from harness.config import CONF_DIR, AccelConfig, ConfigError, accel_names, group_options
+from harness.config import CONF_DIR, AccelConfig, ConfigError, accel_methods, accel_names, group_options
 from harness.results import atomic_write_text, write_json
 from harness.study_progress import progress, progress_line, write_snapshot
 from harness.study_report import NO_NUMBERS, StudyRow, add_run, finish, log_to_wandb, write_outputs
@@ -80,15 +80,19 @@ def accel_for(name: str, variant: str = "") -> DictConfig:
     return OmegaConf.merge(OmegaConf.structured(AccelConfig), accel_config(name), VARIANTS[variant])
 
 
-def unavailable(name: str) -> Optional[str]:
-    """Why the accel configuration ``name`` cannot run here (None: it can)."""
+def unavailable(name: str, variant: str = "") -> Optional[str]:
+    """Why the accel configuration ``name`` (as its ``variant`` runs) cannot run here (None: it can)."""
     import kernels
 
-    a = accel_config(name)
-    try:
-        return kernels.unavailable_reason(a.method, **dict(a.get("options") or {}))
-    except (kernels.UnknownMethodError, ValueError) as exc:
-        return str(exc)
+    a = accel_for(name, variant)
+    for method, options in accel_methods(a.method, a.loss_method, dict(a.options or {}), list(a.patch)):
+        try:
+            why = kernels.unavailable_reason(method, **options)
+        except (kernels.UnknownMethodError, ValueError) as exc:
+            why = str(exc)
+        if why:
+            return why if method == a.method else f"its loss_method {method!r}: {why}"
+    return None
 
 
 def default_methods() -> list[str]:
@@ -339,13 +343,14 @@ def run_study(cfg: DictConfig, out_dir: Path) -> list[StudyRow]:
                     rep = f" (repeat {rnd}/{repeats})" if repeats > 1 else ""
                     console.rule(f"[bold]study {n}/{total}: {where}{row.label}{rep}")
                     if rnd == 1:
-                        why = unavailable(method)
+                        why = unavailable(method, variant)
                         if why:
                             row.status, row.reason = "SKIPPED", why
                             console.print(f"[yellow]study: {where}{row.label} SKIPPED: {why}[/]")
                             continue
-                        m = kernels.get_method(accel_config(method).method)
-                        row.exact, row.approximate = m.exact, m.approximate
+                        a = accel_for(method, variant)
+                        ms = [kernels.get_method(x) for x, _ in accel_methods(a.method, a.loss_method, patch=a.patch)]
+                        row.exact, row.approximate = all(m.exact for m in ms), any(m.approximate for m in ms)
                         row.judged = _judged(cfg, row)
                     if probe_data is None:
                         probe_data = _probe_batches(point.cfg, int(cfg.study.parity_batches))

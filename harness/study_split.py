@@ -24,8 +24,9 @@ from typing import Callable, Iterable, Mapping, NamedTuple, Optional
 from harness.config import DEFAULT_PATCH, patch_words
 from harness.stats import Estimate, round_ratio
 
-#: variant -> the accel keys its runs override ("": the configuration as it is)
-VARIANTS = {"": {}, "attention": {"patch": ["attention"]}, "linear": {"loss_form": "linear"}}
+#: variant -> the accel keys its runs override ("": the configuration as it is); the attention-only
+#: twin patches no loss, so it drops the loss's own method (accel.loss_method) too
+VARIANTS = {"": {}, "attention": {"patch": ["attention"], "loss_method": None}, "linear": {"loss_form": "linear"}}
 #: study key -> the variant it adds to each configuration it lists
 KEYS = {"loss_split": "attention", "linear_loss": "linear"}
 #: the words of the row every ratio is over
@@ -53,7 +54,8 @@ def patched_words(patched: Optional[Mapping], detail: bool = True) -> str:
         parts.append("attention" + (f" ({patched['attention']})" if detail else ""))
     if patched.get("loss"):
         loss = "linear loss" if patched.get("loss_form") == "linear" else "loss"
-        parts.append(loss + (f" ({patched['loss']})" if detail else ""))
+        other = patched.get("loss_method") if patched.get("loss_method") not in (None, patched.get("method")) else None
+        parts.append(loss + (f" ({patched['loss']}{', ' + other if other else ''})" if detail else ""))
     return " + ".join(parts) or "none"
 
 
@@ -75,23 +77,33 @@ def expand(plan: Iterable[tuple[str, bool]], study: Mapping, accel_for: Callable
     return [Planned(m, c, v, w) for m, c in plan for v, w in variants(study, m, accel_for)]
 
 
-def _misfit(a, variant: str, ops: Optional[Mapping]) -> Optional[str]:
-    """Why the configuration ``a`` (an AccelConfig) cannot get the twin ``variant`` (None: it can)."""
+def _misfit(a, variant: str, registered: Mapping) -> Optional[str]:
+    """Why the configuration ``a`` (an AccelConfig) cannot get the twin ``variant`` (None: it can);
+    ``registered``: method -> the ops it provides. The loss op is looked for in ``a.loss_method``."""
     from harness.accel import LOSS_OPS
 
-    if ops is None:
-        return f"its method {a.method!r} is not registered"
+    loss_method = a.get("loss_method") or a.method
+    for name in dict.fromkeys((a.method, loss_method)):
+        if registered.get(name) is None:
+            return f"its {'method' if name == a.method else 'loss_method'} {name!r} is not registered"
+    ops, loss_ops = registered[a.method], registered[loss_method]
+
+    def its(op: str) -> str:
+        from_loss = op in LOSS_OPS.values() and loss_method != a.method
+        key, name, have = ("loss_method", loss_method, loss_ops) if from_loss else ("method", a.method, ops)
+        return f"its {key} {name!r} provides {', '.join(have) or 'nothing'}"
+
     asked = patch_words(a.patch, a.loss_form)
-    provides = ", ".join(ops) or "nothing"
     if variant == "attention":
-        missing = [op for op in ("attention", LOSS_OPS[a.loss_form]) if op not in ops]
+        missing = [op for op, have in (("attention", ops), (LOSS_OPS[a.loss_form], loss_ops)) if op not in have]
         if missing:
-            return f"its method {a.method!r} provides {provides}: no {' and no '.join(missing)}"
+            by = {its(op): [m for m in missing if its(m) == its(op)] for op in missing}
+            return "; ".join(f"{who}: no {' and no '.join(ops_)}" for who, ops_ in by.items())
         if asked != patch_words(["attention", "loss"], a.loss_form):
             return f"it patches {asked} only"
     if variant == "linear":
-        if "linear_cross_entropy" not in ops:
-            return f"its method {a.method!r} provides {provides}, no linear_cross_entropy"
+        if "linear_cross_entropy" not in loss_ops:
+            return f"{its('linear_cross_entropy')}, no linear_cross_entropy"
         if "loss" not in list(a.patch) or a.loss_form != "logits":
             return f"it patches {asked}, not the loss on the logits"
     return None
@@ -112,11 +124,9 @@ def check(study: Mapping, names: list[str], accel_for: Callable, bad: Callable) 
     registered = {n: a.ops for n, a in kernels.available_methods(include_timing_only=True).items()}
     for key, variant in KEYS.items():
         for name in list(study.get(key) or []):
-            a = accel_for(name, "")
-            why = _misfit(a, variant, registered.get(a.method))
+            why = _misfit(accel_for(name, ""), variant, registered)
             if why:
-                fits = [n for n in names if not _misfit(accel_for(n, ""), variant,
-                                                         registered.get(accel_for(n, "").method))]
+                fits = [n for n in names if not _misfit(accel_for(n, ""), variant, registered)]
                 raise bad(f"study.{key}", name, f"study.{key} {WHAT[variant]}; {name} cannot: {why}. Those that "
                                                 f"can: {', '.join(fits) or 'none'} ([] for none)")
 

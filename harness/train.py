@@ -59,7 +59,7 @@ def _gate(cfg: DictConfig, built, gpu: bool, precision: str, console) -> dict:
     info = run_gate(built.applied, shapes)
     if info.get("checked"):
         for chk in info["checks"]:
-            console.print(f"[bold]harness[/]: correctness gate passed for {cfg.accel.method!r} {chk['op']} on "
+            console.print(f"[bold]harness[/]: correctness gate passed for {chk['method']!r} {chk['op']} on "
                           f"{tuple(chk['shape'])} {chk['dtype']} (forward error {chk['fwd_error']:.1e}, backward "
                           f"{chk['bwd_error']:.1e})")
     return info
@@ -101,7 +101,7 @@ def run_training(
 
     import kernels
     from harness.build import build, data_seed, on_gpu, resolve_precision, seq_len, tokens_per_step
-    from harness.config import DEFAULT_PATCH, patch_words, to_container
+    from harness.config import DEFAULT_PATCH, accel_methods, patch_words, to_container
     from harness.console import quiet_third_party
     from harness.env import environment
     from harness.loggers import make_logger, wandb_mode
@@ -117,11 +117,18 @@ def run_training(
     run_dir = prepare_run_dir(run_dir)
     gpu = on_gpu(cfg)
     precision = resolve_precision(str(cfg.trainer.precision), gpu)
-    method = kernels.get_method(cfg.accel.method)  # unknown / not runnable here: fail before any work
+    # unknown / not runnable here: fail before any work (the loss's own method too, accel.loss_method)
+    methods = [kernels.get_method(n) for n, _ in accel_methods(cfg.accel.method, cfg.accel.get("loss_method"),
+                                                                 patch=list(cfg.accel.patch))]
     prepared: dict = {}
-    if method.prepare is not None:  # e.g. build the CUDA extension: timed apart, reported
-        prepared = method.prepare()
-        console.print(f"[bold]harness[/]: prepared method {method.name!r}: {prepared}")
+    for i, method in enumerate(methods):
+        if method.prepare is not None:  # e.g. build the CUDA extension: timed apart, reported
+            done = method.prepare()
+            if i:
+                prepared["loss_method"] = done
+            else:
+                prepared = dict(done)
+            console.print(f"[bold]harness[/]: prepared method {method.name!r}: {done}")
 
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     built = build(cfg)
@@ -194,7 +201,8 @@ def run_training(
     curve = task.loss_curve()
     results = final_record(
         cfg, status=status, failure=failure, guard_event=guard.event, stopped_by=graceful.requested,
-        steps_done=trainer.global_step, previous=previous, applied=applied.as_dict(), exact=method.exact,
+        steps_done=trainer.global_step, previous=previous, applied=applied.as_dict(),
+        exact=all(m.exact for m in methods),
         config=config, env=env, device=device, precision=precision, world_size=trainer.world_size,
         tokens_per_step=tokens_per_step(cfg), checksums=task.first_batch_checksums(),
         flops_per_token=model.flops_per_token(seq), prepared=prepared, gate=gate_info, summary=summary.as_dict(),
@@ -264,7 +272,9 @@ def validate_with_data(cfg: DictConfig) -> None:
         from harness.data import DataError
 
         raise DataError(f"data.path={cfg.data.path!r}: no such file (data=text needs an existing text file)")
-    msg = method_unavailable_message(str(cfg.accel.name), str(cfg.accel.method), dict(cfg.accel.options or {}))
+    a = cfg.accel
+    msg = method_unavailable_message(str(a.name), str(a.method), dict(a.options or {}), a.get("loss_method"),
+                                     list(a.patch))
     if msg:
         raise UsageError(msg)
 

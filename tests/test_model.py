@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import kernels
-from harness.accel import AccelError, apply_accel
+from harness.accel import AccelError, apply_accel, patched_ops
 from models import GPT, AttentionCore, GPTConfig, attention_cores, set_loss
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -58,6 +58,85 @@ def test_apply_unknown_method_fails_clearly():
         apply_accel(GPT(CFG), "sdpa", patch=["loss"])
     with pytest.raises(AccelError, match="loss_form"):
         apply_accel(GPT(CFG), "torch", loss_form="fused")
+
+
+def _state(model):
+    return [a.core for a in attention_cores(model)], model.loss_fn, model.loss_form
+
+
+def test_apply_accel_loss_method_takes_the_loss_from_another_method():
+    model = GPT(CFG)
+    before = _state(model)
+    applied = apply_accel(model, "sdpa", options={"backend": "math"}, loss_method="naive")
+    assert (applied.method, applied.loss_method) == ("sdpa", "naive")
+    assert (applied.attention, applied.loss) == ("native", "native")
+    assert all(a.core.attention_fn is kernels.bind("sdpa", "attention", backend="math") for a in attention_cores(model))
+    assert model.loss_fn.func is kernels.bind("naive", "cross_entropy")  # the options went to sdpa alone
+    ops = patched_ops(applied)
+    assert ops == {"attention": kernels.bind("sdpa", "attention", backend="math"),
+                   "cross_entropy": kernels.bind("naive", "cross_entropy")}
+    assert applied.as_dict()["loss_method"] == "naive" and "(naive)" in applied.describe()
+    applied.undo()
+    assert _state(model) == before
+    plain = apply_accel(model, "torch")  # no loss_method: both from the method, as before
+    assert plain.loss_method is None and plain.as_dict()["loss_method"] == "torch"
+    assert patched_ops(plain)["cross_entropy"] is kernels.bind("torch", "cross_entropy")
+    assert "(" not in plain.describe().split("loss=")[1]
+
+
+def test_apply_accel_loss_method_linear_form_matches_torch():
+    torch.manual_seed(0)
+    model = GPT(CFG).to(DEVICE)
+    idx = torch.randint(0, CFG.vocab_size, (3, 24), device=DEVICE)
+    ref = apply_accel(model, "torch")
+    ref_loss, ref_grads = loss_and_grads(model, idx)
+    ref.undo()
+    applied = apply_accel(model, "torch", loss_form="linear", loss_method="naive")
+    assert model.loss_form == "linear" and model.loss_fn.func is kernels.bind("naive", "linear_cross_entropy")
+    assert applied.loss == "composed" and applied.loss_method == "naive"
+    loss, grads = loss_and_grads(model, idx)
+    assert abs(loss.item() - ref_loss.item()) <= 1e-5 * abs(ref_loss.item())
+    assert all((g - ref_grads[n]).norm() <= 1e-4 * ref_grads[n].norm() for n, g in grads.items())
+
+
+@pytest.mark.skipif(not all(m in kernels.runnable_methods() for m in ("flash", "triton")),
+                    reason="flash and triton need a GPU or Triton's CPU interpreter")
+def test_apply_accel_flash_attention_with_the_triton_linear_loss():
+    torch.manual_seed(0)
+    model = GPT(CFG).to(DEVICE)
+    idx = torch.randint(0, CFG.vocab_size, (3, 24), device=DEVICE)
+    ref = apply_accel(model, "torch")
+    ref_loss, ref_grads = loss_and_grads(model, idx)
+    ref.undo()
+    applied = apply_accel(model, "flash", loss_form="linear", loss_method="triton")  # accel=flash_linear
+    assert patched_ops(applied) == {"attention": kernels.bind("flash", "attention"),
+                                    "linear_cross_entropy": kernels.bind("triton", "linear_cross_entropy")}
+    loss, grads = loss_and_grads(model, idx)
+    assert abs(loss.item() - ref_loss.item()) <= 1e-4 * abs(ref_loss.item())
+    for name, g in grads.items():
+        assert (g - ref_grads[name]).norm() <= 1e-3 * ref_grads[name].norm(), name
+
+
+def test_apply_accel_bad_loss_method_fails_before_patching():
+    model = GPT(CFG)
+    before = _state(model)
+    with pytest.raises(kernels.UnknownMethodError, match="'nope'"):
+        apply_accel(model, "torch", loss_method="nope")
+    off = kernels.Method(name="_test_off", cross_entropy=kernels.get_method("torch").cross_entropy, summary="test",
+                         unavailable_reason=lambda: "test: never here")
+    kernels.register(off)
+    try:
+        with pytest.raises(kernels.MethodUnavailableError, match="never here"):
+            apply_accel(model, "torch", loss_method="_test_off")
+    finally:
+        kernels.unregister(off.name)
+    with pytest.raises(AccelError, match=r"loss_method='sdpa'.*provides cross_entropy; 'sdpa' provides: attention"):
+        apply_accel(model, "torch", loss_method="sdpa")  # sdpa has no cross-entropy
+    with pytest.raises(AccelError, match="needs a method that provides linear_cross_entropy"):
+        apply_accel(model, "torch", loss_form="linear", loss_method="sdpa")
+    with pytest.raises(AccelError, match=r"accel.patch=\['attention'\] does not patch the loss"):
+        apply_accel(model, "torch", patch=["attention"], loss_method="naive")  # nothing for the loss method to do
+    assert _state(model) == before
 
 
 def test_patch_narrows_to_the_attention_and_the_model_never_branches_on_a_name():
