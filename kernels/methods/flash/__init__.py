@@ -26,7 +26,9 @@ Code paths (each module opens with its own details):
   (``cp.reduce.async.bulk.tensor`` through a descriptor of the buffer). Compiled for sm_90 with the
   T > 1024, d = 64 table plan: 174 registers against 200 for the element atomics under Triton 3.6
   (162 against 160 under 3.9); at d = 128 (8-warp 64 x 128) 255 with a 112 B spill, as the pass plan
-  there. Not timed yet.
+  there. Measured slower than the dq pass too (run V: 252 against 310 TFLOP/s forward + backward at
+  (4, 12, 4096, 64): each key block reduces a share into every later dq row, 1.6 GB of fp32
+  reductions at that shape with 64-key tiles).
 * Any strides: every tensor is addressed through its own (B, H, T, d) strides; the model's (B, T, H,
   d) views are read in place, never copied. Head dims 1..128, padded to the next power of two
   (>= 16) with masked loads; dv may differ from d. float16 / bfloat16 (tensor cores, fp32

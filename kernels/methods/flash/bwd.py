@@ -15,6 +15,8 @@ under ``torch.use_deterministic_algorithms(True)`` such a plan runs the dq pass 
 (``cp.reduce.async.bulk.tensor`` through a host tensor descriptor of the buffer: the tile goes through
 shared memory, the adds happen in L2, the registers and issue slots of the element atomics are free).
 Triton's interpreter has no descriptor reductions: there, and on GPUs without TMA, it runs "atomic".
+Both lost to the dq pass on the H200 (docs/perf.md, runs S and V): the sweep tries them, no table entry
+uses them.
 """
 
 from __future__ import annotations
