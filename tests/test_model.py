@@ -84,13 +84,19 @@ def test_apply_accel_loss_method_takes_the_loss_from_another_method():
     assert "(" not in plain.describe().split("loss=")[1]
 
 
-def test_apply_accel_loss_method_linear_form_matches_torch():
+def _torch_reference():
+    """A seeded model, a batch, and the model's loss and gradients with the torch method (then undone)."""
     torch.manual_seed(0)
     model = GPT(CFG).to(DEVICE)
     idx = torch.randint(0, CFG.vocab_size, (3, 24), device=DEVICE)
     ref = apply_accel(model, "torch")
     ref_loss, ref_grads = loss_and_grads(model, idx)
     ref.undo()
+    return model, idx, ref_loss, ref_grads
+
+
+def test_apply_accel_loss_method_linear_form_matches_torch():
+    model, idx, ref_loss, ref_grads = _torch_reference()
     applied = apply_accel(model, "torch", loss_form="linear", loss_method="naive")
     assert model.loss_form == "linear" and model.loss_fn.func is kernels.bind("naive", "linear_cross_entropy")
     assert applied.loss == "composed" and applied.loss_method == "naive"
@@ -102,12 +108,7 @@ def test_apply_accel_loss_method_linear_form_matches_torch():
 @pytest.mark.skipif(not all(m in kernels.runnable_methods() for m in ("flash", "triton")),
                     reason="flash and triton need a GPU or Triton's CPU interpreter")
 def test_apply_accel_flash_attention_with_the_triton_linear_loss():
-    torch.manual_seed(0)
-    model = GPT(CFG).to(DEVICE)
-    idx = torch.randint(0, CFG.vocab_size, (3, 24), device=DEVICE)
-    ref = apply_accel(model, "torch")
-    ref_loss, ref_grads = loss_and_grads(model, idx)
-    ref.undo()
+    model, idx, ref_loss, ref_grads = _torch_reference()
     applied = apply_accel(model, "flash", loss_form="linear", loss_method="triton")  # accel=flash_linear
     assert patched_ops(applied) == {"attention": kernels.bind("flash", "attention"),
                                     "linear_cross_entropy": kernels.bind("triton", "linear_cross_entropy")}
