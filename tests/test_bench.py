@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -150,6 +151,28 @@ def test_launch_table_reports_host_time_per_call(tmp_path):
     assert all(r.bound_us > 0 and r.bound_fwd_bwd_us > 0 and r.one_shot_us is None and not r.error for r in host), host
     assert "host: identity Function" in (tmp_path / "launch.md").read_text()
     assert "one-shot / bound" in (tmp_path / "launch.md").read_text() and "| launch |" in (tmp_path / "launch.md").read_text()
+
+
+def test_launch_table_keeps_the_rows_of_a_run_cut_short(tmp_path, monkeypatch):
+    """A time limit that stops the benchmark mid-way (run W on the H200) leaves the host's floor and every
+    row measured before it in launch.md and launch.json."""
+    from harness.bench import launch
+
+    measure = launch._measure
+
+    def cut(row, method, op, device, calls):
+        if method == "sdpa":
+            raise KeyboardInterrupt  # what a timeout's signal does to the process
+        measure(row, method, op, device, calls)
+
+    monkeypatch.setattr(launch, "_measure", cut)
+    with pytest.raises(KeyboardInterrupt):
+        launch.run_launch_bench(["torch", "sdpa"], tmp_path, calls=3)
+    table = (tmp_path / "launch.md").read_text()
+    assert "host: torch.softmax" in table and "host: identity Function" in table and "| torch |" in table
+    assert "| sdpa |" not in table
+    saved = json.loads((tmp_path / "launch.json").read_text())["rows"]
+    assert [r["method"] for r in saved] == ["host: torch.softmax", "host: identity Function", "torch", "torch"]
 
 
 def test_a_failed_capture_is_not_tried_again_for_the_same_key(monkeypatch):

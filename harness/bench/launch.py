@@ -172,9 +172,41 @@ def _measure(row: LaunchRow, method: str, op: str, device: str, calls: int) -> N
         row.error = error_text(exc)
 
 
+def _print_row(row: LaunchRow) -> None:
+    nan = float("nan")
+    print(f"  {row.method:10s} {row.op:14s} {row.launch[:6]:6s} one-shot {row.one_shot_us or nan:7.1f} us  "
+          f"bound {row.bound_us or nan:7.1f} us  fwd+bwd {row.bound_fwd_bwd_us or nan:7.1f} us  {row.error}", flush=True)
+
+
+def _table(rows: list[LaunchRow]) -> str:
+    lines = ["| method | launch | op | shape | one-shot us | bound us | one-shot / bound | bound fwd+bwd us | p90/p50 |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    f = lambda v, s=".1f": "-" if v is None else format(v, s)  # noqa: E731
+    for r in rows:
+        lines.append(f"| {r.method} | {r.launch} | {r.op} | {'x'.join(map(str, r.shape))} | {f(r.one_shot_us)} | {f(r.bound_us)} | "
+                     f"{f(r.one_shot_over_bound, '.2f')} | {f(r.bound_fwd_bwd_us)} | {f(r.spread, '.2f')} |"
+                     + (f" error: {r.error}" if r.error else ""))
+    return "\n".join(lines) + "\n"
+
+
 def run_launch_bench(methods: Optional[list[str]], out: Path, calls: int = 200) -> list[LaunchRow]:
+    """Measure every row; launch.json and launch.md are rewritten after each one, so a run cut short
+    (a time limit on a lent machine) keeps every row it measured, the host's floor first."""
+    from harness.env import environment
+
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    rows = _host_rows(device, calls)
+    out.mkdir(parents=True, exist_ok=True)
+    env = environment()
+    rows: list[LaunchRow] = []
+
+    def add(row: LaunchRow) -> None:
+        rows.append(row)
+        _print_row(row)
+        write_json(out / "launch.json", {"env": env, "device": device, "rows": [asdict(r) for r in rows]})
+        (out / "launch.md").write_text(_table(rows))
+
+    for row in _host_rows(device, calls):
+        add(row)
     for method in methods or default_methods():
         m = kernels.get_method(method)
         if m.prepare is not None:
@@ -190,24 +222,9 @@ def run_launch_bench(methods: Optional[list[str]], out: Path, calls: int = 200) 
                         continue
                     row = LaunchRow(method, op, TINY[op]["shape"], launch=label)
                     _measure(row, method, op, device, calls)
-                    rows.append(row)
-                    print(f"  {method:10s} {op:14s} {label[:6]:6s} one-shot {row.one_shot_us or float('nan'):7.1f} us  "
-                          f"bound {row.bound_us or float('nan'):7.1f} us  fwd+bwd "
-                          f"{row.bound_fwd_bwd_us or float('nan'):7.1f} us  {row.error}", flush=True)
+                    add(row)
             finally:
                 if direct is not None:
                     fastlaunch.configure()
-    out.mkdir(parents=True, exist_ok=True)
-    from harness.env import environment
-
-    write_json(out / "launch.json", {"env": environment(), "device": device, "rows": [asdict(r) for r in rows]})
-    lines = ["| method | launch | op | shape | one-shot us | bound us | one-shot / bound | bound fwd+bwd us | p90/p50 |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    f = lambda v, s=".1f": "-" if v is None else format(v, s)  # noqa: E731
-    for r in rows:
-        lines.append(f"| {r.method} | {r.launch} | {r.op} | {'x'.join(map(str, r.shape))} | {f(r.one_shot_us)} | {f(r.bound_us)} | "
-                     f"{f(r.one_shot_over_bound, '.2f')} | {f(r.bound_fwd_bwd_us)} | {f(r.spread, '.2f')} |"
-                     + (f" error: {r.error}" if r.error else ""))
-    (out / "launch.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    print(_table(rows), end="")
     return rows
