@@ -61,8 +61,14 @@ def plot_study(rows: list, out: Path, cfg, settings: dict, device: str) -> None:
 
 
 def _errs(rows: list, key: str) -> Optional[list]:
-    lo = [getattr(r, key) - getattr(r, key + "_lo") if getattr(r, key + "_lo") is not None else 0.0 for r in rows]
-    hi = [getattr(r, key + "_hi") - getattr(r, key) if getattr(r, key + "_hi") is not None else 0.0 for r in rows]
+    """Error-bar lengths below and above each median (0 where there is no interval). The interval is
+    on log values around their mean, the bar at the median: identical repeats give an interval a
+    rounding away from the median, and a skewed set can leave the median just outside it, so the
+    lengths are clamped at 0 (matplotlib refuses negative ones)."""
+    lo = [max(0.0, getattr(r, key) - getattr(r, key + "_lo")) if getattr(r, key + "_lo") is not None else 0.0
+          for r in rows]
+    hi = [max(0.0, getattr(r, key + "_hi") - getattr(r, key)) if getattr(r, key + "_hi") is not None else 0.0
+          for r in rows]
     return [lo, hi] if any(lo) or any(hi) else None
 
 

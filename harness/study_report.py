@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness.parity import envelope, judge
 from harness.results import atomic_write_text, write_json
 from harness.stats import NOISY_SPREAD, log_interval, round_ratio
+from harness.study_compiled import add_compiled_ratios, compiled_lines
 from harness.study_split import add_ratios, patched_words, ratio_lines
 
 #: Statuses that leave a row without any number to compare.
@@ -63,6 +64,10 @@ class StudyRow:
     mem_vs_attention: Optional[float] = None  # peak memory over its attention-only twin
     mem_vs_attention_lo: Optional[float] = None
     mem_vs_attention_hi: Optional[float] = None
+    vs_compiled_baseline: Optional[float] = None  # a compiled row's tokens/s over the baseline's compiled row
+    vs_compiled_baseline_lo: Optional[float] = None  # (harness.study_compiled)
+    vs_compiled_baseline_hi: Optional[float] = None
+    mem_vs_compiled_baseline: Optional[float] = None  # its peak memory over that row's
     mfu: Optional[float] = None
     warmup_s: Optional[float] = None
     final_loss: Optional[float] = None
@@ -228,6 +233,7 @@ def _finish_point(rows: list[StudyRow], cfg: DictConfig) -> dict:
         if notes:
             r.noise = "within noise (" + ", ".join(notes) + ")"
     add_ratios(rows)
+    add_compiled_ratios(rows, base_name)
     return info
 
 
@@ -249,7 +255,10 @@ COLUMNS = [
     ("vs_attention", "vs attention only"), ("vs_attention_lo", "vs attention only lo"),
     ("vs_attention_hi", "vs attention only hi"), ("mem_vs_attention", "peak memory vs attention only"),
     ("mem_vs_attention_lo", "peak memory vs attention only lo"),
-    ("mem_vs_attention_hi", "peak memory vs attention only hi"), ("mfu", "MFU"), ("warmup_s", "warm-up s"),
+    ("mem_vs_attention_hi", "peak memory vs attention only hi"),
+    ("vs_compiled_baseline", "vs baseline + compile"), ("vs_compiled_baseline_lo", "vs baseline + compile lo"),
+    ("vs_compiled_baseline_hi", "vs baseline + compile hi"),
+    ("mem_vs_compiled_baseline", "peak memory vs baseline + compile"), ("mfu", "MFU"), ("warmup_s", "warm-up s"),
     ("final_loss", "final loss"),
     ("loss_diff_vs_reference", "loss - reference"), ("parity", "parity"), ("parity_dev", "parity dev"),
     ("parity_tol", "parity tol"), ("parity_step", "parity step"), ("data_seed", "data seed"), ("reason", "reason"),
@@ -272,7 +281,8 @@ def _cell(v: Any, key: str) -> str:
         spec = {"tokens_per_s": ",.0f", "mfu": ".1%", "loss_diff_vs_reference": "+.4f", "final_loss": ".4f",
                 "parity_dev": ".2%", "parity_tol": ".2%", "step_spread": ".2f", "speedup_vs_baseline": ".3f",
                 "speedup_vs_reference": ".3f",
-                "vs_attention": ".3f", "mem_vs_attention": ".3f"}.get(key, ".2f")
+                "vs_attention": ".3f", "mem_vs_attention": ".3f", "vs_compiled_baseline": ".3f",
+                "mem_vs_compiled_baseline": ".3f"}.get(key, ".2f")
         return format(v, spec)
     return str(v)
 
@@ -395,6 +405,7 @@ def write_outputs(rows: list[StudyRow], cfg: DictConfig, out: Path, partial: boo
         lines += table_lines(prow, cfg)
     lines += sweep_lines(rows)
     lines += ratio_lines(rows)
+    lines += compiled_lines(rows, cfg.study.baseline)
     lines += breakdown_lines(rows)
     atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
     write_json(out / "study.json", {"env": env, "config": OmegaConf.to_container(cfg, resolve=True),

@@ -1,0 +1,68 @@
+"""What compiling buys, compiled against compiled: each whole-model-compiled row's tokens/s and peak
+memory over those of the baseline's compiled row at the same point, paired by round.
+
+The report's speedup columns compare every row with the eager baseline and reference; a compiled row
+then mixes two effects (its method and the compiler). This table holds the compiler fixed: a method's
+compiled run against the baseline's compiled run, so a study that lists both in ``study.compiled``
+says what the method buys under compile (e.g. the project's fused attention and loss against cuDNN
+attention, both compiled). Only rows that passed are compared; none when the baseline was not compiled.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from harness.stats import Estimate, round_ratio
+from harness.study_split import COMPARED, _rounds, patched_words
+
+
+def compiled_baseline(rows: list, r, base_name: str) -> Optional[object]:
+    """The baseline configuration's compiled row at ``r``'s point (not a spread run, not a twin); None
+    for an eager ``r`` or the baseline's compiled row itself."""
+    if not r.compiled or r.role:
+        return None
+    base = next((b for b in rows if b.method == base_name and b.compiled and not b.role and not b.variant
+                 and b.point == r.point), None)
+    return None if base is r else base
+
+
+def add_compiled_ratios(rows: list, base_name: str) -> None:
+    """vs_compiled_baseline / mem_vs_compiled_baseline (with 95% intervals) of every compiled row over
+    the baseline's compiled row, both having passed; the others get none."""
+    for r in rows:
+        r.vs_compiled_baseline = r.vs_compiled_baseline_lo = r.vs_compiled_baseline_hi = None
+        r.mem_vs_compiled_baseline = None
+        b = compiled_baseline(rows, r, base_name)
+        if b is None or r.status not in COMPARED or b.status not in COMPARED:
+            continue
+        est: Estimate = round_ratio(_rounds(r, "tokens_per_s"), _rounds(b, "tokens_per_s"))
+        r.vs_compiled_baseline, r.vs_compiled_baseline_lo, r.vs_compiled_baseline_hi = est.value, est.lo, est.hi
+        if r.peak_mem_gib and b.peak_mem_gib:
+            r.mem_vs_compiled_baseline = r.peak_mem_gib / b.peak_mem_gib
+
+
+def compiled_lines(rows: list, base_name: str) -> list[str]:
+    """The report's table of compiled rows against the baseline's compiled row ([] when there is none)."""
+    pairs = [(r, b) for r in rows if (b := compiled_baseline(rows, r, base_name)) is not None]
+    if not pairs:
+        return []
+    lines = ["", f"## Compiled against compiled {base_name}", "",
+             f"Each whole-model-compiled row's tokens/s and peak memory divided by those of `{base_name}` compiled "
+             "at the same point, paired by round; [lo, hi] is a 95% interval with repeats. Only rows that passed "
+             "are compared.", "",
+             f"| method | patched | tokens/s | tokens/s vs {base_name} + compile | peak GiB | "
+             f"peak memory vs {base_name} + compile |", "|---|---|---|---|---|---|"]
+    for r, b in pairs:
+        where = f"{r.point}: " if r.point else ""
+        tps = "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}"
+        mem = "-" if r.peak_mem_gib is None else f"{r.peak_mem_gib:.2f}"
+        if r.vs_compiled_baseline is None:
+            speed = memory = f"- ({r.label}: {r.status}; {b.label}: {b.status})"
+        else:
+            speed = f"{r.vs_compiled_baseline:.3f}x"
+            lo, hi = r.vs_compiled_baseline_lo, r.vs_compiled_baseline_hi
+            if lo is not None and hi is not None:
+                speed += f" [{lo:.3f}, {hi:.3f}]" + (" within noise" if lo <= 1.0 <= hi else "")
+            memory = "-" if r.mem_vs_compiled_baseline is None else f"{r.mem_vs_compiled_baseline:.3f}x"
+        lines.append(f"| {where}{r.label} | {patched_words(r.patched) or '-'} | {tps} | {speed} | {mem} | {memory} |")
+    return lines
