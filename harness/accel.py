@@ -71,15 +71,13 @@ class Applied:
         return f"{att}, {loss}"
 
 
-def apply_accel(model: nn.Module, method: str, patch: Iterable[str] = ("attention", "loss"),
-                loss_form: str = "logits", options: Optional[Mapping[str, Any]] = None,
-                loss_method: Optional[str] = None) -> Applied:
-    """Patch the softmaxes ``patch`` names that ``method`` provides (the loss from ``loss_method`` when
-    given; ``options`` go to ``method`` alone); unknown or unavailable methods raise the registry's
-    clear errors before anything is changed."""
+def check_accel(method: str, patch: Iterable[str] = ("attention", "loss"), loss_form: str = "logits",
+                loss_method: Optional[str] = None) -> tuple[kernels.Method, kernels.Method, str]:
+    """(method, loss method, loss op) of an accel configuration that can be applied, else the clear error:
+    the registry's for unknown or unavailable methods, AccelError for a combination that cannot be
+    patched. No model needed: ``harness.train`` calls it before any work or directory."""
     m = kernels.get_method(method)
     lm = kernels.get_method(loss_method) if loss_method is not None else m
-    options = dict(options or {})
     patch = list(patch)
     if loss_form not in LOSS_OPS:
         raise AccelError(f"accel.loss_form={loss_form!r} is not accepted: one of {', '.join(LOSS_OPS)}")
@@ -96,28 +94,37 @@ def apply_accel(model: nn.Module, method: str, patch: Iterable[str] = ("attentio
                 f"{op}; {loss_method!r} provides: {', '.join(lm.ops())} (methods that provide {op} here: "
                 f"{', '.join(kernels.runnable_methods(op=op)) or 'none'})"
             )
-    loss_options = options if lm is m else {}
-    applied = Applied(method, loss_form=loss_form, options=options,
-                      loss_method=lm.name if lm is not m else None)
-    if "attention" in patch and m.provides("attention"):
-        fn = kernels.bind(method, "attention", **options)
-        applied._undo.append(set_attention(model, fn))
-        applied.attention = m.provides("attention")
-    if "loss" in patch and lm.provides(op):
-        fn = kernels.bind(lm.name, op, **loss_options)
-        applied._undo.append(set_loss(model, functools.partial(fn, ignore_index=-100, reduction="mean"), loss_form))
-        applied.loss = lm.provides(op)
-    elif "loss" in patch and loss_form == "linear":
+    if "loss" in patch and loss_form == "linear" and not lm.provides(op):
         raise AccelError(
             f"accel.loss_form=linear needs a method that provides linear_cross_entropy; {method!r} provides: "
             f"{', '.join(m.ops())} (use loss_form=logits, or a method with a cross-entropy)"
         )
-    if not (applied.attention or applied.loss) and patch:
-        applied.undo()
+    if patch and not (("attention" in patch and m.provides("attention")) or ("loss" in patch and lm.provides(op))):
         raise AccelError(
             f"accel.patch={patch}: method {method!r} provides none of these softmaxes (it provides "
             f"{', '.join(m.ops())}); patch accepts attention and loss"
         )
+    return m, lm, op
+
+
+def apply_accel(model: nn.Module, method: str, patch: Iterable[str] = ("attention", "loss"),
+                loss_form: str = "logits", options: Optional[Mapping[str, Any]] = None,
+                loss_method: Optional[str] = None) -> Applied:
+    """Patch the softmaxes ``patch`` names that ``method`` provides (the loss from ``loss_method`` when
+    given; ``options`` go to ``method`` alone); every error of ``check_accel`` comes before anything
+    is changed."""
+    patch = list(patch)
+    m, lm, op = check_accel(method, patch, loss_form, loss_method)
+    applied = Applied(method, loss_form=loss_form, options=dict(options or {}),
+                      loss_method=lm.name if lm is not m else None)
+    if "attention" in patch and m.provides("attention"):
+        fn = kernels.bind(method, "attention", **applied.options)
+        applied._undo.append(set_attention(model, fn))
+        applied.attention = m.provides("attention")
+    if "loss" in patch and lm.provides(op):
+        fn = kernels.bind(lm.name, op, **applied.loss_options)
+        applied._undo.append(set_loss(model, functools.partial(fn, ignore_index=-100, reduction="mean"), loss_form))
+        applied.loss = lm.provides(op)
     return applied
 
 

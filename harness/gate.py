@@ -167,8 +167,6 @@ def run_gate(applied, shapes: RunShapes) -> dict:
     m = kernels.get_method(applied.method)
     lm = kernels.get_method(applied.loss_from) if applied.loss else m
     skip = {"attention": _unchecked(m), "loss": _unchecked(lm) if applied.loss else None}
-    if skip["attention"] and (not applied.loss or skip["loss"]):
-        return {"checked": False, "reason": skip["attention"]}
     results = []
     heads = max(1, min(shapes.heads, GATE_SCORES // (shapes.seq_len * shapes.seq_len)))  # float64 scores bounded
     if skip["attention"]:
@@ -189,10 +187,11 @@ def run_gate(applied, shapes: RunShapes) -> dict:
                 f"method {r.method!r} failed its {r.op} check against float64 on shape {r.shape} {r.dtype}: "
                 f"{r.reason}. Refusing to train (check_kernel=false skips the check, and is recorded in the results)."
             )
-    if not results:
-        return {"checked": False, "reason": "nothing patched to check"}
-    first = results[0]
     patched = {"attention": applied.attention, "loss": applied.loss}
+    if not results:  # every patched op left unchecked (the first one's reason), or none patched
+        why = [skip[op] for op in ("attention", "loss") if patched[op] and skip[op]]
+        return {"checked": False, "reason": why[0] if why else "nothing patched to check"}
+    first = results[0]
     unchecked = {op: why for op, why in skip.items() if why and patched[op]}
     return {"checked": True, **first.as_dict(), "checks": [r.as_dict() for r in results],
             **({"unchecked": unchecked} if unchecked else {})}

@@ -37,7 +37,7 @@ from omegaconf import OmegaConf
 from harness.config import StudyConfig
 from harness.study_progress import progress_line, saved_progress
 from harness.study_report import StudyRow, add_run, finish, write_outputs
-from harness.study_split import mark_split, requested, split_rank
+from harness.study_split import configured, mark_split, own_words, requested, split_rank
 
 STATUS = {"completed": "PASS", "failed": "FAIL", "crashed": "CRASH", "interrupted": "INTERRUPTED",
           "nonfinite": "FAIL", "running": "CRASH", "oom": "OOM"}
@@ -257,7 +257,7 @@ def build_report(root: Path, out: Optional[Path] = None, parity_steps: Optional[
         keyed: dict[tuple, StudyRow] = {}
         def order(r: dict) -> tuple:  # the reference first (then its spread run), the baseline, compiled last
             return (bool(r.get("compile_model")), r.get("method") != reference, r.get("method") != baseline,
-                    r.get("method") or "", split_rank(requested(r)), data_seed(r) != main_seed, r.get("run_dir", ""))
+                    r.get("method") or "", split_rank(requested(r), own_words(r.get("method") or "")), data_seed(r) != main_seed, r.get("run_dir", ""))
 
         for i, res in enumerate(sorted(members, key=order), 1):
             seed = data_seed(res)
@@ -266,7 +266,7 @@ def build_report(root: Path, out: Optional[Path] = None, parity_steps: Optional[
             role = "spread" if other_order and is_ref else ""
             point = label if not other_order or is_ref else \
                 (label + ", " if label else "") + f"data seed {seed} (another data order than the reference)"
-            rk = (res.get("method"), bool(res.get("compile_model")), requested(res), role, point)
+            rk = (res.get("method"), bool(res.get("compile_model")), requested(res), configured(res), role, point)
             row = keyed.get(rk)
             if row is None:
                 row = keyed[rk] = _row_from(res, role, point, seed)

@@ -82,17 +82,10 @@ def accel_for(name: str, variant: str = "") -> DictConfig:
 
 def unavailable(name: str, variant: str = "") -> Optional[str]:
     """Why the accel configuration ``name`` (as its ``variant`` runs) cannot run here (None: it can)."""
-    import kernels
+    from harness.cli import _unavailable
 
     a = accel_for(name, variant)
-    for method, options in accel_methods(a.method, a.loss_method, dict(a.options or {}), list(a.patch)):
-        try:
-            why = kernels.unavailable_reason(method, **options)
-        except (kernels.UnknownMethodError, ValueError) as exc:
-            why = str(exc)
-        if why:
-            return why if method == a.method else f"its loss_method {method!r}: {why}"
-    return None
+    return _unavailable(a.method, dict(a.options or {}), a.loss_method, list(a.patch))
 
 
 def default_methods() -> list[str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Optional
 
 from harness.stats import Estimate, round_ratio
-from harness.study_split import COMPARED, _rounds, patched_words
+from harness.study_split import COMPARED, _ratio, _rounds, patched_words
 
 
 def compiled_baseline(rows: list, r, base_name: str) -> Optional[object]:
@@ -26,19 +26,25 @@ def compiled_baseline(rows: list, r, base_name: str) -> Optional[object]:
     return None if base is r else base
 
 
+#: the StudyRow fields this module fills
+ATTRS = tuple(f"{name}{end}" for name in ("vs_compiled_baseline", "mem_vs_compiled_baseline")
+              for end in ("", "_lo", "_hi"))
+
+
 def add_compiled_ratios(rows: list, base_name: str) -> None:
     """vs_compiled_baseline / mem_vs_compiled_baseline (with 95% intervals) of every compiled row over
     the baseline's compiled row, both having passed; the others get none."""
     for r in rows:
-        r.vs_compiled_baseline = r.vs_compiled_baseline_lo = r.vs_compiled_baseline_hi = None
-        r.mem_vs_compiled_baseline = None
+        for attr in ATTRS:
+            setattr(r, attr, None)
         b = compiled_baseline(rows, r, base_name)
         if b is None or r.status not in COMPARED or b.status not in COMPARED:
             continue
-        est: Estimate = round_ratio(_rounds(r, "tokens_per_s"), _rounds(b, "tokens_per_s"))
-        r.vs_compiled_baseline, r.vs_compiled_baseline_lo, r.vs_compiled_baseline_hi = est.value, est.lo, est.hi
-        if r.peak_mem_gib and b.peak_mem_gib:
-            r.mem_vs_compiled_baseline = r.peak_mem_gib / b.peak_mem_gib
+        for attr, key in (("vs_compiled_baseline", "tokens_per_s"), ("mem_vs_compiled_baseline", "peak_mem_gib")):
+            est: Estimate = round_ratio(_rounds(r, key), _rounds(b, key))
+            setattr(r, attr, est.value)
+            setattr(r, attr + "_lo", est.lo)
+            setattr(r, attr + "_hi", est.hi)
 
 
 def compiled_lines(rows: list, base_name: str) -> list[str]:
@@ -56,13 +62,8 @@ def compiled_lines(rows: list, base_name: str) -> list[str]:
         where = f"{r.point}: " if r.point else ""
         tps = "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}"
         mem = "-" if r.peak_mem_gib is None else f"{r.peak_mem_gib:.2f}"
-        if r.vs_compiled_baseline is None:
+        speed, memory = _ratio(r, "vs_compiled_baseline"), _ratio(r, "mem_vs_compiled_baseline")
+        if r.vs_compiled_baseline is None and r.mem_vs_compiled_baseline is None:
             speed = memory = f"- ({r.label}: {r.status}; {b.label}: {b.status})"
-        else:
-            speed = f"{r.vs_compiled_baseline:.3f}x"
-            lo, hi = r.vs_compiled_baseline_lo, r.vs_compiled_baseline_hi
-            if lo is not None and hi is not None:
-                speed += f" [{lo:.3f}, {hi:.3f}]" + (" within noise" if lo <= 1.0 <= hi else "")
-            memory = "-" if r.mem_vs_compiled_baseline is None else f"{r.mem_vs_compiled_baseline:.3f}x"
         lines.append(f"| {where}{r.label} | {patched_words(r.patched) or '-'} | {tps} | {speed} | {mem} | {memory} |")
     return lines

@@ -68,6 +68,8 @@ class StudyRow:
     vs_compiled_baseline_lo: Optional[float] = None  # (harness.study_compiled)
     vs_compiled_baseline_hi: Optional[float] = None
     mem_vs_compiled_baseline: Optional[float] = None  # its peak memory over that row's
+    mem_vs_compiled_baseline_lo: Optional[float] = None
+    mem_vs_compiled_baseline_hi: Optional[float] = None
     mfu: Optional[float] = None
     warmup_s: Optional[float] = None
     final_loss: Optional[float] = None
@@ -258,7 +260,9 @@ COLUMNS = [
     ("mem_vs_attention_hi", "peak memory vs attention only hi"),
     ("vs_compiled_baseline", "vs baseline + compile"), ("vs_compiled_baseline_lo", "vs baseline + compile lo"),
     ("vs_compiled_baseline_hi", "vs baseline + compile hi"),
-    ("mem_vs_compiled_baseline", "peak memory vs baseline + compile"), ("mfu", "MFU"), ("warmup_s", "warm-up s"),
+    ("mem_vs_compiled_baseline", "peak memory vs baseline + compile"),
+    ("mem_vs_compiled_baseline_lo", "peak memory vs baseline + compile lo"),
+    ("mem_vs_compiled_baseline_hi", "peak memory vs baseline + compile hi"), ("mfu", "MFU"), ("warmup_s", "warm-up s"),
     ("final_loss", "final loss"),
     ("loss_diff_vs_reference", "loss - reference"), ("parity", "parity"), ("parity_dev", "parity dev"),
     ("parity_tol", "parity tol"), ("parity_step", "parity step"), ("data_seed", "data seed"), ("reason", "reason"),

@@ -19,6 +19,8 @@ report's table "What the loss kernel adds" divides each row's tokens/s and peak 
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
 from typing import Callable, Iterable, Mapping, NamedTuple, Optional
 
 from harness.config import DEFAULT_PATCH, patch_words
@@ -204,9 +206,35 @@ def requested(res: Mapping) -> str:
     return patch_words(a["patch"], a.get("loss_form") or "logits") if a.get("patch") is not None else ""
 
 
-def split_rank(words: str) -> int:
-    """Where a run that asked for ``words`` goes among its configuration's rows: as the study plans them."""
-    return 0 if words in ("", DEFAULT_PATCH) else 1 if words == ALONE else 2
+@functools.lru_cache(maxsize=None)
+def own_words(name: str) -> str:
+    """What the accel configuration ``name`` patches as it is (its conf/accel file's patch and loss_form,
+    e.g. 'attention + linear loss' for flash_linear); DEFAULT_PATCH when there is no such file here."""
+    from omegaconf import OmegaConf
+
+    from harness.config import CONF_DIR
+
+    path = Path(CONF_DIR) / "accel" / f"{name}.yaml"
+    if not name or not path.is_file():
+        return DEFAULT_PATCH
+    a = OmegaConf.load(path)
+    return patch_words(list(a.get("patch") or ["attention", "loss"]), str(a.get("loss_form") or "logits"))
+
+
+def configured(res: Mapping) -> str:
+    """The accel keys beyond the patch that change what a run computed (``loss_method``, ``options``), from
+    its results' config, as one string: runs of one configuration name that differ in them are different
+    rows ('' for the configuration's own: none recorded)."""
+    a = (res.get("config") or {}).get("accel") or {}
+    parts = [f"loss_method={a['loss_method']}"] if a.get("loss_method") else []
+    parts += [f"{k}={v}" for k, v in sorted((a.get("options") or {}).items())]
+    return ", ".join(parts)
+
+
+def split_rank(words: str, own: str = DEFAULT_PATCH) -> int:
+    """Where a run that asked for ``words`` goes among its configuration's rows (``own``: what the
+    configuration patches as it is): as the study plans them."""
+    return 0 if words in ("", own) else 1 if words == ALONE else 2
 
 
 def mark_split(rows: list) -> None:
@@ -217,10 +245,11 @@ def mark_split(rows: list) -> None:
         groups.setdefault((r.point, r.method, r.compiled, r.role), []).append(r)
     names = {ALONE: "attention", patch_words(["attention", "loss"], "linear"): "linear"}
     for group in groups.values():
-        # '' (a study.json row of a configuration as it is) asks for what the configuration patches by default
-        if len({r.patch or DEFAULT_PATCH for r in group}) < 2:
+        # '' (a study.json row of a configuration as it is) asks for what the configuration patches as it is
+        own = own_words(group[0].method)
+        if len({r.patch or own for r in group}) < 2:
             for r in group:
                 r.patch = ""
             continue
         for r in group:
-            r.variant = "" if r.patch in (DEFAULT_PATCH, "") else names.get(r.patch, r.patch)
+            r.variant = "" if r.patch in (own, "") else names.get(r.patch, r.patch)

@@ -277,16 +277,20 @@ def validate_with_data(cfg: DictConfig) -> None:
                                      list(a.patch))
     if msg:
         raise UsageError(msg)
+    from harness.accel import check_accel
+
+    check_accel(str(a.method), list(a.patch), str(a.loss_form), a.get("loss_method"))  # AccelError: exit 2, no directory
 
 
 def _user_error(exc: BaseException) -> bool:
     """A mistake in what the user asked for (said in one paragraph), not a failure of the run."""
     import kernels
+    from harness.accel import AccelError
     from harness.config import ConfigError
     from harness.data import DataError
     from harness.resume import ResumeError
 
-    return isinstance(exc, (ConfigError, DataError, UsageError, ResumeError, OutputDirError,
+    return isinstance(exc, (AccelError, ConfigError, DataError, UsageError, ResumeError, OutputDirError,
                             kernels.MethodUnavailableError, kernels.UnknownMethodError))
 
 

@@ -80,3 +80,18 @@ def test_help_lists_methods_with_availability_models_data_and_keys():
     assert "optimizer steps to train" in text  # meanings come from harness/config.py's comments
     study = help_text("study", CONF_DIR, "study")
     assert "study.methods=null" in study and "study.parity_k=3.0" in study and "study.repeats=1" in study
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["accel=torch", "accel.loss_method=sdpa"],
+     ["accel.loss_method='sdpa'", "needs a method that provides cross_entropy", "'sdpa' provides: attention"]),
+    (["accel=torch", "accel.loss_method=naive", "accel.patch=[attention]"],
+     ["accel.loss_method='naive'", "does not patch the loss", "leave accel.loss_method null"]),
+    (["accel=sdpa", "accel.loss_form=linear"], ["accel.loss_form=linear needs a method that provides linear_cross_entropy"]),
+    (["accel=sdpa", "accel.patch=[loss]"], ["accel.patch=['loss']", "provides none of these softmaxes"]),
+])
+def test_an_accel_combination_that_cannot_be_patched_fails_before_any_work(capsys, argv, words):
+    """What apply_accel would refuse is refused by the command line's check, exit 2 (the run directory
+    is made after that check)."""
+    code, err = _precheck(capsys, "model=tiny", "trainer=cpu", *argv)
+    assert code == 2 and all(w in err for w in words), err

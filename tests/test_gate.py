@@ -31,3 +31,11 @@ def test_approximate_methods_skip_the_gate():
         assert info == {"checked": False, "reason": "approximate by design: judged by loss parity only"}
     finally:
         kernels.unregister(m.name)
+
+
+def test_a_skipped_loss_method_is_the_reason_when_only_the_loss_was_patched():
+    """sdpa (attention not patched) with the floor's loss (timing-only): the record says why the loss
+    went unchecked, not that nothing was patched."""
+    info = gate.run_gate(Applied("sdpa", attention=None, loss="native", loss_method="floor"), shapes(32))
+    assert info == {"checked": False, "reason": "timing-only method (not what its ops promise)"}
+    assert gate.run_gate(Applied("torch"), shapes(32)) == {"checked": False, "reason": "nothing patched to check"}

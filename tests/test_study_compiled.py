@@ -14,7 +14,7 @@ from tests.test_study import SHORT, read_csv
 
 def _row(method, compiled, tps, status="PASS", point="", mem=8.0, **kw):
     r = StudyRow(method, compiled, status, point=point, peak_mem_gib=mem, **kw)
-    r.runs = [{"round": i + 1, "tokens_per_s": v} for i, v in enumerate(tps)]
+    r.runs = [{"round": i + 1, "tokens_per_s": v, "peak_mem_gib": mem} for i, v in enumerate(tps)]
     r.tokens_per_s = sorted(tps)[len(tps) // 2]
     return r
 

@@ -192,3 +192,47 @@ def test_a_sweep_runs_the_twins_at_every_point(tmp_path, monkeypatch):
     for point in ("T=32 batch 8", "T=64 batch 4"):
         assert f"| {point}: triton: attention + loss vs triton: attention |" in report
     assert "| triton: attention | 100 | 100 |" in report  # the scaling table has the twin's own line
+
+
+def test_the_report_keeps_runs_of_one_configuration_with_another_loss_method_apart(tmp_path):
+    """harness.report over runs of accel=torch with and without accel.loss_method=naive: two rows, each
+    with its own run (they differ in what computed the loss), not one row of two repeats."""
+    from harness.report import build_report
+
+    model = {"name": "tiny", "n_layer": 2, "n_head": 2, "n_embd": 64, "context": 64, "vocab_size": 256}
+    data = {"name": "stdlib", "batch_size": 8, "seq_len": None, "seed": None}
+    for slug, loss_method, tps in (("a", None, 100.0), ("b", "naive", 50.0)):
+        d = tmp_path / "runs" / slug
+        d.mkdir(parents=True)
+        accel = {"name": "torch", "method": "torch", "patch": ["attention", "loss"], "loss_form": "logits",
+                 "options": {}, "loss_method": loss_method}
+        patched = {"method": "torch", "attention": "composed", "loss": "native", "loss_form": "logits",
+                   "options": {}, "loss_method": loss_method or "torch"}
+        res = {"status": "completed", "method": "torch", "compile_model": False, "model": model, "data": data,
+               "seed": 1337, "device": "cpu", "precision": "32", "world_size": 1, "tokens_per_s": tps,
+               "step_ms_p50": 10.0, "step_ms_p90": 10.5, "peak_mem_gib": None, "final_train_loss": 5.0,
+               "loss_curve": [5.5, 5.0], "run_dir": str(d), "gate": {"checked": True}, "patched": patched,
+               "config": {"accel": accel, "model": model, "data": data, "seed": 1337,
+                          "trainer": {"max_steps": 2, "warmup_steps": 1}}}
+        (d / "results.json").write_text(json.dumps(res))
+    rows = build_report(tmp_path, tmp_path.parent / "rep")
+    assert sorted((r.repeats, r.tokens_per_s) for r in rows) == [(1, 50.0), (1, 100.0)]
+
+
+def test_a_configuration_whose_own_loss_is_linear_is_not_its_linear_twin():
+    """flash_linear patches attention + linear loss as it is: re-reported, its own row stays the
+    configuration (variant ''), its attention-only run the twin."""
+    from harness.study_report import StudyRow
+    from harness.study_split import configured, mark_split, own_words
+
+    assert own_words("flash_linear") == "attention + linear loss" and own_words("triton") == "attention + loss"
+    assert own_words("no_such_config") == "attention + loss"
+    rows = [StudyRow("flash_linear", True, "PASS", patch="attention + linear loss"),
+            StudyRow("flash_linear", True, "PASS", patch="attention"),
+            StudyRow("triton", False, "PASS", patch="attention + linear loss"),
+            StudyRow("triton", False, "PASS", patch="attention + loss")]
+    mark_split(rows)
+    assert [r.variant for r in rows] == ["", "attention", "linear", ""]
+    base = {"config": {"accel": {"name": "sdpa", "method": "sdpa", "options": {"backend": "cudnn"}}}}
+    assert configured(base) == "backend=cudnn" and configured({}) == ""
+    assert configured({"config": {"accel": {"loss_method": "naive"}}}) == "loss_method=naive"
