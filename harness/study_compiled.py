@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from harness.stats import Estimate, round_ratio
-from harness.study_split import COMPARED, _ratio, _rounds, patched_words
+from harness.study_split import COMPARED, _ratio, patched_words, set_ratios
 
 
 def compiled_baseline(rows: list, r, base_name: str) -> Optional[object]:
@@ -26,25 +25,13 @@ def compiled_baseline(rows: list, r, base_name: str) -> Optional[object]:
     return None if base is r else base
 
 
-#: the StudyRow fields this module fills
-ATTRS = tuple(f"{name}{end}" for name in ("vs_compiled_baseline", "mem_vs_compiled_baseline")
-              for end in ("", "_lo", "_hi"))
-
-
 def add_compiled_ratios(rows: list, base_name: str) -> None:
     """vs_compiled_baseline / mem_vs_compiled_baseline (with 95% intervals) of every compiled row over
     the baseline's compiled row, both having passed; the others get none."""
     for r in rows:
-        for attr in ATTRS:
-            setattr(r, attr, None)
         b = compiled_baseline(rows, r, base_name)
-        if b is None or r.status not in COMPARED or b.status not in COMPARED:
-            continue
-        for attr, key in (("vs_compiled_baseline", "tokens_per_s"), ("mem_vs_compiled_baseline", "peak_mem_gib")):
-            est: Estimate = round_ratio(_rounds(r, key), _rounds(b, key))
-            setattr(r, attr, est.value)
-            setattr(r, attr + "_lo", est.lo)
-            setattr(r, attr + "_hi", est.hi)
+        compared = b is not None and r.status in COMPARED and b.status in COMPARED
+        set_ratios(r, b if compared else None, "vs_compiled_baseline", "mem_vs_compiled_baseline")
 
 
 def compiled_lines(rows: list, base_name: str) -> list[str]:

@@ -148,20 +148,24 @@ def _rounds(row, key: str) -> dict:
     return {run["round"]: run[key] for run in row.runs if run.get(key)}
 
 
+def set_ratios(r, over, speed: str, memory: str) -> None:
+    """r.<speed> and r.<memory> (each with _lo / _hi): r's tokens/s and peak memory over ``over``'s,
+    paired by round (None: not compared)."""
+    for attr, key in ((speed, "tokens_per_s"), (memory, "peak_mem_gib")):
+        est: Estimate = (round_ratio(_rounds(r, key), _rounds(over, key)) if over is not None
+                         else Estimate(None))
+        setattr(r, attr, est.value)
+        setattr(r, attr + "_lo", est.lo)
+        setattr(r, attr + "_hi", est.hi)
+
+
 def add_ratios(rows: list) -> None:
     """vs_attention / mem_vs_attention (with 95% intervals) of every split row over its attention-only
     twin, both having passed; the others get none."""
     for r in rows:
-        r.vs_attention = r.vs_attention_lo = r.vs_attention_hi = None
-        r.mem_vs_attention = r.mem_vs_attention_lo = r.mem_vs_attention_hi = None
         t = twin(rows, r)
-        if t is None or r.status not in COMPARED or t.status not in COMPARED:
-            continue
-        for attr, key in (("vs_attention", "tokens_per_s"), ("mem_vs_attention", "peak_mem_gib")):
-            est: Estimate = round_ratio(_rounds(r, key), _rounds(t, key))
-            setattr(r, attr, est.value)
-            setattr(r, attr + "_lo", est.lo)
-            setattr(r, attr + "_hi", est.hi)
+        compared = t is not None and r.status in COMPARED and t.status in COMPARED
+        set_ratios(r, t if compared else None, "vs_attention", "mem_vs_attention")
 
 
 def _ratio(r, attr: str) -> str:
