@@ -37,7 +37,7 @@ from omegaconf import OmegaConf
 from harness.config import StudyConfig
 from harness.study_progress import progress_line, saved_progress
 from harness.study_report import StudyRow, add_run, finish, write_outputs
-from harness.study_split import configured, mark_split, own_words, requested, split_rank
+from harness.study_split import configured, mark_split, own_setting, own_words, requested, split_rank
 
 STATUS = {"completed": "PASS", "failed": "FAIL", "crashed": "CRASH", "interrupted": "INTERRUPTED",
           "nonfinite": "FAIL", "running": "CRASH", "oom": "OOM"}
@@ -271,6 +271,8 @@ def build_report(root: Path, out: Optional[Path] = None, parity_steps: Optional[
             if row is None:
                 row = keyed[rk] = _row_from(res, role, point, seed)
                 row.point_values, row.patch = dict(values), requested(res)
+                if configured(res) != own_setting(res.get("method") or ""):  # set on the command line
+                    row.setting = configured(res)
                 rows.append(row)
             elif STATUS.get(res.get("status", "crashed"), "CRASH") != "PASS" and row.status == "PASS":
                 row.status, row.reason = _row_from(res).status, _row_from(res).reason

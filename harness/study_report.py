@@ -42,6 +42,7 @@ class StudyRow:
     role: str = ""  # "" | "spread": the second reference run (another data order), for the tolerance
     variant: str = ""  # "" (the accel config as it is) | a twin of harness.study_split: attention | linear
     patch: str = ""  # what it asked to patch, in words, shown in the label ("": its configuration is not split)
+    setting: str = ""  # accel keys a run set beyond its configuration's own (harness.report: 'loss_method=naive')
     data_seed: Optional[int] = None  # the batch order's seed, when it is not the run's seed
     tokens_per_s: Optional[float] = None  # median over repeats
     tokens_per_s_lo: Optional[float] = None  # 95% interval (repeats >= 2)
@@ -89,12 +90,13 @@ class StudyRow:
     def label(self) -> str:
         extra = f" (data seed {self.data_seed})" if self.role == "spread" else ""
         patch = f": {self.patch}" if self.patch else ""
-        return self.method + (" + compile" if self.compiled else "") + patch + extra
+        setting = f" [{self.setting}]" if self.setting else ""
+        return self.method + setting + (" + compile" if self.compiled else "") + patch + extra
 
     @property
     def slug(self) -> str:
         return self.label.replace(": ", "-").replace(" + ", "+").replace(" (data seed ", "-dataseed") \
-            .replace(")", "").replace(" ", "_")
+            .replace(")", "").replace(" [", "-").replace("]", "").replace(", ", "-").replace(" ", "_")
 
 
 def add_run(row: StudyRow, res: dict, round_: int, probe_curve: Optional[list] = None) -> None:

@@ -211,17 +211,20 @@ def requested(res: Mapping) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def own_words(name: str) -> str:
-    """What the accel configuration ``name`` patches as it is (its conf/accel file's patch and loss_form,
-    e.g. 'attention + linear loss' for flash_linear); DEFAULT_PATCH when there is no such file here."""
+def _own_accel(name: str) -> dict:
+    """The accel configuration ``name`` as its conf/accel file sets it ({} without one here)."""
     from omegaconf import OmegaConf
 
     from harness.config import CONF_DIR
 
     path = Path(CONF_DIR) / "accel" / f"{name}.yaml"
-    if not name or not path.is_file():
-        return DEFAULT_PATCH
-    a = OmegaConf.load(path)
+    return OmegaConf.to_container(OmegaConf.load(path)) if name and path.is_file() else {}
+
+
+def own_words(name: str) -> str:
+    """What the accel configuration ``name`` patches as it is (its conf/accel file's patch and loss_form,
+    e.g. 'attention + linear loss' for flash_linear); DEFAULT_PATCH when there is no such file here."""
+    a = _own_accel(name)
     return patch_words(list(a.get("patch") or ["attention", "loss"]), str(a.get("loss_form") or "logits"))
 
 
@@ -233,6 +236,11 @@ def configured(res: Mapping) -> str:
     parts = [f"loss_method={a['loss_method']}"] if a.get("loss_method") else []
     parts += [f"{k}={v}" for k, v in sorted((a.get("options") or {}).items())]
     return ", ".join(parts)
+
+
+def own_setting(name: str) -> str:
+    """``configured`` of the accel configuration ``name`` as its conf/accel file sets it ('' without one)."""
+    return configured({"config": {"accel": _own_accel(name)}})
 
 
 def split_rank(words: str, own: str = DEFAULT_PATCH) -> int:

@@ -216,14 +216,16 @@ def test_the_report_keeps_runs_of_one_configuration_with_another_loss_method_apa
                           "trainer": {"max_steps": 2, "warmup_steps": 1}}}
         (d / "results.json").write_text(json.dumps(res))
     rows = build_report(tmp_path, tmp_path.parent / "rep")
-    assert sorted((r.repeats, r.tokens_per_s) for r in rows) == [(1, 50.0), (1, 100.0)]
+    assert sorted((r.repeats, r.tokens_per_s, r.label) for r in rows) == [(1, 50.0, "torch [loss_method=naive]"),
+                                                                          (1, 100.0, "torch")]
+    assert "| torch [loss_method=naive] |" in (tmp_path.parent / "rep" / "report.md").read_text()
 
 
 def test_a_configuration_whose_own_loss_is_linear_is_not_its_linear_twin():
     """flash_linear patches attention + linear loss as it is: re-reported, its own row stays the
     configuration (variant ''), its attention-only run the twin."""
     from harness.study_report import StudyRow
-    from harness.study_split import configured, mark_split, own_words
+    from harness.study_split import configured, mark_split, own_setting, own_words
 
     assert own_words("flash_linear") == "attention + linear loss" and own_words("triton") == "attention + loss"
     assert own_words("no_such_config") == "attention + loss"
@@ -236,3 +238,5 @@ def test_a_configuration_whose_own_loss_is_linear_is_not_its_linear_twin():
     base = {"config": {"accel": {"name": "sdpa", "method": "sdpa", "options": {"backend": "cudnn"}}}}
     assert configured(base) == "backend=cudnn" and configured({}) == ""
     assert configured({"config": {"accel": {"loss_method": "naive"}}}) == "loss_method=naive"
+    assert own_setting("flash_linear") == "loss_method=triton" and own_setting("torch") == ""
+    assert own_setting("sdpa_cudnn") == "backend=cudnn"
