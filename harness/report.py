@@ -36,7 +36,8 @@ from omegaconf import OmegaConf
 
 from harness.config import StudyConfig
 from harness.study_progress import progress_line, saved_progress
-from harness.study_report import StudyRow, add_run, finish, write_outputs
+from harness.study_judge import finish
+from harness.study_report import StudyRow, add_run, write_outputs
 from harness.study_split import configured, mark_split, own_setting, own_words, requested, split_rank
 
 STATUS = {"completed": "PASS", "failed": "FAIL", "crashed": "CRASH", "interrupted": "INTERRUPTED",

@@ -56,7 +56,8 @@ from harness.cli import run_app
 from harness.config import CONF_DIR, AccelConfig, ConfigError, accel_methods, accel_names, group_options
 from harness.results import atomic_write_text, write_json
 from harness.study_progress import progress, progress_line, write_snapshot
-from harness.study_report import NO_NUMBERS, StudyRow, add_run, finish, log_to_wandb, write_outputs
+from harness.study_judge import finish
+from harness.study_report import NO_NUMBERS, StudyRow, add_run, log_to_wandb, write_outputs
 from harness.study_split import KEYS as SPLIT_KEYS
 from harness.study_split import VARIANTS, Planned, expand
 from harness.study_split import check as check_split

@@ -49,7 +49,8 @@ def progress_line(p: Optional[dict]) -> str:
 def write_snapshot(rows: list, cfg: DictConfig, out: Path, state: dict, charts: bool) -> None:
     """The study's report as it stands, parity and speedups included, judged on copies of the rows (the
     study goes on with its own, undecided). ``charts``: also draw the charts (at the end of a point)."""
-    from harness.study_report import finish, write_outputs
+    from harness.study_judge import finish
+    from harness.study_report import write_outputs
 
     snap = copy.deepcopy(rows)
     settings = finish(snap, cfg)
