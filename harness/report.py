@@ -257,8 +257,9 @@ def build_report(root: Path, out: Optional[Path] = None, parity_steps: Optional[
         main_seed = _main_seed(members, reference)
         keyed: dict[tuple, StudyRow] = {}
         def order(r: dict) -> tuple:  # the reference first (then its spread run), the baseline, compiled last
-            return (bool(r.get("compile_model")), r.get("method") != reference, r.get("method") != baseline,
-                    r.get("method") or "", split_rank(requested(r), own_words(r.get("method") or "")), data_seed(r) != main_seed, r.get("run_dir", ""))
+            name = r.get("method") or ""
+            return (bool(r.get("compile_model")), name != reference, name != baseline, name,
+                    split_rank(requested(r), own_words(name)), data_seed(r) != main_seed, r.get("run_dir", ""))
 
         for i, res in enumerate(sorted(members, key=order), 1):
             seed = data_seed(res)
