@@ -29,8 +29,8 @@ accumulated in float32 (one buffer over all chunks, cast to the weight's dtype a
 gradients would underflow: there it scales the two small gradients), the backward only scales the two
 gradients by grad_output. ``none``:
 the forward computes the losses only, the backward runs the chunks again with the per-row grad_output as
-the gradient scale. Extra memory: one chunk of logits (:func:`default_chunk_rows`: at most 350 MiB of
-them, in chunks of one size), the float32 weight gradient and the hidden gradient; at 16384 x 768
+the gradient scale. Extra memory: one chunk of logits (:func:`kernels.chunking.chunk_rows`: at most 350
+MiB of them, in chunks of one size), the float32 weight gradient and the hidden gradient; at 16384 x 768
 hidden, 50304 x 768 weight, bf16: 5 chunks of 3280 rows, about 0.47 GiB in all (with the fp32-output GEMM of
 torch >= 2.8; before it each chunk's fp32 (V, C) product comes on top). Under ``torch.autocast``
 hidden and weight are cast to the autocast dtype before the op (the casts' backward carries the gradients back to the inputs' dtypes).
@@ -57,15 +57,6 @@ from kernels import chunking
 
 CeRows = Callable[..., torch.Tensor]
 ScaleGrad = Callable[[torch.Tensor, torch.Tensor], None]
-
-#: Bytes of logits one chunk may hold (the driver's main extra memory; :mod:`kernels.chunking`: why).
-CHUNK_BYTES = chunking.CHUNK_BYTES
-
-
-def default_chunk_rows(n: int, v: int, itemsize: int, budget_bytes: int = CHUNK_BYTES) -> int:
-    """Rows per chunk: the fewest equal chunks of at most ``budget_bytes`` of (rows, v) logits."""
-    return chunking.chunk_rows(n, v, itemsize, budget_bytes)
-
 
 # float32 accumulation of a 16-bit product into an existing float32 buffer: cuBLAS with C = the buffer
 # (aten::baddbmm.dtype_out, torch >= 2.8, writes beta * out + a @ b into `out`), checked once on the
@@ -301,7 +292,7 @@ def make_linear_cross_entropy(name: str, ce_rows: CeRows, scale_grad_: ScaleGrad
             raise TypeError(
                 f"{name}: hidden ({hidden.dtype}) and weight ({weight.dtype}) need one dtype outside autocast")
         if chunk_rows is None:
-            chunk_rows = default_chunk_rows(hidden.shape[0], weight.shape[0], hidden.element_size())
+            chunk_rows = chunking.chunk_rows(hidden.shape[0], weight.shape[0], hidden.element_size())
         return LinearCrossEntropy.apply(hidden, weight, targets, int(ignore_index), reduction, int(chunk_rows))
 
     linear_cross_entropy.__name__ = name

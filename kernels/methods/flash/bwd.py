@@ -25,9 +25,9 @@ import torch
 
 from kernels.methods.flash import plan as plans
 from kernels.methods.flash.fwd import precision, resolve_tma
-from kernels.methods.flash.tiles import (LOG2E, TMA_CODE, device_descriptor, ensure_allocator, host_descriptor,
-                                         interpreter_enabled, key_bounds, load_rows, mma, query_bounds, store_rows,
-                                         tl, triton)
+from kernels.methods.flash.tiles import (LOG2E, TMA_CODE, device_descriptor, empty_bthd, ensure_allocator,
+                                         host_descriptor, interpreter_enabled, key_bounds, load_rows, mma,
+                                         query_bounds, store_rows, tl, triton)
 from kernels.methods.triton import fastlaunch
 
 if triton is not None:
@@ -203,13 +203,6 @@ if triton is not None:
                             D, DV, D_PAD, DV_PAD, BLOCK_M2, BLOCK_N2, CAUSAL, TMA, WARP_SPEC, PREC)
 
 
-def _grad_like(t: torch.Tensor) -> torch.Tensor:
-    """A gradient laid out as (B, T, H, d) in memory, viewed as (B, H, T, d): the layout the model's
-    q/k/v views come from, so their backward (transpose, view, concatenation) copies nothing extra."""
-    B, H, T, D = t.shape
-    return torch.empty_strided((B, H, T, D), (T * H * D, D, H * D, 1), dtype=t.dtype, device=t.device)
-
-
 def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                lse: torch.Tensor, scale: float, causal: bool,
                plan: plans.BwdPlan | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -222,7 +215,9 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     fastlaunch.launch(_delta_kernel, (fastlaunch.cdiv(TQ, plan.pre_block), H, B),
                       (out, do, delta, *out.stride(), *do.stride(), H, TQ),
                       dict(DV=DV, DV_PAD=dv_pad, BLOCK=plan.pre_block))
-    dq, dk, dv = _grad_like(q), _grad_like(k), _grad_like(v)
+    # the gradients in the layout of the model's q/k/v views (tiles.empty_bthd)
+    dq = empty_bthd(B, H, TQ, D, q.dtype, q.device)
+    dk, dv = empty_bthd(B, H, TK, D, k.dtype, k.device), empty_bthd(B, H, TK, DV, v.dtype, v.device)
     tma = resolve_tma(plan.tma, q.device, q, k, v, do, dq, dk, dv)
     bm1, bn1, bm2, bn2 = plan.block_m1, plan.block_n1, plan.block_m2, plan.block_n2
     n_kv, n_q = fastlaunch.cdiv(TK, bn1), fastlaunch.cdiv(TQ, bm2)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 
 from kernels.methods.flash import plan as plans
-from kernels.methods.flash.tiles import (LOG2E, TMA_CODE, device_descriptor, ensure_allocator, host_descriptor,
-                                         interpreter_enabled, key_bounds, load_rows, mma, store_rows, tl,
-                                         tma_eligible, tma_supported, triton)
+from kernels.methods.flash.tiles import (LOG2E, TMA_CODE, device_descriptor, empty_bthd, ensure_allocator,
+                                         host_descriptor, interpreter_enabled, key_bounds, load_rows, mma,
+                                         store_rows, tl, tma_eligible, tma_supported, triton)
 from kernels.methods.triton import fastlaunch
 
 if triton is not None:
@@ -134,7 +134,7 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
     TK, DV = k.shape[2], v.shape[3]
     if plan is None:
         plan = plans.plans_for(D, DV, q.dtype, causal, TQ, TK)[0]
-    out = torch.empty_strided((B, H, TQ, DV), (TQ * H * DV, DV, H * DV, 1), dtype=q.dtype, device=q.device)
+    out = empty_bthd(B, H, TQ, DV, q.dtype, q.device)
     lse = torch.empty((B, H, TQ), dtype=torch.float32, device=q.device)
     d_pad, dv_pad = plans.head_pad(D), plans.head_pad(DV)
     bm, bn = plan.block_m, plan.block_n

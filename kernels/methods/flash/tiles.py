@@ -35,6 +35,13 @@ LN2 = 0.6931471805599453
 TMA_CODE = {"off": 0, "host": 1, "device": 2}
 
 
+def empty_bthd(B: int, H: int, T: int, D: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """An uninitialized (B, H, T, D) tensor laid out as (B, T, H, D) in memory: the layout the model's
+    q/k/v views come from, so the output and the gradients flow back through its transposes, views and
+    concatenation without a copy."""
+    return torch.empty_strided((B, H, T, D), (T * H * D, D, H * D, 1), dtype=dtype, device=device)
+
+
 def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
