@@ -173,6 +173,56 @@ def test_switch_and_surprises_take_the_plain_path(fake_gpu, monkeypatch):
     assert [e[0] for e in k.log[-2:]] == ["plain", "plain"]
 
 
+def test_prepared_launch_is_the_direct_launch_with_new_tensors(fake_gpu, monkeypatch):
+    """fastlaunch.prepare: after a launch, the same launch for other tensors without the key; where the
+    entry does not apply now (other alignment, a hook, the direct path off, a launcher that raised) the
+    tensors go through launch; on another current device nothing is launched."""
+    k, buf, other = _Kernel(), torch.zeros(64, dtype=torch.bfloat16), torch.zeros(64, dtype=torch.bfloat16)
+    meta = dict(BLOCK=32, FLAG=True, num_warps=4)
+    assert fl.prepare(k, (3,), (buf, 16, 0.5), meta) is None  # nothing launched with this key yet
+    fl.launch(k, (3,), (buf, 16, 0.5), meta)
+    prep = fl.prepare(k, (3,), (buf, 16, 0.5), meta)
+    assert prep(other) is True
+    assert k.log[-1] == ("direct", (3, 1, 1, 77, 1234, (4, 1, 0), None, None, None, other.data_ptr(), 16, 0.5, 32,
+                                    True))
+    assert prep(buf[1:]) is True  # 2 bytes off: launch's own choice, a plain launch of a new specialization
+    assert k.log[-1][0] == "plain" and k.log[-1][2][0].data_ptr() == buf[1:].data_ptr()
+    assert k.log[-1][2][1:] == (16, 0.5)
+    fl.configure(False)
+    prep(other)
+    assert k.log[-1][0] == "plain"
+    fl.configure(True)
+    n = len(k.log)
+    monkeypatch.setattr(fl, "_get_device", lambda: 1)
+    assert prep(other) is False and len(k.log) == n  # another current device: the caller's general path
+    monkeypatch.setattr(fl, "_get_device", lambda: 0)
+    fake_gpu.launch_enter_hook.add(lambda md: None)
+    prep(other)
+    assert k.log[-1][0] == "plain"
+    fake_gpu.launch_enter_hook = fl._hook_chain()
+    for c in k.compiled.values():
+        c.fail = True
+    assert prep(other) is True and k.log[-1][0] == "plain"  # the launcher raised: through launch, which falls back
+    for c in k.compiled.values():
+        c.fail = False
+    prep(other)
+    assert k.log[-1][0] == "plain"  # (not used again)
+
+
+def test_prepare_declines_what_it_cannot_prepare(fake_gpu):
+    k, buf = _Kernel(), torch.zeros(64)
+    meta = dict(BLOCK=32, FLAG=False)
+    fl.launch(k, (2,), (buf, 16, buf), meta)  # a tensor after a scalar
+    assert fl.prepare(k, (2,), (buf, 16, buf), meta) is None
+    fl.launch(k, (2,), (buf, 16, 0.5), meta)
+    assert fl.prepare(k, lambda m: (2,), (buf, 16, 0.5), meta) is None  # a callable grid
+    assert fl.prepare(k, (2,), (buf, 16, 0.5), dict(meta, FLAG=True)) is None  # another key
+    fl.configure(False)
+    assert fl.prepare(k, (2,), (buf, 16, 0.5), meta) is None
+    fl.configure(True)
+    assert fl.prepare(k, (2,), (buf, 16, 0.5), meta) is not None
+
+
 def test_interpreter_falls_back_to_identical_results(monkeypatch, seeded):
     """Under Triton's interpreter (or wherever Triton's internals differ) the direct path stands aside:
     launches are the plain ones, with or without the switch."""

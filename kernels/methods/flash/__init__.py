@@ -61,7 +61,9 @@ leaves these loops unspecialized on Hopper (same code with 8 warps; with 4 the p
 compile), so on 3.6 it is a Blackwell switch.
 
 Launches go through ``kernels.methods.triton.fastlaunch`` (Triton's launcher skipped once a
-specialization is known: ~20 us less per forward on the H200's host).
+specialization is known: ~20 us less per forward on the H200's host); the forward's launch and the
+dq-pass backward's (pointer tiles) are kept prepared by shapes, strides, dtypes, device, scale and
+causality (``fastlaunch.Prepared``), so a repeated call skips the plan and the argument tuples.
 
 Registered as the torch ops ``softmax_harness::flash_attention_fwd`` (-> out, lse) and
 ``softmax_harness::flash_attention_bwd`` (``ops``). Dropout is refused (sdpa or a composed method

@@ -203,18 +203,50 @@ if triton is not None:
                             D, DV, D_PAD, DV_PAD, BLOCK_M2, BLOCK_N2, CAUSAL, TMA, WARP_SPEC, PREC)
 
 
+# Prepared launches (fastlaunch.prepare) of the dq-pass backward with pointer tiles, by what fixes every
+# argument but the tensors (shapes, strides, dtypes, device, scale, causality, 16-byte alignment)
+_SITES = fastlaunch.SiteCache()
+
+
+def _site(preps: list, delta_size: tuple, grads: tuple, device):
+    """The backward from prepared launches: delta's, then the dk/dv and dq ones (or the fused one)."""
+    pre, *rest = preps
+
+    def bwd(do, q, k, v, out, lse):
+        delta = torch.empty(delta_size, dtype=torch.float32, device=device)
+        dq, dk, dv = (torch.empty_strided(size, stride, dtype=dtype, device=device) for size, stride, dtype in grads)
+        if not pre(out, do, delta):
+            return None
+        for prep in rest:  # (on the device the first one checked: each launches)
+            prep(q, k, v, do, q, k, v, do, dq, dk, dv, lse, delta, delta)
+        return dq, dk, dv
+
+    return bwd
+
+
 def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                lse: torch.Tensor, scale: float, causal: bool,
                plan: plans.BwdPlan | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    site_key = None
+    if plan is None and not plans.overridden():
+        site_key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), do.stride(), out.stride(),
+                    q.dtype, k.dtype, v.dtype, do.dtype, q.get_device(), scale, causal,
+                    not (q.data_ptr() | k.data_ptr() | v.data_ptr() | do.data_ptr() | out.data_ptr()) & 15)
+        site = _SITES.get(site_key)
+        if site is not None:
+            done = site(do, q, k, v, out, lse)
+            if done is not None:
+                return done
     B, H, TQ, D = q.shape
     TK, DV = k.shape[2], v.shape[3]
     if plan is None:
         plan = plans.plans_for(D, DV, q.dtype, causal, TQ, TK)[1]
     d_pad, dv_pad = plans.head_pad(D), plans.head_pad(DV)
     delta = torch.empty((B, H, TQ), dtype=torch.float32, device=q.device)
-    fastlaunch.launch(_delta_kernel, (fastlaunch.cdiv(TQ, plan.pre_block), H, B),
-                      (out, do, delta, *out.stride(), *do.stride(), H, TQ),
-                      dict(DV=DV, DV_PAD=dv_pad, BLOCK=plan.pre_block))
+    launches = [(_delta_kernel, (fastlaunch.cdiv(TQ, plan.pre_block), H, B),
+                 (out, do, delta, *out.stride(), *do.stride(), H, TQ),
+                 dict(DV=DV, DV_PAD=dv_pad, BLOCK=plan.pre_block))]
+    fastlaunch.launch(*launches[0])
     # the gradients in the layout of the model's q/k/v views (tiles.empty_bthd)
     dq = empty_bthd(B, H, TQ, D, q.dtype, q.device)
     dk, dv = empty_bthd(B, H, TK, D, k.dtype, k.device), empty_bthd(B, H, TK, DV, v.dtype, v.device)
@@ -250,8 +282,10 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     sizes = (B, H, TQ, TK, scale * LOG2E, scale)
 
     def launch(n_programs: int, n_kv: int, do_kv: bool, do_q: bool, warps: int, stages: int) -> None:
-        fastlaunch.launch(_bwd_kernel, (n_programs, H, B), (*ins, *outs, lse, delta, dq_sums, *strides, *sizes, n_kv),
-                          dict(common, DO_KV=do_kv, DO_Q=do_q, DQ_ATOMIC=atomic, num_warps=warps, num_stages=stages))
+        one = (_bwd_kernel, (n_programs, H, B), (*ins, *outs, lse, delta, dq_sums, *strides, *sizes, n_kv),
+               dict(common, DO_KV=do_kv, DO_Q=do_q, DQ_ATOMIC=atomic, num_warps=warps, num_stages=stages))
+        fastlaunch.launch(*one)
+        launches.append(one)
 
     if atomic:
         launch(n_kv, n_kv, True, False, plan.num_warps, plan.num_stages)
@@ -261,4 +295,9 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     else:
         launch(n_kv, n_kv, True, False, plan.num_warps, plan.num_stages)
         launch(n_q, 0, False, True, plan.dq_warps, plan.dq_stages)
+    if site_key is not None and not atomic and tma == "off":
+        preps = [fastlaunch.prepare(*one) for one in launches]
+        if None not in preps:
+            grads = tuple((tuple(t.shape), t.stride(), t.dtype) for t in (dq, dk, dv))
+            _SITES.put(site_key, _site(preps, tuple(delta.shape), grads, q.device))
     return dq, dk, dv

@@ -125,11 +125,35 @@ def resolve_tma(mode: str, device: torch.device, *tensors: torch.Tensor) -> str:
     return mode
 
 
+# Prepared launches (fastlaunch.prepare) by what fixes every argument but the tensors: a later call
+# with the same shapes, strides, dtypes, device, scale and causality (and 16-byte alignment of q, k, v)
+# skips the plan lookup, the argument tuple and the specialization key
+_SITES = fastlaunch.SiteCache()
+
+
+def _site(prep: fastlaunch.Prepared, out_size: tuple, out_stride: tuple, lse_size: tuple, dtype, device):
+    def fwd(q, k, v):
+        out = torch.empty_strided(out_size, out_stride, dtype=dtype, device=device)
+        lse = torch.empty(lse_size, dtype=torch.float32, device=device)
+        return (out, lse) if prep(q, k, v, out, lse) else None
+
+    return fwd
+
+
 def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool,
                plan: plans.FwdPlan | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """out (B, H, Tq, dv) in q's dtype, laid out as (B, Tq, H, dv) in memory (the model's next
     transpose-and-view is then free), and lse (B, H, Tq) fp32, the natural log-sum-exp of each row's
     scaled scores (+inf for a row with no key)."""
+    site_key = None
+    if plan is None and not plans.overridden():
+        site_key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
+                    q.get_device(), scale, causal, not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15)
+        site = _SITES.get(site_key)
+        if site is not None:
+            done = site(q, k, v)
+            if done is not None:
+                return done
     B, H, TQ, D = q.shape
     TK, DV = k.shape[2], v.shape[3]
     if plan is None:
@@ -146,13 +170,15 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
         qa, ka, va, oa = q, k, v, out
         if tma == "device":
             ensure_allocator()
-    grid = (fastlaunch.cdiv(TQ, bm), H, B)
-    fastlaunch.launch(
-        _fwd_kernel, grid,
-        (qa, ka, va, oa, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), B, H, TQ, TK, scale * LOG2E),
-        dict(D=D, DV=DV, D_PAD=d_pad, DV_PAD=dv_pad, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
-             SCALE_NONNEG=scale >= 0, TMA=TMA_CODE[tma], WARP_SPEC=plan.warp_specialize,
-             PREC=precision(q.dtype), GROUP=plan.group if causal else 1, num_warps=plan.num_warps,
-             num_stages=plan.num_stages),
-    )
+    one = (_fwd_kernel, (fastlaunch.cdiv(TQ, bm), H, B),
+           (qa, ka, va, oa, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), B, H, TQ, TK, scale * LOG2E),
+           dict(D=D, DV=DV, D_PAD=d_pad, DV_PAD=dv_pad, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
+                SCALE_NONNEG=scale >= 0, TMA=TMA_CODE[tma], WARP_SPEC=plan.warp_specialize,
+                PREC=precision(q.dtype), GROUP=plan.group if causal else 1, num_warps=plan.num_warps,
+                num_stages=plan.num_stages))
+    fastlaunch.launch(*one)
+    if site_key is not None and tma != "device":  # (host descriptors: prepare declines them)
+        prep = fastlaunch.prepare(*one)
+        if prep is not None:
+            _SITES.put(site_key, _site(prep, tuple(out.shape), out.stride(), tuple(lse.shape), q.dtype, q.device))
     return out, lse

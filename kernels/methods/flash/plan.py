@@ -17,6 +17,8 @@ from typing import Iterator, Optional
 
 import torch
 
+from kernels.methods.triton import fastlaunch
+
 #: How the kernels load and store their tiles: plain pointers (masked loads, cp.async pipelining),
 #: host-side tensor descriptors (TMA; triton.tools.tensor_descriptor.TensorDescriptor, passed as
 #: kernel parameters), or descriptors built on the device (tl.make_tensor_descriptor; needs a
@@ -210,6 +212,12 @@ def override(fwd: Optional[FwdPlan] = None, bwd: Optional[BwdPlan] = None) -> It
         _OVERRIDE.pop()
 
 
+def overridden() -> bool:
+    """Whether an ``override`` block is active (the launchers then neither use nor keep prepared launches)."""
+    return bool(_OVERRIDE)
+
+
 def forget() -> None:
-    """Drop the cached lookups (after editing TABLE at run time)."""
+    """Drop the cached lookups (after editing TABLE at run time), and the launches prepared from them."""
     _CACHE.clear()
+    fastlaunch.clear_sites()

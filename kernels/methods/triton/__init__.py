@@ -65,10 +65,15 @@ Modules (host side, then kernels, then what runs them):
 * ``gluon``: the Gluon kernels of the hybrid forward and the ring backward, with their inline PTX.
 * ``launch``: ``launch_fwd`` / ``launch_bwd``: a plan, then that path's kernel, through ``fastlaunch``
   (on a GPU, a compiled kernel's launcher called directly after its first ``kernel[grid]`` launch;
-  ``HARNESS_TRITON_DIRECT=0`` turns it off).
+  ``HARNESS_TRITON_DIRECT=0`` turns it off); contiguous inputs' launches kept prepared
+  (``fastlaunch.Prepared``) by shape, strides, dtype, device, scale, causality and alignment, so a
+  repeated call skips the plan, the row views and the specialization key (the split path, which
+  allocates per call, excepted).
 * ``op``: the torch ops and ``triton_softmax``, the method's softmax.
 * ``fastlaunch``: the direct launch path (a specialization key computed as Triton's ``JITFunction.run``
-  does, the compiled kernel's launcher called with it; the plain ``kernel[grid]`` otherwise).
+  does, the compiled kernel's launcher called with it; the plain ``kernel[grid]`` otherwise), and
+  prepared launches (``prepare``, ``Prepared``, ``SiteCache``: a launch whose key is known, called
+  with new tensors).
 * ``cross_entropy_kernels`` / ``cross_entropy`` / ``linear_cross_entropy``: the loss softmax (kernels,
   torch ops, the chunked linear cross-entropy); their own docstrings give the paths and bytes.
   ``cross_entropy_reduction``: the kernels around the row kernels (target count, loss reduction,

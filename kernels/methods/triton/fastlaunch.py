@@ -14,6 +14,12 @@ to the options (TRITON_DEBUG, the instrumentation mode); per positional argument
 ``cuPointerGetAttribute``), anything else's own result from that function (ints: i32/i64/u64, divisible
 by 16, equal to 1, which makes a constexpr; floats; bools).
 
+Prepared launches (:func:`prepare`, :class:`Prepared`): where a launch site knows that everything but
+its tensors is fixed by a key of its own (shapes, strides, dtypes, scalars), it keeps the direct entry
+with the other arguments bound and calls it with the new tensors: the key, the argument tuple and the
+meta dict are not rebuilt. It checks per call what the key cannot fix (the switch, the hooks, the
+knobs, the current device, each tensor's alignment) and hands anything else to :func:`launch`.
+
 Where it stands aside (the plain ``kernel[grid]``, silently correct): ``TRITON_INTERPRET=1``;
 ``HARNESS_TRITON_DIRECT=0`` (read at import; :func:`configure` re-reads it); a ``JITFunction.run`` whose
 source is not one checked against this module (Triton 3.6.0, 3.9.0; ``HARNESS_TRITON_DIRECT=force``
@@ -267,6 +273,97 @@ def launch(kernel, grid: tuple, args: tuple, meta: dict, device: Optional[int] =
         _kernels[id(kernel)] = (kernel, None)
 
 
+class Prepared:
+    """One launch whose only changing arguments are its tensors (the leading positionals): what
+    :func:`launch` does for a later call with the same key, the key not recomputed. ``prepared(*tensors)``
+    launches the kernel on them with the other arguments it was prepared with and returns True: directly,
+    or through :func:`launch` (which then decides as always) where the direct entry does not apply now:
+    the direct path switched off, a launch hook installed, a knob of the key changed, a tensor whose
+    16-byte alignment is not the key's, or a launcher that raised (from then on). It returns False,
+    launching nothing, when the current device is not the one it was prepared on (the caller's general
+    path takes the call, under its device guard). Made by :func:`prepare`; the caller keys it by what
+    fixes the rest of the key (shapes, strides, dtypes, scalars) and keeps it in a :class:`SiteCache`."""
+
+    __slots__ = ("_run", "_grid", "_function", "_metadata", "_dev", "_knobs", "_aligned", "_all_aligned",
+                 "_tail", "_live", "_plain")
+
+    def __init__(self, entry: tuple, plain: tuple, dev: int, knobs: tuple, aligned: tuple):
+        kernel, grid, rest, meta = plain
+        self._run, self._function, self._metadata = entry[0], entry[1], entry[2]
+        n = len(grid)
+        self._grid = (grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1)
+        self._dev, self._knobs, self._aligned, self._tail = dev, knobs, aligned, rest + entry[3]
+        self._all_aligned, self._live, self._plain = all(aligned), True, plain
+
+    def __call__(self, *tensors: _Tensor) -> bool:
+        if _get_device() != self._dev:
+            return False
+        ptrs = [t.data_ptr() for t in tensors]
+        if _direct and self._live and _hooks_idle() and _knob_get(_knobs) == self._knobs:
+            if self._all_aligned:
+                m = 0
+                for p in ptrs:
+                    m |= p
+                ok = not m & 15
+            else:
+                ok = tuple(not p & 15 for p in ptrs) == self._aligned
+            if ok:
+                g = self._grid
+                try:
+                    self._run(g[0], g[1], g[2], _get_stream(self._dev), self._function, self._metadata, None, None,
+                              None, *ptrs, *self._tail)
+                    return True
+                except Exception:  # (as in launch: nothing launched) this entry is not used again
+                    self._live = False
+        kernel, grid, rest, meta = self._plain
+        launch(kernel, grid, (*tensors, *rest), meta, self._dev)
+        return True
+
+
+class SiteCache(dict):
+    """A launch site's :class:`Prepared` launches (or callables around them) by the caller's own key;
+    emptied by :func:`clear` and whenever it reaches its size limit (keys that never repeat must not
+    grow memory)."""
+
+    def __init__(self, limit: int = _MAX_ENTRIES):
+        super().__init__()
+        self.limit = limit
+        _site_caches.append(self)
+
+    def put(self, key, value) -> None:
+        if len(self) >= self.limit:
+            self.clear()
+        self[key] = value
+
+
+_site_caches: list = []
+
+
+def prepare(kernel, grid: tuple, args: tuple, meta: dict, device: Optional[int] = None) -> Optional[Prepared]:
+    """The direct launch :func:`launch` made for these arguments as a :class:`Prepared` that takes new
+    tensors in place of theirs; None where there is none: the direct path off or standing
+    aside for this kernel, no launch of this key made yet, a callable grid, tensors not all leading the
+    positionals, or a positional other than a tensor, int, float or bool (a tensor descriptor: it holds
+    its tensor's address)."""
+    if not _direct or grid.__class__ is not tuple:
+        return None
+    ke = _kernels.get(id(kernel))
+    if ke is None or ke[0] is not kernel or not ke[1]:
+        return None
+    dev = _get_device() if device is None else device
+    kv = launch_key(args, meta, dev, _cuda_only)
+    e = None if kv is None else ke[1].get(kv[0])
+    if e is None:
+        return None
+    n = 0
+    while n < len(args) and args[n].__class__ is _Tensor:
+        n += 1
+    rest = tuple(args[n:])
+    if any(a.__class__ not in (int, float, bool) for a in rest):
+        return None
+    return Prepared(e, (kernel, grid, rest, dict(meta)), dev, kv[0][2], tuple(s[1] for s in kv[0][3][:n]))
+
+
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for grids. ``triton.cdiv`` is a ``ConstexprFunction`` (Triton 3.5 on): called from host
     code it unwraps its arguments first, 3-5 us a call on the H200's host (4 calls per flash forward +
@@ -275,6 +372,14 @@ def cdiv(a: int, b: int) -> int:
 
 
 def clear() -> None:
-    """Forget every direct entry (tests; kernels recompiled by another cache)."""
+    """Forget every direct entry and prepared launch (tests; kernels recompiled by another cache)."""
     _kernels.clear()
     _layouts.clear()
+    clear_sites()
+
+
+def clear_sites() -> None:
+    """Forget every prepared launch (what a launch site keyed them by changed meaning: a plan table
+    edited, a path limit moved)."""
+    for c in _site_caches:
+        c.clear()

@@ -2,7 +2,9 @@
 take the plan for its row length (``plan.plan``) and launch that path's kernel (``tile``, ``gluon``),
 falling back to the next-best plan where a Gluon path cannot take the rows. Every launch goes through
 ``fastlaunch.launch`` (the compiled kernel's launcher called directly once it is known, on a GPU); the
-device is asked once per call (for the guard and the launch)."""
+device is asked once per call (for the guard and the launch). A contiguous input's single-kernel launch
+is then kept prepared (``fastlaunch.prepare``) by what fixes every other argument, so the next call
+with that shape, dtype, device, scale and causality allocates its output and launches, nothing else."""
 
 from __future__ import annotations
 
@@ -78,25 +80,58 @@ def _launch_split(kernel, p: Plan, n_rows: int, n_cols: int, device, tensors: tu
         _run(kernel, (programs,), (*tensors, cnt, stat, n_cols, splits, *args), meta, dev)
 
 
-def _launch_hybrid(x2: torch.Tensor, y: torch.Tensor, scale: float, p: Plan, dev: int) -> None:
+def _hybrid_launch(x2: torch.Tensor, y: torch.Tensor, scale: float, p: Plan) -> tuple:
     n_rows, n_cols = x2.shape
     nr, ns, even = _hybrid_shape(n_cols, p)
-    _run(gluon._fwd_hybrid_kernel, (n_rows,),
-         (x2, y, x2.view(torch.int32), y.view(torch.int32), n_cols // 8, x2.stride(0) // 8, scale * LOG2E, 0),
-         dict(NR=nr, NS=ns, EVEN=even, BF16=x2.dtype == torch.bfloat16, num_warps=p.num_warps,
-              maxnreg=HYBRID_MAX_REGS), dev)
+    return (gluon._fwd_hybrid_kernel, (n_rows,),
+            (x2, y, x2.view(torch.int32), y.view(torch.int32), n_cols // 8, x2.stride(0) // 8, scale * LOG2E, 0),
+            dict(NR=nr, NS=ns, EVEN=even, BF16=x2.dtype == torch.bfloat16, num_warps=p.num_warps,
+                 maxnreg=HYBRID_MAX_REGS))
 
 
-def _launch_ring_bwd(y2: torch.Tensor, dy2: torch.Tensor, dx: torch.Tensor, scale: float, p: Plan, dev: int) -> None:
+def _ring_launch(y2: torch.Tensor, dy2: torch.Tensor, dx: torch.Tensor, xch: torch.Tensor, scale: float,
+                 p: Plan) -> tuple:
+    """The ring backward's launch; xch: the pairs' partials, 2 x rows int64, zeroed (per call)."""
     n_rows, n_cols = y2.shape
     vec, _, nch = _ring_shape(y2, p)
     pairs = ring_pairs(n_rows, y2.device, p)
-    xch = torch.zeros(2 * n_rows, dtype=torch.int64, device=y2.device)  # the pairs' partials (zeroed per call)
-    _run(gluon._bwd_pair_ring_kernel, (2 * pairs,), (y2, dy2, dx, xch, n_rows, n_cols // vec, dy2.stride(0) // vec, scale),
-         dict(VEC=vec, NCH=nch, SLOTS=ring_slots(y2.device, p), num_warps=p.num_warps), dev)
+    return (gluon._bwd_pair_ring_kernel, (2 * pairs,),
+            (y2, dy2, dx, xch, n_rows, n_cols // vec, dy2.stride(0) // vec, scale),
+            dict(VEC=vec, NCH=nch, SLOTS=ring_slots(y2.device, p), num_warps=p.num_warps))
+
+
+# Prepared launches (fastlaunch.prepare) of contiguous inputs, by what fixes every argument but the
+# addresses: a later call with the same shape, dtype, device, scale and causality (and alignment of the
+# input, which picks the Gluon paths) skips the plan, the views and the specialization key
+_FWD_SITES = fastlaunch.SiteCache()
+_BWD_SITES = fastlaunch.SiteCache()
+
+
+def _fwd_site(prep, hybrid: bool):
+    if hybrid:  # (the kernel also takes both rows as int32 views)
+        return lambda x, y: prep(x, y, x.view(torch.int32), y.view(torch.int32))
+    return prep
+
+
+def _bwd_site(prep, ring_rows: Optional[int], device):
+    if ring_rows is None:
+        return prep
+
+    def ring(y, dy, dx):  # (the pairs' partials, zeroed per call)
+        return prep(y, dy, dx, torch.zeros(2 * ring_rows, dtype=torch.int64, device=device))
+
+    return ring
 
 
 def launch_fwd(x: torch.Tensor, scale: float, causal: bool, p: Optional[Plan] = None) -> torch.Tensor:
+    site_key = None
+    if p is None and x.is_contiguous():
+        site_key = (x.shape, x.stride(), x.dtype, x.get_device(), scale, causal, not x.data_ptr() & 15)
+        site = _FWD_SITES.get(site_key)
+        if site is not None:
+            y = torch.empty_like(x)
+            if site(x, y):
+                return y
     x2 = _rows_view(x)
     n_rows, n_cols = x2.shape
     y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
@@ -110,34 +145,49 @@ def launch_fwd(x: torch.Tensor, scale: float, causal: bool, p: Optional[Plan] = 
     tq, diag = _causal_geometry(x.shape, causal)
     c = scale * LOG2E
     dev = x.get_device()
-    with _device_guard(dev):
-        if p.hybrid:
-            _launch_hybrid(x2, y, scale, p, dev)
-        elif p.split:
+    guard = _device_guard(dev)
+    with guard:
+        if p.split:
             _launch_split(tile._fwd_split_kernel, p, n_rows, n_cols, x.device,
                           (x2, y), (x2.stride(0), x2.stride(1), tq, diag, c), causal, dev)
+            return y.view(x.shape)
+        if p.hybrid:
+            one = _hybrid_launch(x2, y, scale, p)
         elif p.stages:
-            _run(tile._fwd_persist_kernel, (_persistent_grid(n_rows, x.device, p),),
-                 (x2, y, n_rows, n_cols, x2.stride(0), x2.stride(1), tq, diag, c),
-                 dict(BLOCK_N=p.block_n, CAUSAL=causal, STAGES=p.stages, num_warps=p.num_warps), dev)
+            one = (tile._fwd_persist_kernel, (_persistent_grid(n_rows, x.device, p),),
+                   (x2, y, n_rows, n_cols, x2.stride(0), x2.stride(1), tq, diag, c),
+                   dict(BLOCK_N=p.block_n, CAUSAL=causal, STAGES=p.stages, num_warps=p.num_warps))
         elif p.long:
-            _run(tile._fwd_long_kernel, (n_rows,), (x2, y, n_cols, x2.stride(0), x2.stride(1), tq, diag, c),
-                 dict(BLOCK_N=p.block_n, CAUSAL=causal, num_warps=p.num_warps), dev)
+            one = (tile._fwd_long_kernel, (n_rows,), (x2, y, n_cols, x2.stride(0), x2.stride(1), tq, diag, c),
+                   dict(BLOCK_N=p.block_n, CAUSAL=causal, num_warps=p.num_warps))
         elif p.fill and fill_scale_ok(c):
-            _run(tile._fwd_fill_kernel, (-(-n_rows // p.rows),),
-                 (x2, y, n_rows, n_cols, x2.stride(0), x2.stride(1), tq, diag, c, -math.inf if c > 0 else math.inf),
-                 dict(BLOCK_N=p.block_n, ROWS=p.rows, CAUSAL=causal, num_warps=p.num_warps), dev)
+            one = (tile._fwd_fill_kernel, (-(-n_rows // p.rows),),
+                   (x2, y, n_rows, n_cols, x2.stride(0), x2.stride(1), tq, diag, c, -math.inf if c > 0 else math.inf),
+                   dict(BLOCK_N=p.block_n, ROWS=p.rows, CAUSAL=causal, num_warps=p.num_warps))
         else:  # (a fill plan whose scale the fill cannot take: the same tile, masked element by element)
-            _run(tile._fwd_tile_kernel, (-(-n_rows // p.rows),),
-                 (x2, y, n_rows, n_cols, x2.stride(0), x2.stride(1), tq, diag, c),
-                 dict(BLOCK_N=p.block_n, ROWS=p.rows, CAUSAL=causal, ROUND_MASK=p.round_mask, num_warps=p.num_warps),
-                 dev)
+            one = (tile._fwd_tile_kernel, (-(-n_rows // p.rows),),
+                   (x2, y, n_rows, n_cols, x2.stride(0), x2.stride(1), tq, diag, c),
+                   dict(BLOCK_N=p.block_n, ROWS=p.rows, CAUSAL=causal, ROUND_MASK=p.round_mask, num_warps=p.num_warps))
+        _run(*one, dev)
+    if site_key is not None and guard is _NO_GUARD:
+        prep = fastlaunch.prepare(*one, dev)
+        if prep is not None:
+            _FWD_SITES.put(site_key, _fwd_site(prep, p.hybrid))
     return y.view(x.shape)
 
 
 def launch_bwd(
     y: torch.Tensor, dy: torch.Tensor, scale: float, causal: bool, p: Optional[Plan] = None
 ) -> torch.Tensor:
+    site_key = None
+    if p is None and y.is_contiguous() and dy.is_contiguous():
+        site_key = (y.shape, y.stride(), dy.stride(), y.dtype, dy.dtype, y.get_device(), scale, causal,
+                    not (y.data_ptr() | dy.data_ptr()) & 15)
+        site = _BWD_SITES.get(site_key)
+        if site is not None:
+            dx = torch.empty_like(y)
+            if site(y, dy, dx):
+                return dx
     y2 = y.view(-1, y.shape[-1])  # y is our own contiguous output
     dy2 = _rows_view(dy)
     n_rows, n_cols = y2.shape
@@ -151,22 +201,29 @@ def launch_bwd(
         p = cached_plan(n_cols, y.element_size(), backward=True, causal=causal, gluon=False)
     tq, diag = _causal_geometry(y.shape, causal)
     dev = y.get_device()
-    with _device_guard(dev):
-        if p.ring:
-            _launch_ring_bwd(y2, dy2, dx, scale, p, dev)
-        elif p.split:
+    guard = _device_guard(dev)
+    with guard:
+        if p.split:
             _launch_split(tile._bwd_split_kernel, p, n_rows, n_cols, y.device,
                           (y2, dy2, dx), (dy2.stride(0), dy2.stride(1), tq, diag, scale), causal, dev)
+            return dx.view(y.shape)
+        if p.ring:
+            one = _ring_launch(y2, dy2, dx, torch.zeros(2 * n_rows, dtype=torch.int64, device=y.device), scale, p)
         elif p.stages:
-            _run(tile._bwd_persist_kernel, (_persistent_grid(n_rows, y.device, p),),
-                 (y2, dy2, dx, n_rows, n_cols, dy2.stride(0), dy2.stride(1), tq, diag, scale),
-                 dict(BLOCK_N=p.block_n, CAUSAL=causal, STAGES=p.stages, num_warps=p.num_warps), dev)
+            one = (tile._bwd_persist_kernel, (_persistent_grid(n_rows, y.device, p),),
+                   (y2, dy2, dx, n_rows, n_cols, dy2.stride(0), dy2.stride(1), tq, diag, scale),
+                   dict(BLOCK_N=p.block_n, CAUSAL=causal, STAGES=p.stages, num_warps=p.num_warps))
         elif p.long:
-            _run(tile._bwd_long_kernel, (n_rows,), (y2, dy2, dx, n_cols, dy2.stride(0), dy2.stride(1), tq, diag, scale),
-                 dict(BLOCK_N=p.block_n, CAUSAL=causal, num_warps=p.num_warps), dev)
+            one = (tile._bwd_long_kernel, (n_rows,),
+                   (y2, dy2, dx, n_cols, dy2.stride(0), dy2.stride(1), tq, diag, scale),
+                   dict(BLOCK_N=p.block_n, CAUSAL=causal, num_warps=p.num_warps))
         else:
-            _run(tile._bwd_tile_kernel, (-(-n_rows // p.rows),),
-                 (y2, dy2, dx, n_rows, n_cols, dy2.stride(0), dy2.stride(1), tq, diag, scale),
-                 dict(BLOCK_N=p.block_n, ROWS=p.rows, CAUSAL=causal, ROUND_MASK=p.round_mask, num_warps=p.num_warps),
-                 dev)
+            one = (tile._bwd_tile_kernel, (-(-n_rows // p.rows),),
+                   (y2, dy2, dx, n_rows, n_cols, dy2.stride(0), dy2.stride(1), tq, diag, scale),
+                   dict(BLOCK_N=p.block_n, ROWS=p.rows, CAUSAL=causal, ROUND_MASK=p.round_mask, num_warps=p.num_warps))
+        _run(*one, dev)
+    if site_key is not None and guard is _NO_GUARD:
+        prep = fastlaunch.prepare(*one, dev)
+        if prep is not None:
+            _BWD_SITES.put(site_key, _bwd_site(prep, n_rows if p.ring else None, y.device))
     return dx.view(y.shape)

@@ -13,6 +13,7 @@ from typing import Optional
 
 import torch
 
+from kernels.methods.triton import fastlaunch
 from kernels.methods.triton.availability import _GLUON_ERROR
 
 LOG2E = 1.4426950408889634
@@ -114,7 +115,9 @@ def cached_plan(n_cols: int, elem_bytes: int, backward: bool = False, causal: bo
 
 
 def clear_plan_cache() -> None:
+    """Forget the cached plans, and the launches prepared from them (``fastlaunch.clear_sites``)."""
     _PLAN_CACHE.clear()
+    fastlaunch.clear_sites()
 
 
 def plan(n_cols: int, elem_bytes: int, backward: bool = False, causal: bool = False, gluon: bool = True) -> Plan:

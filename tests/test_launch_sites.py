@@ -1,0 +1,179 @@
+"""Prepared launches at the launch sites (the triton softmax's and flash's launchers keep a
+``fastlaunch.Prepared`` per shape, strides, dtypes, device, scale and causality): a later call takes the
+prepared launch, and gets exactly what the general path gives, for every case that differs from another
+in one part of the key only. On the CPU the direct path stands aside (Triton's interpreter), so
+``fastlaunch.prepare`` is replaced by a stand-in that launches the kernel, in the interpreter, with the
+new tensors and the arguments it was prepared with: a part of the key the sites left out shows as a
+wrong output. On a GPU (``gpu`` marker) the real prepared launches against the plain path, bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+from kernels.methods.triton import fastlaunch as fl
+from kernels.methods.triton import plan as tp
+from kernels.methods.triton.launch import launch_bwd, launch_fwd
+
+pytestmark = pytest.mark.skipif("triton" not in kernels.runnable_methods(), reason="triton cannot run here")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture
+def standin(monkeypatch):
+    """fastlaunch.prepare as the direct path would answer, for the interpreter: a prepared launch launches
+    through kernel[grid] with the tensors it is given and the rest of the arguments it was prepared with;
+    returns the kernels the prepared launches ran, in order."""
+    if DEVICE == "cuda":
+        pytest.skip("the stand-in is for the interpreter; the GPU tests below use the real prepared launches")
+    ran = []
+
+    def prepare(kernel, grid, args, meta, device=None):
+        n = 0
+        while n < len(args) and isinstance(args[n], torch.Tensor):
+            n += 1
+        rest = args[n:]
+
+        def prepared(*tensors):
+            assert len(tensors) == n
+            ran.append(kernel)
+            kernel[grid](*tensors, *rest, **meta)
+            return True
+
+        return prepared
+
+    monkeypatch.setattr(fl, "prepare", prepare)
+    fl.clear_sites()
+    yield ran
+    fl.clear_sites()
+
+
+def _general(fn, *args):
+    """fn(*args) through the general path (no prepared launch kept)."""
+    fl.clear_sites()
+    out = fn(*args)
+    fl.clear_sites()
+    return out
+
+
+# each case differs from another in one part of the sites' key: shape at the same size, scale, causality,
+# dtype, Tq against Tk, a scale whose fill the causal forward cannot take (0)
+_SOFTMAX_CASES = [((4, 96), torch.float32, 0.5, False), ((6, 64), torch.float32, 0.5, False),
+                  ((6, 64), torch.float32, 0.25, False), ((6, 64), torch.float32, 0.5, True),
+                  ((6, 64), torch.bfloat16, 0.5, False), ((2, 8, 12), torch.float32, 0.5, True),
+                  ((2, 12, 8), torch.float32, 0.5, True), ((2, 12, 8), torch.float32, 0.0, True)]
+
+
+def test_softmax_sites_reuse_only_what_their_key_fixes(standin, seeded):
+    data = [(torch.randn(s, generator=seeded).to(dt), torch.randn(s, generator=seeded).to(dt), sc, c)
+            for s, dt, sc, c in _SOFTMAX_CASES]
+    want = []
+    for x, dy, sc, c in data:
+        y = _general(launch_fwd, x, sc, c)
+        want.append((y, _general(launch_bwd, y, dy, sc, c)))
+    for _ in range(2):  # interleaved: every case's site made, then taken, with the others' sites kept
+        for (x, dy, sc, c), (y_want, dx_want) in zip(data, want):
+            y = launch_fwd(x, sc, c)
+            dx = launch_bwd(y, dy, sc, c)
+            assert torch.equal(y, y_want) and torch.equal(dx, dx_want), (tuple(x.shape), x.dtype, sc, c)
+    assert len(standin) == 2 * len(data)  # the second round, forward and backward, all prepared
+
+
+def test_softmax_sites_skip_what_they_cannot_take(standin, seeded):
+    """A transposed input, a forced plan: the general path every time; a plan table edited: its sites gone."""
+    x = torch.randn(8, 24, generator=seeded).t()
+    for _ in range(2):
+        launch_fwd(x, 0.5, False)
+        launch_fwd(x.contiguous(), 0.5, False, p=tp.cached_plan(8, 4))
+    assert standin == []
+    c = x.contiguous()
+    for _ in range(2):
+        launch_fwd(c, 0.5, False)
+    assert len(standin) == 1
+    tp.clear_plan_cache()
+    launch_fwd(c, 0.5, False)
+    assert len(standin) == 1
+
+
+def test_a_site_cache_is_bounded_and_cleared():
+    cache = fl.SiteCache(limit=3)
+    for i in range(3):
+        cache.put(i, i)
+    assert len(cache) == 3
+    cache.put(3, 3)
+    assert dict(cache) == {3: 3}
+    fl.clear_sites()
+    assert not cache
+    cache.put(1, 1)
+    fl.clear()
+    assert not cache
+
+
+def _flash_cases():
+    from tests.test_flash_attention import make_qkv
+
+    # differing in scale, causality, Tq against Tk, layout (strides), dtype
+    specs = [(1, 2, 20, 20, 16, torch.float32, "bhtd", 0.25, True),
+             (1, 2, 20, 20, 16, torch.float32, "bhtd", 0.5, True),
+             (1, 2, 20, 20, 16, torch.float32, "bhtd", 0.25, False),
+             (1, 2, 20, 20, 16, torch.float32, "bthd", 0.25, True),
+             (1, 2, 12, 20, 16, torch.float32, "bhtd", 0.25, True),
+             (1, 2, 20, 20, 16, torch.bfloat16, "bhtd", 0.25, True)]
+    out = []
+    for i, (B, H, tq, tk, d, dt, layout, scale, causal) in enumerate(specs):
+        q, k, v = (t.detach() for t in make_qkv(B, H, tq, tk, d, dt, layout=layout, seed=i))
+        do = torch.randn(B, H, tq, d, generator=torch.Generator().manual_seed(99 + i)).to(dt)
+        out.append((q, k, v, do, scale, causal))
+    return out
+
+
+def test_flash_sites_reuse_only_what_their_key_fixes(standin):
+    if "flash" not in kernels.runnable_methods(op="attention"):
+        pytest.skip("flash cannot run here")
+    from kernels.methods.flash.bwd import launch_bwd as flash_bwd
+    from kernels.methods.flash.fwd import launch_fwd as flash_fwd
+
+    cases = _flash_cases()
+    want = []
+    for q, k, v, do, scale, causal in cases:
+        out, lse = _general(flash_fwd, q, k, v, scale, causal)
+        want.append((out, lse, *_general(flash_bwd, do, q, k, v, out, lse, scale, causal)))
+    for _ in range(2):
+        for (q, k, v, do, scale, causal), w in zip(cases, want):
+            out, lse = flash_fwd(q, k, v, scale, causal)
+            got = (out, lse, *flash_bwd(do, q, k, v, out, lse, scale, causal))
+            for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, w):
+                assert a.stride() == b.stride() and torch.equal(a, b), (name, tuple(q.shape), q.stride(), scale, causal)
+    assert len(standin) >= 3 * len(cases)  # the second round: forward, delta and the backward's launch(es)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,causal,layout", [((2, 4, 256, 64), True, "bthd"), ((2, 4, 300, 128), False, "bhtd"),
+                                                 ((1, 2, 1000, 64), True, "qkv")])
+def test_flash_prepared_launches_match_plain_ones_on_the_gpu(shape, causal, layout):
+    """flash's forward and backward through the real prepared launches (the direct path, second and third
+    calls) give bit for bit what the plain kernel[grid] launches give."""
+    from kernels.methods.flash import bwd as fb, fwd as ff
+    from tests.test_flash_attention import make_qkv
+
+    assert fl.unsupported_reason() is None, fl.unsupported_reason()
+    B, H, T, d = shape
+    q, k, v = (t.detach() for t in make_qkv(B, H, T, T, d, torch.bfloat16, layout=layout))
+    do = torch.randn(B, H, T, d, device=DEVICE, dtype=torch.bfloat16)
+    runs = {}
+    for direct in (False, True):
+        fl.configure(direct)
+        fl.clear()
+        runs[direct] = []
+        for _ in range(3):
+            out, lse = ff.launch_fwd(q, k, v, d ** -0.5, causal)
+            runs[direct].append((out, lse, *fb.launch_bwd(do, q, k, v, out, lse, d ** -0.5, causal)))
+        if direct:
+            assert len(ff._SITES) == 1 and len(fb._SITES) == 1, "no prepared launch was kept"
+    fl.configure()
+    torch.cuda.synchronize()
+    for got in runs[True]:
+        for a, b in zip(got, runs[False][0]):
+            assert torch.equal(a, b)
