@@ -73,7 +73,8 @@ def check_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
         raise TypeError(f"attention needs q, k, v of one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"attention needs q, k, v on one device; got {q.device}, {k.device}, {v.device}")
-    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
+    (B, H, _, d), (kb, kh, tk, kd), (vb, vh, vt, _) = q.shape, k.shape, v.shape  # (unpacked: no Size slices)
+    if not (B == kb == vb and H == kh == vh and tk == vt and d == kd):
         raise ValueError(
             f"attention shapes do not match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
             "(q (B, H, Tq, d), k (B, H, Tk, d), v (B, H, Tk, dv))"

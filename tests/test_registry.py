@@ -132,8 +132,10 @@ def test_attention_checks_its_inputs():
     q = torch.randn(1, 2, 3, 4)
     with pytest.raises(ValueError, match=r"shape \(B, H, T, d\)"):
         kernels.attention(q[0], q[0], q[0])
-    with pytest.raises(ValueError, match="do not match"):
-        kernels.attention(q, torch.randn(1, 2, 3, 5), q)
+    for k, v in ((torch.randn(1, 2, 3, 5), q), (torch.randn(2, 2, 3, 4), q), (torch.randn(1, 3, 3, 4), q),
+                 (q, torch.randn(2, 2, 3, 4)), (q, torch.randn(1, 1, 3, 4)), (q, torch.randn(1, 2, 4, 4))):
+        with pytest.raises(ValueError, match="do not match"):  # d; B, H of k; B, H, Tk of v
+            kernels.attention(q, k, v)
     with pytest.raises(TypeError, match="one dtype"):
         kernels.attention(q, q.double().float().half(), q)
     with pytest.raises(ValueError, match="dropout_p"):

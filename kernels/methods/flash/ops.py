@@ -30,7 +30,7 @@ def unavailable_reason() -> Optional[str]:
 
 def validate(q: torch.Tensor) -> None:
     """Reject what the kernels cannot take, before any work (q's dtype is k's and v's: the contract)."""
-    if q.device.type != "cuda" and not interpreter_enabled():
+    if not q.is_cuda and not interpreter_enabled():
         raise ValueError(
             f"the flash attention runs on CUDA tensors; got q on {q.device} (TRITON_INTERPRET=1 runs "
             "Triton's CPU interpreter, for tests)"
