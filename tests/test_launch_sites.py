@@ -24,8 +24,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.fixture
 def standin(monkeypatch):
     """fastlaunch.prepare as the direct path would answer, for the interpreter: a prepared launch launches
-    through kernel[grid] with the tensors it is given and the rest of the arguments it was prepared with;
-    returns the kernels the prepared launches ran, in order."""
+    through kernel[grid] with the tensors it is given (which must have the dtypes it was prepared with)
+    and the rest of the arguments it was prepared with; returns the kernels the prepared launches ran."""
     if DEVICE == "cuda":
         pytest.skip("the stand-in is for the interpreter; the GPU tests below use the real prepared launches")
     ran = []
@@ -34,10 +34,10 @@ def standin(monkeypatch):
         n = 0
         while n < len(args) and isinstance(args[n], torch.Tensor):
             n += 1
-        rest = args[n:]
+        rest, dtypes = args[n:], [t.dtype for t in args[:n]]
 
-        def prepared(*tensors):
-            assert len(tensors) == n
+        def prepared(*tensors):  # (a compiled kernel is specialized on its pointers' dtypes: the key must fix them)
+            assert [t.dtype for t in tensors] == dtypes, "a prepared launch given tensors of other dtypes"
             ran.append(kernel)
             kernel[grid](*tensors, *rest, **meta)
             return True
@@ -58,27 +58,37 @@ def _general(fn, *args):
     return out
 
 
-# each case differs from another in one part of the sites' key: shape at the same size, scale, causality,
-# dtype, Tq against Tk, a scale whose fill the causal forward cannot take (0)
-_SOFTMAX_CASES = [((4, 96), torch.float32, 0.5, False), ((6, 64), torch.float32, 0.5, False),
-                  ((6, 64), torch.float32, 0.25, False), ((6, 64), torch.float32, 0.5, True),
-                  ((6, 64), torch.bfloat16, 0.5, False), ((2, 8, 12), torch.float32, 0.5, True),
-                  ((2, 12, 8), torch.float32, 0.5, True), ((2, 12, 8), torch.float32, 0.0, True)]
+# each case differs from another in one part of the sites' key: shape at the same size, rows at the same
+# row length (same strides), scale, causality, dtype, dy's dtype, Tq against Tk, a scale whose fill the
+# causal forward cannot take (0), and its sign (-0.0: the sign of the zero gradients)
+_SOFTMAX_CASES = [((4, 96), torch.float32, None, 0.5, False), ((6, 64), torch.float32, None, 0.5, False),
+                  ((4, 64), torch.float32, None, 0.5, False), ((6, 64), torch.float32, None, 0.25, False),
+                  ((6, 64), torch.float32, None, 0.5, True), ((6, 64), torch.bfloat16, None, 0.5, False),
+                  ((6, 64), torch.bfloat16, torch.float32, 0.5, False), ((2, 8, 12), torch.float32, None, 0.5, True),
+                  ((2, 12, 8), torch.float32, None, 0.5, True), ((2, 12, 8), torch.float32, None, 0.0, True),
+                  ((2, 12, 8), torch.float32, None, -0.0, True)]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, signs of zeros, strides and dtype."""
+    return (a.dtype == b.dtype and a.stride() == b.stride() and torch.equal(a, b)
+            and torch.equal(torch.signbit(a), torch.signbit(b)))
 
 
 def test_softmax_sites_reuse_only_what_their_key_fixes(standin, seeded):
-    data = [(torch.randn(s, generator=seeded).to(dt), torch.randn(s, generator=seeded).to(dt), sc, c)
-            for s, dt, sc, c in _SOFTMAX_CASES]
+    data = [(torch.randn(s, generator=seeded).to(dt), torch.randn(s, generator=seeded).to(ddt or dt), sc, c)
+            for s, dt, ddt, sc, c in _SOFTMAX_CASES]
     want = []
     for x, dy, sc, c in data:
         y = _general(launch_fwd, x, sc, c)
         want.append((y, _general(launch_bwd, y, dy, sc, c)))
     for _ in range(2):  # interleaved: every case's site made, then taken, with the others' sites kept
+        before = len(standin)
         for (x, dy, sc, c), (y_want, dx_want) in zip(data, want):
             y = launch_fwd(x, sc, c)
             dx = launch_bwd(y, dy, sc, c)
-            assert torch.equal(y, y_want) and torch.equal(dx, dx_want), (tuple(x.shape), x.dtype, sc, c)
-    assert len(standin) == 2 * len(data)  # the second round, forward and backward, all prepared
+            assert _same(y, y_want) and _same(dx, dx_want), (tuple(x.shape), x.dtype, dy.dtype, sc, c)
+    assert len(standin) - before == 2 * len(data)  # the second round, forward and backward, all prepared
 
 
 def test_softmax_sites_skip_what_they_cannot_take(standin, seeded):
@@ -114,17 +124,21 @@ def test_a_site_cache_is_bounded_and_cleared():
 def _flash_cases():
     from tests.test_flash_attention import make_qkv
 
-    # differing in scale, causality, Tq against Tk, layout (strides), dtype
-    specs = [(1, 2, 20, 20, 16, torch.float32, "bhtd", 0.25, True),
-             (1, 2, 20, 20, 16, torch.float32, "bhtd", 0.5, True),
-             (1, 2, 20, 20, 16, torch.float32, "bhtd", 0.25, False),
-             (1, 2, 20, 20, 16, torch.float32, "bthd", 0.25, True),
-             (1, 2, 12, 20, 16, torch.float32, "bhtd", 0.25, True),
-             (1, 2, 20, 20, 16, torch.bfloat16, "bhtd", 0.25, True)]
+    # differing in scale, causality, Tq against Tk, layout (strides), dtype, dv, do's layout
+    specs = [(1, 2, 20, 20, 16, 16, torch.float32, "bhtd", 0.25, True, False),
+             (1, 2, 20, 20, 16, 16, torch.float32, "bhtd", 0.5, True, False),
+             (1, 2, 20, 20, 16, 16, torch.float32, "bhtd", 0.25, False, False),
+             (1, 2, 20, 20, 16, 16, torch.float32, "bthd", 0.25, True, False),
+             (1, 2, 12, 20, 16, 16, torch.float32, "bhtd", 0.25, True, False),
+             (1, 2, 20, 20, 16, 16, torch.bfloat16, "bhtd", 0.25, True, False),
+             (1, 2, 20, 20, 16, 32, torch.float32, "bhtd", 0.25, True, False),
+             (1, 2, 20, 20, 16, 16, torch.float32, "bhtd", 0.25, True, True)]
     out = []
-    for i, (B, H, tq, tk, d, dt, layout, scale, causal) in enumerate(specs):
-        q, k, v = (t.detach() for t in make_qkv(B, H, tq, tk, d, dt, layout=layout, seed=i))
-        do = torch.randn(B, H, tq, d, generator=torch.Generator().manual_seed(99 + i)).to(dt)
+    for i, (B, H, tq, tk, d, dv, dt, layout, scale, causal, do_bthd) in enumerate(specs):
+        q, k, v = (t.detach() for t in make_qkv(B, H, tq, tk, d, dt, layout=layout, dv=dv, seed=i))
+        g = torch.Generator().manual_seed(99 + i)
+        do = (torch.randn(B, tq, H, dv, generator=g).to(dt).transpose(1, 2) if do_bthd
+              else torch.randn(B, H, tq, dv, generator=g).to(dt))
         out.append((q, k, v, do, scale, causal))
     return out
 
@@ -141,12 +155,14 @@ def test_flash_sites_reuse_only_what_their_key_fixes(standin):
         out, lse = _general(flash_fwd, q, k, v, scale, causal)
         want.append((out, lse, *_general(flash_bwd, do, q, k, v, out, lse, scale, causal)))
     for _ in range(2):
+        before = len(standin)
         for (q, k, v, do, scale, causal), w in zip(cases, want):
             out, lse = flash_fwd(q, k, v, scale, causal)
             got = (out, lse, *flash_bwd(do, q, k, v, out, lse, scale, causal))
             for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, w):
-                assert a.stride() == b.stride() and torch.equal(a, b), (name, tuple(q.shape), q.stride(), scale, causal)
-    assert len(standin) >= 3 * len(cases)  # the second round: forward, delta and the backward's launch(es)
+                assert _same(a, b), (name, tuple(q.shape), q.stride(), scale, causal)
+    # the second round, all prepared: forward, delta, and dk/dv then dq (the default plans at d <= 32: unfused)
+    assert len(standin) - before == 4 * len(cases)
 
 
 @pytest.mark.gpu

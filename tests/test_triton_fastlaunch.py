@@ -209,6 +209,36 @@ def test_prepared_launch_is_the_direct_launch_with_new_tensors(fake_gpu, monkeyp
     assert k.log[-1][0] == "plain"  # (not used again)
 
 
+def test_prepared_launch_rechecks_what_its_key_does_not_fix(fake_gpu, monkeypatch):
+    """A launch prepared with an unaligned tensor goes direct only for tensors of that alignment; a knob
+    of the key changed, a pre-run hook, or the kernel sent the plain way by launch: through launch, on
+    the device it was prepared for."""
+    k, buf = _Kernel(), torch.zeros(64, dtype=torch.bfloat16)
+    meta = dict(BLOCK=32, FLAG=True)
+    fl.launch(k, (2,), (buf[1:], 16, 0.5), meta)
+    prep = fl.prepare(k, (2,), (buf[1:], 16, 0.5), meta)
+    prep(buf[9:])  # (also 2 bytes off a 16-byte boundary)
+    assert k.log[-1][0] == "direct" and k.log[-1][1][9] == buf[9:].data_ptr()
+    prep(buf)  # aligned: not this specialization
+    assert k.log[-1][0] == "plain" and k.log[-1][2][0].data_ptr() == buf.data_ptr()
+    devices = []
+    real = fl.launch
+    monkeypatch.setattr(fl, "launch", lambda *a: (devices.append(a[4]), real(*a))[1])
+    monkeypatch.setattr(fl, "_knobs", SimpleNamespace(runtime=SimpleNamespace(debug=True)))  # TRITON_DEBUG turned on
+    prep(buf[9:])
+    assert k.log[-1][0] == "plain" and devices == [0]  # (debug is in the key: a new specialization)
+    monkeypatch.setattr(fl, "_knobs", SimpleNamespace(runtime=SimpleNamespace(debug=False)))
+    prep(buf[9:])
+    assert k.log[-1][0] == "direct"
+    k.pre_run_hooks.append(lambda *a, **kw: None)
+    prep(buf[9:])
+    assert k.log[-1][0] == "plain"
+    k.pre_run_hooks.clear()
+    fl._kernels[id(k)] = (k, None)  # what launch does after a launcher raised: this kernel goes the plain way
+    prep(buf[9:])
+    assert k.log[-1][0] == "plain"
+
+
 def test_prepare_declines_what_it_cannot_prepare(fake_gpu):
     k, buf = _Kernel(), torch.zeros(64)
     meta = dict(BLOCK=32, FLAG=False)
@@ -259,9 +289,10 @@ def _inputs(shape, dtype, view, gen):
     return x, dy
 
 
-def _both_ways(x, dy, causal, calls=2):
+def _both_ways(x, dy, causal, calls=3):
     """{direct: [(y, dx) per call]}: each way from empty direct caches (the first call compiles or finds the
-    kernel through kernel[grid], the next are direct where the direct path is on)."""
+    kernel through kernel[grid], the next are direct where the direct path is on: the second and third
+    through the launch kept prepared for that shape)."""
     out = {}
     for direct in (False, True):
         fl.configure(direct)
@@ -279,13 +310,19 @@ def _both_ways(x, dy, causal, calls=2):
 @pytest.mark.parametrize("view", ["contiguous", "unaligned-stride"])
 @pytest.mark.parametrize("shape,dtype,causal", _GPU_CASES, ids=lambda v: str(v).replace("torch.", ""))
 def test_direct_launches_match_plain_ones_on_the_gpu(shape, dtype, causal, view, seeded):
-    """Every softmax path launched directly gives bit-for-bit the plain launch's outputs."""
+    """Every softmax path launched directly, and through its prepared launch, gives bit-for-bit the plain
+    launch's outputs, with the same strides."""
+    from kernels.methods.triton import launch as tl_launch
+
     assert fl.unsupported_reason() is None, fl.unsupported_reason()  # the Triton this was written for
     x, dy = _inputs(shape, dtype, view, seeded)
     out = _both_ways(x, dy, causal)
     assert any(e[1] for e in fl._kernels.values()), "no direct entry was made"
+    if view == "contiguous" and not tp.cached_plan(shape[-1], x.element_size(), causal=causal).split:
+        assert tl_launch._FWD_SITES, "no prepared launch was kept"
     for y, dx in out[True]:
-        assert torch.equal(y, out[False][0][0]) and torch.equal(dx, out[False][0][1])
+        for got, want in ((y, out[False][0][0]), (dx, out[False][0][1])):
+            assert torch.equal(got, want) and got.stride() == want.stride()
 
 
 @pytest.mark.gpu

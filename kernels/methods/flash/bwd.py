@@ -218,7 +218,8 @@ def _site(preps: list, delta_size: tuple, grads: tuple, device):
         if not pre(out, do, delta):
             return None
         for prep in rest:  # (on the device the first one checked: each launches)
-            prep(q, k, v, do, q, k, v, do, dq, dk, dv, lse, delta, delta)
+            if not prep(q, k, v, do, q, k, v, do, dq, dk, dv, lse, delta, delta):
+                raise RuntimeError("a prepared flash backward launch found another current device mid-call")
         return dq, dk, dv
 
     return bwd
@@ -230,7 +231,8 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     site_key = None
     if plan is None and not plans.overridden():
         site_key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), do.stride(), out.stride(),
-                    q.dtype, k.dtype, v.dtype, do.dtype, q.get_device(), scale, causal,
+                    lse.stride(), q.dtype, k.dtype, v.dtype, do.dtype, out.dtype, lse.dtype, q.get_device(),
+                    fastlaunch.scalar_key(scale), causal,
                     not (q.data_ptr() | k.data_ptr() | v.data_ptr() | do.data_ptr() | out.data_ptr()) & 15)
         site = _SITES.get(site_key)
         if site is not None:
@@ -295,7 +297,7 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     else:
         launch(n_kv, n_kv, True, False, plan.num_warps, plan.num_stages)
         launch(n_q, 0, False, True, plan.dq_warps, plan.dq_stages)
-    if site_key is not None and not atomic and tma == "off":
+    if site_key is not None and plan.dq_mode == "pass" and tma == "off":  # (not a mode the flag below decides)
         preps = [fastlaunch.prepare(*one) for one in launches]
         if None not in preps:
             grads = tuple((tuple(t.shape), t.stride(), t.dtype) for t in (dq, dk, dv))

@@ -148,7 +148,8 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
     site_key = None
     if plan is None and not plans.overridden():
         site_key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-                    q.get_device(), scale, causal, not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15)
+                    q.get_device(), fastlaunch.scalar_key(scale), causal,
+                    not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15)
         site = _SITES.get(site_key)
         if site is not None:
             done = site(q, k, v)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import math
 import operator
 import os
 from typing import Any, Optional
@@ -278,14 +279,16 @@ class Prepared:
     :func:`launch` does for a later call with the same key, the key not recomputed. ``prepared(*tensors)``
     launches the kernel on them with the other arguments it was prepared with and returns True: directly,
     or through :func:`launch` (which then decides as always) where the direct entry does not apply now:
-    the direct path switched off, a launch hook installed, a knob of the key changed, a tensor whose
-    16-byte alignment is not the key's, or a launcher that raised (from then on). It returns False,
+    the direct path switched off, a launch hook or pre-run hook installed, a knob of the key changed, a
+    tensor whose 16-byte alignment is not the key's, a launcher that raised (from then on), or the
+    kernel sent the plain way (or its entries cleared) by :func:`launch`. Tensors' dtypes are not
+    checked: the caller's key must fix them. It returns False,
     launching nothing, when the current device is not the one it was prepared on (the caller's general
     path takes the call, under its device guard). Made by :func:`prepare`; the caller keys it by what
     fixes the rest of the key (shapes, strides, dtypes, scalars) and keeps it in a :class:`SiteCache`."""
 
     __slots__ = ("_run", "_grid", "_function", "_metadata", "_dev", "_knobs", "_aligned", "_all_aligned",
-                 "_tail", "_live", "_plain")
+                 "_tail", "_live", "_plain", "_kid")
 
     def __init__(self, entry: tuple, plain: tuple, dev: int, knobs: tuple, aligned: tuple):
         kernel, grid, rest, meta = plain
@@ -293,13 +296,16 @@ class Prepared:
         n = len(grid)
         self._grid = (grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1)
         self._dev, self._knobs, self._aligned, self._tail = dev, knobs, aligned, rest + entry[3]
-        self._all_aligned, self._live, self._plain = all(aligned), True, plain
+        self._all_aligned, self._live, self._plain, self._kid = all(aligned), True, plain, id(kernel)
 
     def __call__(self, *tensors: _Tensor) -> bool:
         if _get_device() != self._dev:
             return False
         ptrs = [t.data_ptr() for t in tensors]
-        if _direct and self._live and _hooks_idle() and _knob_get(_knobs) == self._knobs:
+        kernel = self._plain[0]
+        ke = _kernels.get(self._kid)  # (launch may have sent this kernel the plain way since)
+        if (_direct and self._live and ke is not None and ke[0] is kernel and ke[1] is not None
+                and not kernel.pre_run_hooks and _hooks_idle() and _knob_get(_knobs) == self._knobs):
             if self._all_aligned:
                 m = 0
                 for p in ptrs:
@@ -315,7 +321,7 @@ class Prepared:
                     return True
                 except Exception:  # (as in launch: nothing launched) this entry is not used again
                     self._live = False
-        kernel, grid, rest, meta = self._plain
+        _, grid, rest, meta = self._plain
         launch(kernel, grid, (*tensors, *rest), meta, self._dev)
         return True
 
@@ -337,6 +343,12 @@ class SiteCache(dict):
 
 
 _site_caches: list = []
+
+
+def scalar_key(x: float):
+    """A float as part of a site's key: x itself, but -0.0 apart from 0.0 (a kernel may pass the sign of
+    a zero scale on to its outputs)."""
+    return x if x else (x, math.copysign(1.0, x))
 
 
 def prepare(kernel, grid: tuple, args: tuple, meta: dict, device: Optional[int] = None) -> Optional[Prepared]:

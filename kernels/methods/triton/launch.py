@@ -105,6 +105,7 @@ def _ring_launch(y2: torch.Tensor, dy2: torch.Tensor, dx: torch.Tensor, xch: tor
 # input, which picks the Gluon paths) skips the plan, the views and the specialization key
 _FWD_SITES = fastlaunch.SiteCache()
 _BWD_SITES = fastlaunch.SiteCache()
+_CONTIGUOUS = torch.contiguous_format
 
 
 def _fwd_site(prep, hybrid: bool):
@@ -126,10 +127,11 @@ def _bwd_site(prep, ring_rows: Optional[int], device):
 def launch_fwd(x: torch.Tensor, scale: float, causal: bool, p: Optional[Plan] = None) -> torch.Tensor:
     site_key = None
     if p is None and x.is_contiguous():
-        site_key = (x.shape, x.stride(), x.dtype, x.get_device(), scale, causal, not x.data_ptr() & 15)
+        site_key = (x.shape, x.stride(), x.dtype, x.get_device(), fastlaunch.scalar_key(scale), causal,
+                    not x.data_ptr() & 15)
         site = _FWD_SITES.get(site_key)
         if site is not None:
-            y = torch.empty_like(x)
+            y = torch.empty_like(x, memory_format=_CONTIGUOUS)  # (canonical strides, as the general path's)
             if site(x, y):
                 return y
     x2 = _rows_view(x)
@@ -181,11 +183,11 @@ def launch_bwd(
 ) -> torch.Tensor:
     site_key = None
     if p is None and y.is_contiguous() and dy.is_contiguous():
-        site_key = (y.shape, y.stride(), dy.stride(), y.dtype, dy.dtype, y.get_device(), scale, causal,
-                    not (y.data_ptr() | dy.data_ptr()) & 15)
+        site_key = (y.shape, y.stride(), dy.stride(), y.dtype, dy.dtype, y.get_device(), fastlaunch.scalar_key(scale),
+                    causal, not (y.data_ptr() | dy.data_ptr()) & 15)
         site = _BWD_SITES.get(site_key)
         if site is not None:
-            dx = torch.empty_like(y)
+            dx = torch.empty_like(y, memory_format=_CONTIGUOUS)
             if site(y, dy, dx):
                 return dx
     y2 = y.view(-1, y.shape[-1])  # y is our own contiguous output
