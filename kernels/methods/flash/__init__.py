@@ -12,6 +12,13 @@ Code paths (each module opens with its own details):
   the diagonal are never visited. Written: out (in the (B, T, H, d) memory layout) and the natural
   log-sum-exp per query row (fp32). A query with no key (causal, Tq > Tk) gets out = 0 and
   lse = +inf, so the backward's exp(s - lse) is exactly 0 (zero gradient, no NaN).
+* Forward in Gluon (``fwd_gluon``, plan ``FwdPlan.gluon``; Hopper, 16-bit, d = dv in {64, 128}):
+  FA3's structure, warp-specialized: a producer partition streams k and v tiles by TMA through a
+  ring of shared-memory slots, two consumer warpgroups of 64 queries each run q k^T, the online
+  softmax and p v (same masking and outputs as above), so one warpgroup's softmax overlaps the
+  other's wgmma. An explicit plan it cannot take refuses with the reason; a table plan falls back
+  to the Triton kernel. Compiled for sm_90 (tests, no GPU needed); not yet timed, so no table
+  entry uses it (the sweep's last forward phase tries it).
 * Backward (``bwd``): delta = rowsum(o * do) (a small kernel); a dk/dv kernel (a program per
   BLOCK_N1 keys, looping over the queries that see them, diagonal blocks masked) and a dq kernel (a
   program per BLOCK_M2 queries, looping over their keys); both recompute P = exp2(s * c - lse *

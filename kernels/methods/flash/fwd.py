@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels.methods.flash import fwd_gluon
 from kernels.methods.flash import plan as plans
 from kernels.methods.flash.tiles import (LOG2E, TMA_CODE, device_descriptor, empty_bthd, ensure_allocator,
                                          host_descriptor, interpreter_enabled, key_bounds, load_rows, mma,
@@ -157,8 +158,18 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
                 return done
     B, H, TQ, D = q.shape
     TK, DV = k.shape[2], v.shape[3]
+    chosen = plan is not None
     if plan is None:
         plan = plans.plans_for(D, DV, q.dtype, causal, TQ, TK)[0]
+    if plan.gluon:
+        why = fwd_gluon.supported(q, k, v)
+        if why is None:
+            return fwd_gluon.launch_fwd(q, k, v, scale, causal, plan.block_m, plan.block_n, plan.num_stages)
+        if chosen:
+            raise ValueError(f"{plan} cannot run here: {why}")
+        # a table plan for GPUs the Gluon kernel takes: elsewhere, the Triton kernel's default plan
+        plan = plans.clamp(plans.default_plans(plans.head_pad(max(D, DV)), q.dtype, causal)[0],
+                           plans.BwdPlan(), TQ, TK)[0]
     out = empty_bthd(B, H, TQ, DV, q.dtype, q.device)
     lse = torch.empty((B, H, TQ), dtype=torch.float32, device=q.device)
     d_pad, dv_pad = plans.head_pad(D), plans.head_pad(DV)

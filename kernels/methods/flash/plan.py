@@ -48,11 +48,16 @@ class FwdPlan:
     tma: str = "off"
     warp_specialize: bool = False  # tl.range(..., warp_specialize=True): producer/consumer warps
     group: int = 1
+    gluon: bool = False  # the Gluon kernel (fwd_gluon): block_m = 128, block_n 64 or 128, num_stages = ring slots
 
     def __post_init__(self) -> None:
         _check_blocks(self, ("block_m", "block_n"))
         if not isinstance(self.group, int) or self.group < 1:
             raise ValueError(f"FwdPlan.group={self.group!r}: heads per group of the causal program order, an int >= 1")
+        if self.gluon and (self.block_m != 128 or self.block_n not in (64, 128) or self.num_stages < 2):
+            raise ValueError(f"FwdPlan(gluon=True) takes block_m=128 (two consumer warpgroups of 64 queries), "
+                             f"block_n 64 or 128 and num_stages >= 2; got block_m={self.block_m}, "
+                             f"block_n={self.block_n}, num_stages={self.num_stages}")
 
 
 @dataclass(frozen=True)
@@ -177,7 +182,8 @@ def _pow2_at_least(n: int) -> int:
 def clamp(fwd: FwdPlan, bwd: BwdPlan, tq: int, tk: int) -> tuple[FwdPlan, BwdPlan]:
     """Blocks no larger than the sequence they tile (rounded up to a power of two, at least 16)."""
     pq, pk = _pow2_at_least(tq), _pow2_at_least(tk)
-    fwd = dataclasses.replace(fwd, block_m=min(fwd.block_m, pq), block_n=min(fwd.block_n, pk))
+    if not fwd.gluon:  # (the Gluon kernel's tiles are fixed; TMA reads rows past T as zeros)
+        fwd = dataclasses.replace(fwd, block_m=min(fwd.block_m, pq), block_n=min(fwd.block_n, pk))
     bwd = dataclasses.replace(bwd, block_m1=min(bwd.block_m1, pq), block_n1=min(bwd.block_n1, pk),
                               block_m2=min(bwd.block_m2, pq), block_n2=min(bwd.block_n2, pk),
                               pre_block=min(bwd.pre_block, pq))

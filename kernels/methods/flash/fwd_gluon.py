@@ -1,0 +1,216 @@
+"""The flash forward in Gluon for Hopper (sm_90): warp-specialized, FA3's structure (plan
+``FwdPlan.gluon``; the Triton kernel of ``fwd`` elsewhere).
+
+Why it exists: Triton 3.6 compiles the Triton forward's wgmma with a wait right behind each issue, and
+a 128-query program's two warpgroups run their softmax at the same time, so the tensor cores idle
+through every softmax unless a second program on the SM happens to fill the gap (docs/perf.md,
+attention). Here one program takes 2 x BLOCK_M queries of one (batch, head) and splits the work by
+warps: a producer (the default partition, 4 warps) loads
+the two q tiles once and streams the key and value tiles through a ring of ``STAGES`` shared-memory
+slots by TMA (4-D descriptors over (B, H, T, d) with the tensors' own strides: rows past T come back
+as zeros); two consumer warpgroups (workers, 240 registers each) each own BLOCK_M queries and run
+q k^T, the online softmax and p v for every key tile, releasing a slot when both have read it. The
+warp schedulers interleave one consumer's softmax with the other's wgmma.
+
+Per consumer, key tiles before its first diagonal key need no mask; the diagonal tiles and a ragged
+last tile get the causal / boundary mask (-inf before the exponential); tiles past its last visible
+key are only waited for and released (the producer loads the keys of the program's second half).
+Causal programs start heaviest first. Output: out in the (B, T, H, d) memory layout and the natural
+log-sum-exp per query row, as the Triton forward (a row with no key: out = 0, lse = +inf).
+
+Takes: CUDA capability 9.0 exactly (wgmma), Gluon, bfloat16 / float16, d = dv in {64, 128}, inputs
+TMA can read (16-byte aligned bases and strides). ``supported`` says why not; the launcher then runs
+the Triton kernel with the table's plan.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from kernels.methods.flash.tiles import LOG2E, empty_bthd, interpreter_enabled, tma_eligible
+from kernels.methods.triton import fastlaunch
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+
+    # TMA's global -> shared copy: async_copy_global_to_shared in Triton 3.6, renamed async_load by 3.9
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    GLUON_ERROR: Optional[str] = None
+except Exception as exc:  # pragma: no cover - a Triton without Gluon's Hopper module
+    gluon = gl = None
+    GLUON_ERROR = f"this Triton has no Gluon Hopper module ({type(exc).__name__}: {exc})"
+
+HEAD_DIMS = (64, 128)
+CONSUMER_REGS = 240  # per consumer thread (setmaxnreg; the producer's warps give theirs up)
+
+if gluon is not None:
+
+    @gluon.jit
+    def _producer(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, kv_ready, kv_empty, b, h, m0, n_tiles,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        for c in gl.static_range(2):
+            mbarrier.expect(q_bar.index(c), desc_q.block_type.nbytes)
+            _tma_load(desc_q, [b, h, m0 + c * BLOCK_M, 0], q_bar.index(c), q_bufs.index(c))
+        for j in range(n_tiles):
+            s = j % STAGES
+            mbarrier.wait(kv_empty.index(s), ((j // STAGES) & 1) ^ 1)  # (a fresh slot passes at once)
+            bar = kv_ready.index(s)
+            mbarrier.expect(bar, desc_k.block_type.nbytes + desc_v.block_type.nbytes)
+            _tma_load(desc_k, [b, h, j * BLOCK_N, 0], bar, k_bufs.index(s))
+            _tma_load(desc_v, [b, h, j * BLOCK_N, 0], bar, v_bufs.index(s))
+
+    @gluon.jit
+    def _consumer(q_bufs, k_bufs, v_bufs, q_bar, kv_ready, kv_empty, O, LSE, sob, soh, som, sod, b, h, H, m0,
+                  n_tiles, TQ, TK, qk_scale, C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+        dtype: gl.constexpr = q_bufs.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, D, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
+
+        r0 = m0 + C * BLOCK_M
+        off = TK - TQ
+        if CAUSAL:  # keys [0, full) every query of this consumer sees; none sees a key from hi on
+            hi = gl.maximum(gl.minimum(r0 + BLOCK_M + off, TK), 0)
+            full = gl.maximum(gl.minimum(r0 + off + 1, TK), 0) // BLOCK_N * BLOCK_N
+        else:
+            hi = TK
+            full = TK // BLOCK_N * BLOCK_N
+        offs_m = r0 + gl.arange(0, BLOCK_M, layout=row_s)
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
+        l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
+        acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
+        zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        mbarrier.wait(q_bar.index(C), 0)
+        q = q_bufs.index(C).reshape([BLOCK_M, D])
+        for j in range(n_tiles):
+            s = j % STAGES
+            mbarrier.wait(kv_ready.index(s), (j // STAGES) & 1)
+            n0 = j * BLOCK_N
+            if n0 < hi:
+                k = k_bufs.index(s).reshape([BLOCK_N, D])
+                v = v_bufs.index(s).reshape([BLOCK_N, D])
+                sc = warpgroup_mma(q, k.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
+                z = sc * qk_scale
+                if n0 + BLOCK_N > full:  # the diagonal, or keys past Tk (TMA read them as zeros)
+                    offs_n = n0 + gl.arange(0, BLOCK_N, layout=col_s)
+                    keep = offs_n[None, :] < TK
+                    if CAUSAL:
+                        keep = keep & (offs_n[None, :] <= offs_m[:, None] + off)
+                    z = gl.where(keep, z, float("-inf"))
+                m_new = gl.maximum(m_i, gl.max(z, axis=1))
+                m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: exp2(-inf) = 0
+                p = gl.exp2(z - m_ref[:, None])
+                alpha = gl.exp2(m_i - m_ref)
+                l_i = l_i * alpha + gl.sum(p, axis=1)
+                m_i = m_new
+                acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+                acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v, acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(kv_empty.index(s), count=1)
+        # rows with no key (causal, Tq > Tk): out 0, lse +inf (the backward's exp(s - lse) is then 0)
+        empty = l_i == 0.0
+        lse = gl.where(empty, float("inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+        gl.store(LSE + (b * H + h).to(gl.int64) * TQ + offs_m, lse, mask=offs_m < TQ)
+        inv = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), row_o)
+        rows = r0 + gl.arange(0, BLOCK_M, layout=row_o)
+        cols = gl.arange(0, D, layout=col_o)
+        ptrs = (O + b.to(gl.int64) * sob + h.to(gl.int64) * soh + rows[:, None].to(gl.int64) * som
+                + cols[None, :] * sod)
+        gl.store(ptrs, (acc * inv[:, None]).to(dtype), mask=rows[:, None] < TQ)
+
+    @gluon.jit
+    def _fwd_ws_kernel(desc_q, desc_k, desc_v, O, LSE, sob, soh, som, sod, H, TQ, TK, qk_scale,
+                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+                       CAUSAL: gl.constexpr):
+        """One program: 2 x BLOCK_M queries of (batch, head); see the module docstring."""
+        pid_m = gl.program_id(0)
+        h = gl.program_id(1)
+        b = gl.program_id(2)
+        if CAUSAL:  # heaviest first: the last query blocks see the most keys
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        m0 = pid_m * (2 * BLOCK_M)
+        if CAUSAL:
+            hi = gl.maximum(gl.minimum(m0 + 2 * BLOCK_M + TK - TQ, TK), 0)
+        else:
+            hi = TK
+        n_tiles = (hi + BLOCK_N - 1) // BLOCK_N
+        dtype: gl.constexpr = desc_q.dtype
+        q_bufs = gl.allocate_shared_memory(dtype, [2, 1, 1, BLOCK_M, D], desc_q.layout)
+        k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], desc_k.layout)
+        v_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], desc_v.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(q_bar.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(kv_ready.index(i), count=1)
+            mbarrier.init(kv_empty.index(i), count=2)  # both consumers release a slot
+        gl.warp_specialize(
+            [(_producer, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, kv_ready, kv_empty, b, h, m0,
+                          n_tiles, BLOCK_M, BLOCK_N, STAGES)),
+             (_consumer, (q_bufs, k_bufs, v_bufs, q_bar, kv_ready, kv_empty, O, LSE, sob, soh, som, sod, b, h, H,
+                          m0, n_tiles, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D, STAGES, CAUSAL)),
+             (_consumer, (q_bufs, k_bufs, v_bufs, q_bar, kv_ready, kv_empty, O, LSE, sob, soh, som, sod, b, h, H,
+                          m0, n_tiles, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D, STAGES, CAUSAL))],
+            [4, 4], [240, 240])  # (CONSUMER_REGS)
+
+
+_CAPS: dict = {}
+
+
+def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
+    """Why the Gluon forward cannot take these inputs (None: it can)."""
+    if GLUON_ERROR:
+        return GLUON_ERROR
+    if interpreter_enabled() or not q.is_cuda:
+        return "the Gluon forward runs on a GPU only (not in Triton's interpreter)"
+    idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    if idx not in _CAPS:
+        _CAPS[idx] = torch.cuda.get_device_capability(idx)
+    if _CAPS[idx] != (9, 0):
+        return f"the Gluon forward uses Hopper's wgmma (compute capability 9.0; this GPU has {_CAPS[idx]})"
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return f"the Gluon forward takes bfloat16 or float16 (got {q.dtype})"
+    d, dv = q.shape[-1], v.shape[-1]
+    if d != dv or d not in HEAD_DIMS:
+        return f"the Gluon forward takes d = dv in {HEAD_DIMS} (got d={d}, dv={dv})"
+    if not tma_eligible(q, k, v):
+        return "the Gluon forward reads by TMA: 16-byte aligned bases and strides"
+    return None
+
+
+def _descriptor(t: torch.Tensor, rows: int):
+    block = [1, 1, rows, t.shape[-1]]
+    layout = gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16)
+    return GluonDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+
+
+def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, block_m: int,
+               block_n: int, stages: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """out and lse as ``fwd.launch_fwd`` (inputs ``supported`` takes); block_m: queries per program (two
+    consumers of block_m / 2), block_n: keys per tile, stages: ring slots."""
+    B, H, TQ, D = q.shape
+    TK = k.shape[2]
+    out = empty_bthd(B, H, TQ, D, q.dtype, q.device)
+    lse = torch.empty((B, H, TQ), dtype=torch.float32, device=q.device)
+    half = block_m // 2
+    fastlaunch.launch(
+        _fwd_ws_kernel, (-(-TQ // block_m), H, B),
+        (_descriptor(q, half), _descriptor(k, block_n), _descriptor(v, block_n), out, lse, *out.stride(), H, TQ, TK,
+         scale * LOG2E),
+        dict(BLOCK_M=half, BLOCK_N=block_n, D=D, STAGES=stages, CAUSAL=causal, num_warps=4))
+    return out, lse
