@@ -15,8 +15,9 @@ Code paths (each module opens with its own details):
 * Forward in Gluon (``fwd_gluon``, plan ``FwdPlan.gluon``; Hopper, 16-bit, d = dv in {64, 128}):
   FA3's structure, warp-specialized: a producer partition streams k and v tiles by TMA through a
   ring of shared-memory slots, two consumer warpgroups of 64 queries each run q k^T, the online
-  softmax and p v (same masking and outputs as above), so one warpgroup's softmax overlaps the
-  other's wgmma. An explicit plan it cannot take refuses with the reason; a table plan falls back
+  softmax and p v (same masking and outputs as above); with ``gluon=2`` they take turns on the
+  tensor cores (FA3's ping-pong), so one's softmax overlaps the other's wgmma, with ``gluon=1`` they
+  run free. An explicit plan it cannot take refuses with the reason; a table plan falls back
   to the Triton kernel. Compiled for sm_90 (tests, no GPU needed); not yet timed, so no table
   entry uses it (the sweep's last forward phase tries it).
 * Backward (``bwd``): delta = rowsum(o * do) (a small kernel); a dk/dv kernel (a program per

@@ -164,7 +164,8 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
     if plan.gluon:
         why = fwd_gluon.supported(q, k, v)
         if why is None:
-            return fwd_gluon.launch_fwd(q, k, v, scale, causal, plan.block_m, plan.block_n, plan.num_stages)
+            return fwd_gluon.launch_fwd(q, k, v, scale, causal, plan.block_m, plan.block_n, plan.num_stages,
+                                        pingpong=plan.gluon == 2)
         if chosen:
             raise ValueError(f"{plan} cannot run here: {why}")
         # a table plan for GPUs the Gluon kernel takes: elsewhere, the Triton kernel's default plan

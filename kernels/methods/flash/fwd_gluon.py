@@ -9,8 +9,11 @@ warps: a producer (the default partition, 4 warps) loads
 the two q tiles once and streams the key and value tiles through a ring of ``STAGES`` shared-memory
 slots by TMA (4-D descriptors over (B, H, T, d) with the tensors' own strides: rows past T come back
 as zeros); two consumer warpgroups (workers, 240 registers each) each own BLOCK_M queries and run
-q k^T, the online softmax and p v for every key tile, releasing a slot when both have read it. The
-warp schedulers interleave one consumer's softmax with the other's wgmma.
+q k^T, the online softmax and p v for every key tile, releasing a slot when both have read it. With
+``PINGPONG`` (plan ``gluon=2``) the consumers take turns on the tensor cores, each turn issuing one
+tile's q k^T with the previous tile's p v, so one consumer's softmax runs during the other's wgmmas
+(FA3's schedule); without it (``gluon=1``) they run free and the warp schedulers interleave them as
+their timing allows.
 
 Per consumer, key tiles before its first diagonal key need no mask; the diagonal tiles and a ragged
 last tile get the causal / boundary mask (-inf before the exponential); tiles past its last visible
@@ -35,7 +38,8 @@ from kernels.methods.triton import fastlaunch
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                                   warpgroup_mma, warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
     # TMA's global -> shared copy: async_copy_global_to_shared in Triton 3.6, renamed async_load by 3.9
@@ -47,6 +51,13 @@ except Exception as exc:  # pragma: no cover - a Triton without Gluon's Hopper m
 
 HEAD_DIMS = (64, 128)
 CONSUMER_REGS = 240  # per consumer thread (setmaxnreg; the producer's warps give theirs up)
+SHARED_LIMIT = 227 * 1024  # shared memory one program may opt in to on sm_90
+
+
+def shared_bytes(d: int, block_n: int, stages: int) -> int:
+    """The buffers' shared memory (two 64-query q tiles, the k and v ring; 16-bit) and 1 KB for the
+    barriers and the reductions' scratch."""
+    return 2 * 64 * d * 2 + stages * 2 * block_n * d * 2 + 1024
 
 if gluon is not None:
 
@@ -132,9 +143,96 @@ if gluon is not None:
         gl.store(ptrs, (acc * inv[:, None]).to(dtype), mask=rows[:, None] < TQ)
 
     @gluon.jit
+    def _consumer_pingpong(q_bufs, k_bufs, v_bufs, q_bar, kv_ready, kv_empty, turn, O, LSE, sob, soh, som, sod, b,
+                           h, H, m0, n_tiles, TQ, TK, qk_scale, C: gl.constexpr, BLOCK_M: gl.constexpr,
+                           BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+        """The consumer with FA3's ping-pong: the two consumers take turns on the tensor cores (mbarriers
+        ``turn``: consumer C waits on turn[C], the other arrives on it), and each turn issues this tile's
+        q k^T together with the previous tile's p v, so one consumer's softmax runs while the other's
+        wgmmas do. Every consumer takes n_tiles + 1 turns (the last one for the last p v), with or
+        without work in them, so the turns alternate to the end; a tile's slot is released in the turn
+        after its q k^T, once its p v has run too."""
+        dtype: gl.constexpr = q_bufs.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, D, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
+
+        r0 = m0 + C * BLOCK_M
+        off = TK - TQ
+        if CAUSAL:
+            hi = gl.maximum(gl.minimum(r0 + BLOCK_M + off, TK), 0)
+            full = gl.maximum(gl.minimum(r0 + off + 1, TK), 0) // BLOCK_N * BLOCK_N
+        else:
+            hi = TK
+            full = TK // BLOCK_N * BLOCK_N
+        n_mine = gl.minimum((hi + BLOCK_N - 1) // BLOCK_N, n_tiles)  # the tiles this consumer computes: a prefix
+        offs_m = r0 + gl.arange(0, BLOCK_M, layout=row_s)
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
+        l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
+        acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
+        zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        p_op = gl.zeros([BLOCK_M, BLOCK_N], dtype, layout=p_layout)  # the previous tile's p, for its p v
+        mbarrier.wait(q_bar.index(C), 0)
+        q = q_bufs.index(C).reshape([BLOCK_M, D])
+        for t in range(n_tiles + 1):
+            s = t % STAGES
+            if t < n_tiles:
+                mbarrier.wait(kv_ready.index(s), (t // STAGES) & 1)
+            mbarrier.wait(turn.index(C), (t & 1) ^ (1 - C))  # (consumer 0's first turn passes at once)
+            v_prev = v_bufs.index((t + STAGES - 1) % STAGES).reshape([BLOCK_N, D])
+            sc = zero_s
+            if t < n_mine:
+                k = k_bufs.index(s).reshape([BLOCK_N, D])
+                if t > 0:
+                    sc = warpgroup_mma(q, k.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                    acc = warpgroup_mma(p_op, v_prev, acc, is_async=True)
+                    sc, acc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, acc))
+                else:
+                    sc = warpgroup_mma(q, k.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                    sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
+            elif t == n_mine and t > 0:  # the last tile's p v
+                acc = warpgroup_mma(p_op, v_prev, acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(turn.index(1 - C), count=1)
+            if t > 0:
+                mbarrier.arrive(kv_empty.index((t + STAGES - 1) % STAGES), count=1)
+            if t < n_mine:  # this tile's softmax, while the other consumer's turn runs
+                n0 = t * BLOCK_N
+                z = sc * qk_scale
+                if n0 + BLOCK_N > full:
+                    offs_n = n0 + gl.arange(0, BLOCK_N, layout=col_s)
+                    keep = offs_n[None, :] < TK
+                    if CAUSAL:
+                        keep = keep & (offs_n[None, :] <= offs_m[:, None] + off)
+                    z = gl.where(keep, z, float("-inf"))
+                m_new = gl.maximum(m_i, gl.max(z, axis=1))
+                m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+                p = gl.exp2(z - m_ref[:, None])
+                alpha = gl.exp2(m_i - m_ref)
+                l_i = l_i * alpha + gl.sum(p, axis=1)
+                m_i = m_new
+                acc = acc * gl.convert_layout(alpha, row_o)[:, None]  # (after the previous tile's p v)
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
+        empty = l_i == 0.0
+        lse = gl.where(empty, float("inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+        gl.store(LSE + (b * H + h).to(gl.int64) * TQ + offs_m, lse, mask=offs_m < TQ)
+        inv = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), row_o)
+        rows = r0 + gl.arange(0, BLOCK_M, layout=row_o)
+        cols = gl.arange(0, D, layout=col_o)
+        ptrs = (O + b.to(gl.int64) * sob + h.to(gl.int64) * soh + rows[:, None].to(gl.int64) * som
+                + cols[None, :] * sod)
+        gl.store(ptrs, (acc * inv[:, None]).to(dtype), mask=rows[:, None] < TQ)
+
+    @gluon.jit
     def _fwd_ws_kernel(desc_q, desc_k, desc_v, O, LSE, sob, soh, som, sod, H, TQ, TK, qk_scale,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-                       CAUSAL: gl.constexpr):
+                       CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
         """One program: 2 x BLOCK_M queries of (batch, head); see the module docstring."""
         pid_m = gl.program_id(0)
         h = gl.program_id(1)
@@ -156,17 +254,33 @@ if gluon is not None:
         kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(q_bar.index(i), count=1)
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(kv_ready.index(i), count=1)
             mbarrier.init(kv_empty.index(i), count=2)  # both consumers release a slot
-        gl.warp_specialize(
-            [(_producer, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, kv_ready, kv_empty, b, h, m0,
-                          n_tiles, BLOCK_M, BLOCK_N, STAGES)),
-             (_consumer, (q_bufs, k_bufs, v_bufs, q_bar, kv_ready, kv_empty, O, LSE, sob, soh, som, sod, b, h, H,
-                          m0, n_tiles, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D, STAGES, CAUSAL)),
-             (_consumer, (q_bufs, k_bufs, v_bufs, q_bar, kv_ready, kv_empty, O, LSE, sob, soh, som, sod, b, h, H,
-                          m0, n_tiles, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D, STAGES, CAUSAL))],
-            [4, 4], [240, 240])  # (CONSUMER_REGS)
+        for i in gl.static_range(2):
+            mbarrier.init(turn.index(i), count=1)
+        fence_async_shared()  # (the barriers initialized before any TMA or wait sees them)
+        if PINGPONG:
+            gl.warp_specialize(
+                [(_producer, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, kv_ready, kv_empty, b, h, m0,
+                              n_tiles, BLOCK_M, BLOCK_N, STAGES)),
+                 (_consumer_pingpong, (q_bufs, k_bufs, v_bufs, q_bar, kv_ready, kv_empty, turn, O, LSE, sob, soh,
+                                       som, sod, b, h, H, m0, n_tiles, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D,
+                                       STAGES, CAUSAL)),
+                 (_consumer_pingpong, (q_bufs, k_bufs, v_bufs, q_bar, kv_ready, kv_empty, turn, O, LSE, sob, soh,
+                                       som, sod, b, h, H, m0, n_tiles, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D,
+                                       STAGES, CAUSAL))],
+                [4, 4], [240, 240])  # (CONSUMER_REGS)
+        else:
+            gl.warp_specialize(
+                [(_producer, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, kv_ready, kv_empty, b, h, m0,
+                              n_tiles, BLOCK_M, BLOCK_N, STAGES)),
+                 (_consumer, (q_bufs, k_bufs, v_bufs, q_bar, kv_ready, kv_empty, O, LSE, sob, soh, som, sod, b, h,
+                              H, m0, n_tiles, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D, STAGES, CAUSAL)),
+                 (_consumer, (q_bufs, k_bufs, v_bufs, q_bar, kv_ready, kv_empty, O, LSE, sob, soh, som, sod, b, h,
+                              H, m0, n_tiles, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D, STAGES, CAUSAL))],
+                [4, 4], [240, 240])  # (CONSUMER_REGS)
 
 
 _CAPS: dict = {}
@@ -190,19 +304,35 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str
         return f"the Gluon forward takes d = dv in {HEAD_DIMS} (got d={d}, dv={dv})"
     if not tma_eligible(q, k, v):
         return "the Gluon forward reads by TMA: 16-byte aligned bases and strides"
+    if not q.numel() or not k.numel():
+        return "the Gluon forward takes no empty inputs (TMA descriptors need every dimension >= 1)"
     return None
 
 
+_LAYOUTS: dict = {}
+
+
 def _descriptor(t: torch.Tensor, rows: int):
+    """A 4-D TMA descriptor of a (B, H, T, d) tensor with its strides, boxes of one (batch, head)'s rows x d
+    (its shared-memory layout made once per box and dtype)."""
     block = [1, 1, rows, t.shape[-1]]
-    layout = gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16)
+    key = (rows, t.shape[-1], t.dtype)
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        layout = _LAYOUTS[key] = gl.NVMMASharedLayout.get_default_for(
+            block, gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16)
     return GluonDescriptor(t, list(t.shape), list(t.stride()), block, layout)
 
 
 def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, block_m: int,
-               block_n: int, stages: int) -> tuple[torch.Tensor, torch.Tensor]:
+               block_n: int, stages: int, pingpong: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """out and lse as ``fwd.launch_fwd`` (inputs ``supported`` takes); block_m: queries per program (two
-    consumers of block_m / 2), block_n: keys per tile, stages: ring slots."""
+    consumers of block_m / 2), block_n: keys per tile, stages: ring slots; pingpong: the consumers take
+    turns on the tensor cores (``_consumer_pingpong``), else they run free (``_consumer``)."""
+    need = shared_bytes(q.shape[-1], block_n, stages)
+    if need > SHARED_LIMIT:
+        raise ValueError(f"the Gluon forward's shared memory at d={q.shape[-1]}, block_n={block_n}, {stages} slots: "
+                         f"{need} bytes, over the {SHARED_LIMIT} an H100/H200 program may have")
     B, H, TQ, D = q.shape
     TK = k.shape[2]
     out = empty_bthd(B, H, TQ, D, q.dtype, q.device)
@@ -212,5 +342,5 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
         _fwd_ws_kernel, (-(-TQ // block_m), H, B),
         (_descriptor(q, half), _descriptor(k, block_n), _descriptor(v, block_n), out, lse, *out.stride(), H, TQ, TK,
          scale * LOG2E),
-        dict(BLOCK_M=half, BLOCK_N=block_n, D=D, STAGES=stages, CAUSAL=causal, num_warps=4))
+        dict(BLOCK_M=half, BLOCK_N=block_n, D=D, STAGES=stages, CAUSAL=causal, PINGPONG=pingpong, num_warps=4))
     return out, lse

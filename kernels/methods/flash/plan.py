@@ -48,14 +48,17 @@ class FwdPlan:
     tma: str = "off"
     warp_specialize: bool = False  # tl.range(..., warp_specialize=True): producer/consumer warps
     group: int = 1
-    gluon: bool = False  # the Gluon kernel (fwd_gluon): block_m = 128, block_n 64 or 128, num_stages = ring slots
+    gluon: int = 0  # the Gluon kernel (fwd_gluon): 1 consumers free-running, 2 ping-pong; block_m = 128, block_n
+    # 64 or 128, num_stages = ring slots (0: the Triton kernel)
 
     def __post_init__(self) -> None:
         _check_blocks(self, ("block_m", "block_n"))
         if not isinstance(self.group, int) or self.group < 1:
             raise ValueError(f"FwdPlan.group={self.group!r}: heads per group of the causal program order, an int >= 1")
+        if self.gluon not in (0, 1, 2):
+            raise ValueError(f"FwdPlan.gluon={self.gluon!r}: 0 (the Triton kernel), 1 (Gluon) or 2 (Gluon, ping-pong)")
         if self.gluon and (self.block_m != 128 or self.block_n not in (64, 128) or self.num_stages < 2):
-            raise ValueError(f"FwdPlan(gluon=True) takes block_m=128 (two consumer warpgroups of 64 queries), "
+            raise ValueError(f"FwdPlan(gluon={self.gluon}) takes block_m=128 (two consumer warpgroups of 64 queries), "
                              f"block_n 64 or 128 and num_stages >= 2; got block_m={self.block_m}, "
                              f"block_n={self.block_n}, num_stages={self.num_stages}")
 
