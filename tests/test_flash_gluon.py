@@ -1,7 +1,8 @@
-"""flash's Gluon forward (kernels/methods/flash/fwd_gluon.py, plan ``FwdPlan.gluon``): its plan's
-limits, where it stands aside (an explicit plan refuses with the reason; a table plan falls back to the
-Triton kernel), its compile for sm_90 without a GPU (warp-specialized, TMA loads, wgmma, no spill), and
-on a Hopper GPU its output, log-sum-exp and the gradients through it against float64.
+"""flash's Gluon kernels (kernels/methods/flash/fwd_gluon.py, plan ``FwdPlan.gluon``; the dk/dv pass,
+bwd_gluon.py, plan ``BwdPlan.gluon``): their plans' limits, where they stand aside (an explicit plan
+refuses with the reason; a table plan falls back to the Triton kernels), their compile for sm_90 without
+a GPU (warp-specialized, TMA loads, wgmma, the barrier protocol, no spill), and on a Hopper GPU their
+outputs against float64 and, element by element, against the Triton kernels.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import pytest
 import torch
 
 import kernels
-from kernels.methods.flash import fwd_gluon
+from kernels.methods.flash import bwd_gluon, fwd_gluon
 from kernels.methods.flash import plan as plans
+from kernels.methods.flash.bwd import launch_bwd
 from kernels.methods.flash.fwd import launch_fwd
 from tests.test_flash_attention import make_qkv, run_and_compare
 
@@ -21,6 +23,7 @@ pytestmark = pytest.mark.skipif("flash" not in kernels.runnable_methods(op="atte
                                 reason="flash cannot run here")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 GLUON = plans.FwdPlan(block_m=128, block_n=128, num_stages=2, gluon=2)
+GLUON_BWD = plans.BwdPlan(block_n1=128, block_m1=64, num_stages=2, gluon=1)
 
 
 def test_gluon_plan_limits():
@@ -36,6 +39,17 @@ def test_gluon_plan_limits():
     assert (f.block_m, f.block_n) == (128, 128)
 
 
+def test_gluon_backward_plan_limits():
+    assert dataclasses.replace(GLUON_BWD, block_m1=32, num_stages=3).gluon
+    for bad in (dict(block_n1=64), dict(block_m1=128), dict(num_stages=1), dict(fused=True), dict(dq_mode="atomic"),
+                dict(gluon=2)):
+        with pytest.raises(ValueError, match="gluon"):
+            dataclasses.replace(GLUON_BWD, **bad)
+    _, b = plans.clamp(plans.FwdPlan(), GLUON_BWD, 5, 7)  # the Gluon tiles stay; the dq pass's shrink
+    assert (b.block_n1, b.block_m1, b.block_m2, b.block_n2) == (128, 64, 16, 16)
+    assert bwd_gluon.shared_bytes(128, 64, 5) <= fwd_gluon.SHARED_LIMIT < bwd_gluon.shared_bytes(128, 64, 6)
+
+
 def test_where_it_cannot_run_an_explicit_plan_refuses_and_a_table_plan_falls_back(monkeypatch):
     if DEVICE == "cuda" and fwd_gluon.supported(*make_qkv(1, 1, 8, 8, 64, torch.bfloat16)) is None:
         pytest.skip("the Gluon forward runs here")
@@ -44,14 +58,25 @@ def test_where_it_cannot_run_an_explicit_plan_refuses_and_a_table_plan_falls_bac
     assert why
     with pytest.raises(ValueError, match="cannot run here"):
         launch_fwd(q, k, v, 0.125, True, GLUON)
+    out, lse = launch_fwd(q, k, v, 0.125, True)
+    with pytest.raises(ValueError, match="cannot run here"):
+        launch_bwd(torch.ones_like(out), q, k, v, out, lse, 0.125, True, GLUON_BWD)
     key = (64, "bfloat16", True)
-    monkeypatch.setitem(plans.TABLE, key, ((1 << 30, GLUON, plans.BwdPlan()),))
+    monkeypatch.setitem(plans.TABLE, key, ((1 << 30, GLUON, GLUON_BWD),))
     plans.forget()
     try:
-        assert plans.plans_for(64, 64, torch.bfloat16, True, 37, 37)[0].gluon
-        out = kernels.attention(q, k, v, causal=True, method="flash")  # (the table's plan: no override)
-        ref = kernels.reference_attention(q.double(), k.double(), v.double(), causal=True)
+        fp, bp = plans.plans_for(64, 64, torch.bfloat16, True, 37, 37)
+        assert fp.gluon and bp.gluon
+        qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+        out = kernels.attention(qg, kg, vg, causal=True, method="flash")  # (the table's plans: no override)
+        do = torch.randn_like(out)
+        out.backward(do)
+        ref_in = [t.double().requires_grad_(True) for t in (q, k, v)]
+        ref = kernels.reference_attention(*ref_in, causal=True)
+        ref.backward(do.double())
         assert kernels.relative_error(out, ref) <= kernels.ATTN_FWD_TOL[torch.bfloat16]
+        for got, want in zip((qg, kg, vg), ref_in):
+            assert kernels.relative_error(got.grad, want.grad) <= kernels.ATTN_BWD_TOL[torch.bfloat16]
     finally:
         monkeypatch.undo()
         plans.forget()
@@ -119,6 +144,58 @@ def test_gluon_forward_compiles_for_sm90_warp_specialized():
             assert "LOCAL:0" in k["usage"], (case, k["usage"])
 
 
+_COMPILE_BWD = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from tests.compiled_report import report
+from kernels.methods.flash import bwd_gluon as G
+
+for case in sys.argv[1:]:
+    D, BM, STAGES, causal = (int(a) for a in case.split(","))
+    lay = lambda rows: gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], gl.bfloat16)  # noqa: E731
+    desc = lambda rows: f"tensordesc<bf16[1,1,{rows},{D}],{lay(rows)}>"  # noqa: E731
+    const = {"s_dkd": 1, "s_dvd": 1, "BLOCK_N": 64, "BLOCK_M": BM, "D": D, "STAGES": STAGES, "CAUSAL": bool(causal)}
+    sig = {"desc_k": desc(64), "desc_v": desc(64), "desc_q": desc(BM), "desc_do": desc(BM), "LSE": "*fp32",
+           "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16", "s_dkb": "i32", "s_dkh": "i32", "s_dkn": "i32",
+           "s_dvb": "i32", "s_dvh": "i32", "s_dvn": "i32", "H": "i32", "TQ": "i32", "TK": "i32", "qk_scale": "fp32",
+           "scale": "fp32", **{k: "constexpr" for k in const}}
+    src = GluonASTSource(fn=G._dkdv_ws_kernel, signature=sig, constexprs=const,
+                         attrs={(i,): [["tt.divisibility", 16]] for i in (4, 5, 6, 7)})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    print(json.dumps({"case": case, **report(k)}))
+"""
+
+
+def test_gluon_dkdv_compiles_for_sm90_warp_specialized():
+    """The Gluon dk/dv pass compiled for Hopper as the forward is (see above): per query tile the barrier
+    expects a q and a do tile's bytes, each consumer's k and v once; one elected arrive per release; the
+    consumers' 240 registers; no spill at the plans the tests take (d = 64 with 64-query tiles, d = 128
+    with 32)."""
+    import re
+
+    from tests.compiled_report import compile_cases
+
+    if fwd_gluon.GLUON_ERROR:
+        pytest.skip(fwd_gluon.GLUON_ERROR)
+    cases = ["64,64,3,1", "128,32,3,0", "128,32,2,1"]
+    for case, k in zip(cases, compile_cases(_COMPILE_BWD, cases, timeout=900)):
+        d, block_m, stages, _ = (int(a) for a in case.split(","))
+        ptx = k["ptx"]
+        assert "cp.async.bulk.tensor.4d" in ptx and "wgmma.mma_async" in ptx, case
+        assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240", ptx), case
+        expect_tx = r"mbarrier\.arrive\.expect_tx\.shared(?:::cta)?\.b64 _, \[%r\d+\], (\d+);"
+        expects = {int(n) for n in re.findall(expect_tx, ptx)}
+        assert expects == {2 * 64 * d * 2, 2 * block_m * d * 2}, (case, expects)  # k and v; q and do
+        arrives = re.findall(r"^\s*(@%p\d+ )?mbarrier\.arrive\.shared(?:::cta)?\.b64.*$", ptx, re.M)
+        assert arrives and all(a for a in arrives), (case, arrives)
+        assert bwd_gluon.shared_bytes(d, block_m, stages) - 1024 <= k["shared"] <= fwd_gluon.SHARED_LIMIT, case
+        if k["usage"]:
+            assert "LOCAL:0" in k["usage"] and "STACK:0" in k["usage"], (case, k["usage"])
+
+
 # -- on a Hopper GPU ---------------------------------------------------------------------------------
 _GPU_CASES = [  # (B, H, Tq, Tk, d, dtype, causal, layout, scale)
     (2, 3, 300, 300, 64, torch.bfloat16, True, "bthd", None),  # ragged T, the model's layout
@@ -167,3 +244,39 @@ def test_gluon_forward_and_gradients_on_the_gpu(case, gplan, monkeypatch):
     torch.testing.assert_close(lse[fin], lse_t[fin], atol=1e-3, rtol=1e-4)
     if causal and tq > tk:
         assert (out[:, :, :tq - tk] == 0).all()
+
+
+_GPU_BWD_PLANS = [(64, 2), (32, 3)]  # (block_m1, num_stages)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", _GPU_CASES,
+                         ids=lambda c: f"{c[2]}x{c[3]}-d{c[4]}-{str(c[5])[6:]}-{c[6]}-{c[7]}-s{c[8]}")
+@pytest.mark.parametrize("bplan", _GPU_BWD_PLANS, ids=lambda p: f"m{p[0]}-s{p[1]}")
+def test_gluon_dkdv_on_the_gpu(case, bplan, monkeypatch):
+    """The Gluon dk/dv pass (the Triton forward and dq pass around it) against float64, and dk, dv element by
+    element against the Triton dk/dv pass."""
+    B, H, tq, tk, d, dtype, causal, layout, scale = case
+    if d == 128 and bplan[0] == 64:
+        pytest.skip("d = 128 takes 32-query tiles (64 spill 16 bytes a thread: not a plan the sweep keeps)")
+    q, k, v = make_qkv(B, H, tq, tk, d, dtype, layout=layout, device="cuda")
+    why = fwd_gluon.supported(q, k, v)
+    if why and "compute capability" in why:
+        pytest.skip(why)
+    assert why is None, why
+    plan = dataclasses.replace(GLUON_BWD, block_m1=bplan[0], num_stages=bplan[1])
+    launches = []
+    real = bwd_gluon.launch_dkdv
+    monkeypatch.setattr(bwd_gluon, "launch_dkdv", lambda *a: (launches.append(a), real(*a))[1])
+    run_and_compare(q, k, v, causal=causal, scale=scale, plan=(plans.FwdPlan(block_m=64, block_n=64), plan))
+    assert len(launches) == 1  # the Gluon kernel ran
+    s = d ** -0.5 if scale is None else scale
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+    out, lse = launch_fwd(qd, kd, vd, s, causal, plans.FwdPlan(block_m=64, block_n=64))
+    do = torch.randn_like(out)
+    got = launch_bwd(do, qd, kd, vd, out, lse, s, causal, plan)
+    want = launch_bwd(do, qd, kd, vd, out, lse, s, causal, plans.BwdPlan(block_m1=32, block_n1=64))
+    tol = 2e-2 if dtype == torch.bfloat16 else 3e-3
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert g.stride() == w.stride(), name
+        torch.testing.assert_close(g, w, atol=tol * max(1.0, w.abs().max().item()), rtol=tol, msg=name)

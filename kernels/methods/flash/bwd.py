@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import torch
 
+from kernels.methods.flash import bwd_gluon, fwd_gluon
 from kernels.methods.flash import plan as plans
 from kernels.methods.flash.fwd import precision, resolve_tma
 from kernels.methods.flash.tiles import (LOG2E, TMA_CODE, device_descriptor, empty_bthd, ensure_allocator,
                                          host_descriptor, interpreter_enabled, key_bounds, load_rows, mma,
-                                         query_bounds, store_rows, tl, triton)
+                                         query_bounds, store_rows, tl, tma_eligible, triton)
 from kernels.methods.triton import fastlaunch
 
 if triton is not None:
@@ -241,8 +242,16 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                 return done
     B, H, TQ, D = q.shape
     TK, DV = k.shape[2], v.shape[3]
+    chosen = plan is not None
     if plan is None:
         plan = plans.plans_for(D, DV, q.dtype, causal, TQ, TK)[1]
+    if plan.gluon:
+        why = fwd_gluon.supported(q, k, v) or (None if tma_eligible(do) else "do is not TMA-readable")
+        if why is not None and chosen:
+            raise ValueError(f"{plan} cannot run here: {why}")
+        if why is not None:  # a table plan for GPUs the Gluon kernel takes: elsewhere, the Triton default
+            plan = plans.clamp(plans.FwdPlan(), plans.default_plans(plans.head_pad(max(D, DV)), q.dtype, causal)[1],
+                               TQ, TK)[1]
     d_pad, dv_pad = plans.head_pad(D), plans.head_pad(DV)
     delta = torch.empty((B, H, TQ), dtype=torch.float32, device=q.device)
     launches = [(_delta_kernel, (fastlaunch.cdiv(TQ, plan.pre_block), H, B),
@@ -289,6 +298,11 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         fastlaunch.launch(*one)
         launches.append(one)
 
+    if plan.gluon:  # dk/dv by the Gluon kernel, dq by the Triton pass
+        bwd_gluon.launch_dkdv(do, q, k, v, lse, delta, dk, dv, scale, causal, plan.block_n1, plan.block_m1,
+                              plan.num_stages)
+        launch(n_q, 0, False, True, plan.dq_warps, plan.dq_stages)
+        return dq, dk, dv
     if atomic:
         launch(n_kv, n_kv, True, False, plan.num_warps, plan.num_stages)
         dq.copy_(dq_acc[..., :D])

@@ -86,6 +86,7 @@ class BwdPlan:
     fused: bool = False
     pre_block: int = 64
     dq_mode: str = "pass"
+    gluon: int = 0  # 1: the dk/dv pass in Gluon (bwd_gluon): block_n1 = 128, block_m1 32 or 64, num_stages slots
 
     def __post_init__(self) -> None:
         _check_blocks(self, ("block_m1", "block_n1", "block_m2", "block_n2", "pre_block"))
@@ -94,6 +95,14 @@ class BwdPlan:
         if self.dq_mode != "pass" and self.fused:
             raise ValueError("BwdPlan: fused=True launches the dq programs beside the dk/dv ones; "
                              f"dq_mode={self.dq_mode!r} has no dq programs (use fused=False)")
+        if self.gluon not in (0, 1):
+            raise ValueError(f"BwdPlan.gluon={self.gluon!r}: 0 (the Triton dk/dv pass) or 1 (Gluon)")
+        if self.gluon and (self.block_n1 != 128 or self.block_m1 not in (32, 64) or self.num_stages < 2
+                           or self.fused or self.dq_mode != "pass"):
+            raise ValueError(f"BwdPlan(gluon=1) takes block_n1=128 (two consumer warpgroups of 64 keys), block_m1 "
+                             f"32 or 64, num_stages >= 2, fused=False and dq_mode='pass'; got block_n1="
+                             f"{self.block_n1}, block_m1={self.block_m1}, num_stages={self.num_stages}, "
+                             f"fused={self.fused}, dq_mode={self.dq_mode!r}")
 
 
 def _check_blocks(plan, names) -> None:
@@ -187,9 +196,13 @@ def clamp(fwd: FwdPlan, bwd: BwdPlan, tq: int, tk: int) -> tuple[FwdPlan, BwdPla
     pq, pk = _pow2_at_least(tq), _pow2_at_least(tk)
     if not fwd.gluon:  # (the Gluon kernel's tiles are fixed; TMA reads rows past T as zeros)
         fwd = dataclasses.replace(fwd, block_m=min(fwd.block_m, pq), block_n=min(fwd.block_n, pk))
-    bwd = dataclasses.replace(bwd, block_m1=min(bwd.block_m1, pq), block_n1=min(bwd.block_n1, pk),
-                              block_m2=min(bwd.block_m2, pq), block_n2=min(bwd.block_n2, pk),
-                              pre_block=min(bwd.pre_block, pq))
+    if bwd.gluon:  # (the Gluon dk/dv tiles are fixed; TMA reads rows past T as zeros)
+        bwd = dataclasses.replace(bwd, block_m2=min(bwd.block_m2, pq), block_n2=min(bwd.block_n2, pk),
+                                  pre_block=min(bwd.pre_block, pq))
+    else:
+        bwd = dataclasses.replace(bwd, block_m1=min(bwd.block_m1, pq), block_n1=min(bwd.block_n1, pk),
+                                  block_m2=min(bwd.block_m2, pq), block_n2=min(bwd.block_n2, pk),
+                                  pre_block=min(bwd.pre_block, pq))
     return fwd, bwd
 
 

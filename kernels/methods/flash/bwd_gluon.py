@@ -1,0 +1,171 @@
+"""The flash backward's dk/dv pass in Gluon for Hopper (sm_90): warp-specialized like the Gluon forward
+(plan ``BwdPlan.gluon``; the delta kernel and the dq pass stay the Triton ones of ``bwd``).
+
+One program takes 2 x BLOCK_N keys of one (batch, head). A producer partition (the default one, 4
+warps) loads each consumer's k and v tiles once, then streams the query tiles they need, q and do,
+by TMA (4-D descriptors with the tensors' strides; rows past Tq read as zeros) through a ring of
+``STAGES`` shared-memory slots. Two consumer warpgroups, each owning BLOCK_N keys, run per query tile
+the transposed recurrence of ``bwd._dkdv_inner``: s^T = k q^T, p^T = exp2(s^T * scale * log2(e) - lse
+* log2(e)) (-inf first above the causal diagonal), dv += p^T do, dp^T = v do^T, ds^T = p^T * (dp^T -
+delta), dk += ds^T q; a slot is released when both have read it. Query tiles before a consumer's first
+visible query are waited for and released only. Rows past Tq get lse = +inf (p = 0); keys past Tk are
+computed and not stored. dk (times scale) and dv go out in the (B, T, H, d) memory layout.
+
+Takes what the Gluon forward takes (``fwd_gluon.supported``): capability 9.0, 16-bit, d = dv in {64,
+128}, inputs TMA can read; plus do.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.methods.flash.fwd_gluon import (GLUON_ERROR, SHARED_LIMIT, _descriptor, _tma_load, fence_async_shared,
+                                             gl, gluon, mbarrier, warpgroup_mma, warpgroup_mma_wait)
+from kernels.methods.flash.tiles import LOG2E
+from kernels.methods.triton import fastlaunch
+
+__all__ = ["GLUON_ERROR", "launch_dkdv", "shared_bytes"]
+
+
+def shared_bytes(d: int, block_m: int, stages: int) -> int:
+    """k and v of both consumers (64 keys each), the q and do ring, 1 KB of barriers and scratch (16-bit)."""
+    return 2 * 2 * 64 * d * 2 + stages * 2 * block_m * d * 2 + 1024
+
+
+if gluon is not None:
+
+    @gluon.jit
+    def _producer(desc_k, desc_v, desc_q, desc_do, k_bufs, v_bufs, q_bufs, do_bufs, kv_bar, ready, empty, b, h,
+                  n0, lo, n_tiles, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+        for c in gl.static_range(2):
+            mbarrier.expect(kv_bar.index(c), desc_k.block_type.nbytes + desc_v.block_type.nbytes)
+            _tma_load(desc_k, [b, h, n0 + c * BLOCK_N, 0], kv_bar.index(c), k_bufs.index(c))
+            _tma_load(desc_v, [b, h, n0 + c * BLOCK_N, 0], kv_bar.index(c), v_bufs.index(c))
+        for j in range(n_tiles):
+            s = j % STAGES
+            mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1)  # (a fresh slot passes at once)
+            bar = ready.index(s)
+            mbarrier.expect(bar, desc_q.block_type.nbytes + desc_do.block_type.nbytes)
+            _tma_load(desc_q, [b, h, lo + j * BLOCK_M, 0], bar, q_bufs.index(s))
+            _tma_load(desc_do, [b, h, lo + j * BLOCK_M, 0], bar, do_bufs.index(s))
+
+    @gluon.jit
+    def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, kv_bar, ready, empty, LSE, DELTA, DK, DV,
+                  s_dkb, s_dkh, s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, b, h, H, n0, lo, n_tiles, TQ, TK,
+                  qk_scale, scale, C: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
+                  D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+        dtype: gl.constexpr = k_bufs.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_M, 16])  # keys x queries
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, D, 16])  # keys x d
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
+
+        k0 = n0 + C * BLOCK_N
+        off = TK - TQ
+        if CAUSAL:  # the tile holding the first query that sees key k0 (tiles before it: nothing to add)
+            j_first = (gl.maximum(k0 - off, 0) - lo) // BLOCK_M
+        else:
+            j_first = 0
+        offs_n = k0 + gl.arange(0, BLOCK_N, layout=row_s)
+        row = (b * H + h).to(gl.int64) * TQ
+        dk = gl.zeros([BLOCK_N, D], gl.float32, layout=o_layout)
+        dv = gl.zeros([BLOCK_N, D], gl.float32, layout=o_layout)
+        zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
+        mbarrier.wait(kv_bar.index(C), 0)
+        k = k_bufs.index(C).reshape([BLOCK_N, D])
+        v = v_bufs.index(C).reshape([BLOCK_N, D])
+        for j in range(n_tiles):
+            s = j % STAGES
+            mbarrier.wait(ready.index(s), (j // STAGES) & 1)
+            if j >= j_first:
+                m0 = lo + j * BLOCK_M
+                q = q_bufs.index(s).reshape([BLOCK_M, D])
+                do = do_bufs.index(s).reshape([BLOCK_M, D])
+                offs_m = m0 + gl.arange(0, BLOCK_M, layout=col_s)
+                lse2 = gl.load(LSE + row + offs_m, mask=offs_m < TQ, other=float("inf")) * 1.4426950408889634
+                delta = gl.load(DELTA + row + offs_m, mask=offs_m < TQ, other=0.0)
+                st = warpgroup_mma(k, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
+                z = st * qk_scale - lse2[None, :]
+                if CAUSAL:
+                    if m0 < k0 + BLOCK_N - off:  # a diagonal tile: -inf above it (exp2 of such a score may overflow)
+                        z = gl.where(offs_n[:, None] <= offs_m[None, :] + off, z, float("-inf"))
+                pt = gl.exp2(z)
+                dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do, dv, is_async=True)
+                dpt = warpgroup_mma(v, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                dv, dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dpt))
+                dst = pt * (dpt - delta[None, :])
+                dk = warpgroup_mma(gl.convert_layout(dst.to(dtype), a_layout), q, dk, is_async=True)
+                dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
+            mbarrier.arrive(empty.index(s), count=1)
+        rows = k0 + gl.arange(0, BLOCK_N, layout=row_o)
+        cols = gl.arange(0, D, layout=col_o)
+        keep = rows[:, None] < TK
+        r64 = rows[:, None].to(gl.int64)
+        gl.store(DK + b.to(gl.int64) * s_dkb + h.to(gl.int64) * s_dkh + r64 * s_dkn + cols[None, :] * s_dkd,
+                 (dk * scale).to(dtype), mask=keep)
+        gl.store(DV + b.to(gl.int64) * s_dvb + h.to(gl.int64) * s_dvh + r64 * s_dvn + cols[None, :] * s_dvd,
+                 dv.to(dtype), mask=keep)
+
+    @gluon.jit
+    def _dkdv_ws_kernel(desc_k, desc_v, desc_q, desc_do, LSE, DELTA, DK, DV,
+                        s_dkb, s_dkh, s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, H, TQ, TK, qk_scale, scale,
+                        BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+                        CAUSAL: gl.constexpr):
+        """One program: 2 x BLOCK_N keys of (batch, head); see the module docstring."""
+        n0 = gl.program_id(0) * (2 * BLOCK_N)
+        h = gl.program_id(1)
+        b = gl.program_id(2)
+        if CAUSAL:  # the first query tile any of the program's keys is seen from
+            lo = gl.maximum(n0 - (TK - TQ), 0) // BLOCK_M * BLOCK_M
+        else:
+            lo = 0
+        n_tiles = gl.maximum(TQ - lo + BLOCK_M - 1, 0) // BLOCK_M
+        dtype: gl.constexpr = desc_q.dtype
+        k_bufs = gl.allocate_shared_memory(dtype, [2, 1, 1, BLOCK_N, D], desc_k.layout)
+        v_bufs = gl.allocate_shared_memory(dtype, [2, 1, 1, BLOCK_N, D], desc_v.layout)
+        q_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, D], desc_q.layout)
+        do_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, D], desc_do.layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(kv_bar.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=2)  # both consumers release a slot
+        fence_async_shared()
+        gl.warp_specialize(
+            [(_producer, (desc_k, desc_v, desc_q, desc_do, k_bufs, v_bufs, q_bufs, do_bufs, kv_bar, ready, empty, b,
+                          h, n0, lo, n_tiles, BLOCK_N, BLOCK_M, STAGES)),
+             (_consumer, (k_bufs, v_bufs, q_bufs, do_bufs, kv_bar, ready, empty, LSE, DELTA, DK, DV, s_dkb, s_dkh,
+                          s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, b, h, H, n0, lo, n_tiles, TQ, TK, qk_scale, scale,
+                          0, BLOCK_N, BLOCK_M, D, STAGES, CAUSAL)),
+             (_consumer, (k_bufs, v_bufs, q_bufs, do_bufs, kv_bar, ready, empty, LSE, DELTA, DK, DV, s_dkb, s_dkh,
+                          s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, b, h, H, n0, lo, n_tiles, TQ, TK, qk_scale, scale,
+                          1, BLOCK_N, BLOCK_M, D, STAGES, CAUSAL))],
+            [4, 4], [240, 240])
+
+
+def launch_dkdv(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
+                delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, scale: float, causal: bool, block_n: int,
+                block_m: int, stages: int) -> None:
+    """dk and dv (allocated by the caller, any strides) for inputs ``fwd_gluon.supported`` takes and do;
+    block_n: keys per program (two consumers of block_n / 2), block_m: queries per tile, stages: slots."""
+    B, H, TQ, D = q.shape
+    TK = k.shape[2]
+    need = shared_bytes(D, block_m, stages)
+    if need > SHARED_LIMIT:
+        raise ValueError(f"the Gluon dk/dv kernel's shared memory at d={D}, block_m1={block_m}, {stages} slots: "
+                         f"{need} bytes, over the {SHARED_LIMIT} an H100/H200 program may have")
+    half = block_n // 2
+    fastlaunch.launch(
+        _dkdv_ws_kernel, (-(-TK // block_n), H, B),
+        (_descriptor(k, half), _descriptor(v, half), _descriptor(q, block_m), _descriptor(do, block_m), lse, delta,
+         dk, dv, *dk.stride(), *dv.stride(), H, TQ, TK, scale * LOG2E, scale),
+        dict(BLOCK_N=half, BLOCK_M=block_m, D=D, STAGES=stages, CAUSAL=causal, num_warps=4))
