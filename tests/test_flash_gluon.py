@@ -82,6 +82,33 @@ def test_where_it_cannot_run_an_explicit_plan_refuses_and_a_table_plan_falls_bac
         plans.forget()
 
 
+_NO_GLUON = r"""
+import builtins, os
+os.environ["TRITON_INTERPRET"] = "1"
+real = builtins.__import__
+def without_hopper_gluon(name, *a, **k):
+    if name in ("triton.experimental.gluon.language.nvidia.hopper", "triton.experimental.gluon.nvidia.hopper"):
+        raise ImportError("no Gluon Hopper module here")
+    return real(name, *a, **k)
+builtins.__import__ = without_hopper_gluon
+import torch, kernels
+from kernels.methods.flash import fwd_gluon
+q = torch.zeros(1, 1, 8, 64, dtype=torch.bfloat16)
+print(fwd_gluon.GLUON_ERROR)
+print(fwd_gluon.supported(q, q, q))
+print("flash" in kernels.runnable_methods(op="attention"))
+"""
+
+
+def test_flash_imports_and_says_why_where_triton_has_no_gluon_hopper_module():
+    from tests.compiled_report import compile_run
+
+    run = compile_run(["-c", _NO_GLUON], timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    error, why, runnable = run.stdout.strip().splitlines()[-3:]
+    assert "no Gluon Hopper module" in error and why == error and runnable == "True"
+
+
 def test_reasons_name_what_is_not_taken():
     if fwd_gluon.GLUON_ERROR:
         pytest.skip(fwd_gluon.GLUON_ERROR)

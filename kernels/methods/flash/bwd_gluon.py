@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 
 from kernels.methods.flash.fwd_gluon import (GLUON_ERROR, SHARED_LIMIT, _descriptor, _tma_load, fence_async_shared,
-                                             gl, gluon, mbarrier, warpgroup_mma, warpgroup_mma_wait)
+                                             gl, gluon, mbarrier, mma_layout, operand_layout, warpgroup_mma,
+                                             warpgroup_mma_wait)
 from kernels.methods.flash.tiles import LOG2E
 from kernels.methods.triton import fastlaunch
 
@@ -55,11 +56,9 @@ if gluon is not None:
                   qk_scale, scale, C: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
                   D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
         dtype: gl.constexpr = k_bufs.dtype
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BLOCK_M, 16])  # keys x queries
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, D, 16])  # keys x d
-        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        s_layout: gl.constexpr = mma_layout(BLOCK_M)  # keys x queries
+        o_layout: gl.constexpr = mma_layout(D)  # keys x d
+        a_layout: gl.constexpr = operand_layout(D)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)

@@ -46,7 +46,8 @@ try:
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     GLUON_ERROR: Optional[str] = None
 except Exception as exc:  # pragma: no cover - a Triton without Gluon's Hopper module
-    gluon = gl = None
+    gluon = gl = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = fence_async_shared = None
+    GluonDescriptor = _tma_load = None
     GLUON_ERROR = f"this Triton has no Gluon Hopper module ({type(exc).__name__}: {exc})"
 
 HEAD_DIMS = (64, 128)
@@ -58,6 +59,9 @@ def shared_bytes(d: int, block_n: int, stages: int) -> int:
     """The buffers' shared memory (two 64-query q tiles, the k and v ring; 16-bit) and 1 KB for the
     barriers and the reductions' scratch."""
     return 2 * 64 * d * 2 + stages * 2 * block_n * d * 2 + 1024
+
+
+mma_layout = operand_layout = None  # (defined below where Gluon is)
 
 if gluon is not None:
 
@@ -75,32 +79,77 @@ if gluon is not None:
             _tma_load(desc_k, [b, h, j * BLOCK_N, 0], bar, k_bufs.index(s))
             _tma_load(desc_v, [b, h, j * BLOCK_N, 0], bar, v_bufs.index(s))
 
+    @gluon.constexpr_function
+    def mma_layout(n):
+        """The wgmma accumulator layout of one warpgroup's 64 x n tile."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+
+    @gluon.constexpr_function
+    def operand_layout(n):
+        """A 16-bit left operand held in registers, of a product whose accumulator is mma_layout(n)."""
+        return gl.DotOperandLayout(operand_index=0, parent=mma_layout(n), k_width=2)
+
+    @gluon.jit
+    def _key_range(r0, TQ, TK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """For queries r0 .. r0 + BLOCK_M: keys [0, full) every one of them sees (no mask), none sees a key
+        from hi on (tiles.key_bounds, for these kernels)."""
+        if CAUSAL:
+            hi = gl.maximum(gl.minimum(r0 + BLOCK_M + TK - TQ, TK), 0)
+            full = gl.maximum(gl.minimum(r0 + TK - TQ + 1, TK), 0) // BLOCK_N * BLOCK_N
+        else:
+            hi = TK
+            full = TK // BLOCK_N * BLOCK_N
+        return hi, full
+
+    @gluon.jit
+    def _softmax_tile(sc, m_i, l_i, offs_m, n0, full, TQ, TK, qk_scale, BLOCK_N: gl.constexpr,
+                      CAUSAL: gl.constexpr):
+        """One key tile's online-softmax step from its scores sc: (p, alpha, m, l). Tiles reaching past
+        `full` (the diagonal, or keys past Tk, which TMA read as zeros) get -inf where masked; a row with
+        no key yet keeps m = -inf and adds exactly 0."""
+        z = sc * qk_scale
+        if n0 + BLOCK_N > full:
+            offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout(BLOCK_N)))
+            keep = offs_n[None, :] < TK
+            if CAUSAL:
+                keep = keep & (offs_n[None, :] <= offs_m[:, None] + (TK - TQ))
+            z = gl.where(keep, z, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(z, axis=1))
+        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: exp2(-inf) = 0
+        p = gl.exp2(z - m_ref[:, None])
+        alpha = gl.exp2(m_i - m_ref)
+        return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+
+    @gluon.jit
+    def _store_rows(acc, m_i, l_i, O, LSE, sob, soh, som, sod, b, h, H, r0, TQ, BLOCK_M: gl.constexpr,
+                    BLOCK_N: gl.constexpr, D: gl.constexpr):
+        """out = acc / l in the output's own strides and lse (natural log) for queries r0 .. r0 + BLOCK_M
+        below Tq; a row with no key: out 0, lse +inf (the backward's exp(s - lse) is then 0)."""
+        o_layout: gl.constexpr = mma_layout(D)
+        empty = l_i == 0.0
+        lse = gl.where(empty, float("inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+        offs_m = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout(BLOCK_N)))
+        gl.store(LSE + (b * H + h).to(gl.int64) * TQ + offs_m, lse, mask=offs_m < TQ)
+        inv = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), gl.SliceLayout(1, o_layout))
+        rows = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+        cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+        ptrs = (O + b.to(gl.int64) * sob + h.to(gl.int64) * soh + rows[:, None].to(gl.int64) * som
+                + cols[None, :] * sod)
+        gl.store(ptrs, (acc * inv[:, None]).to(O.dtype.element_ty), mask=rows[:, None] < TQ)
+
     @gluon.jit
     def _consumer(q_bufs, k_bufs, v_bufs, q_bar, kv_ready, kv_empty, O, LSE, sob, soh, som, sod, b, h, H, m0,
                   n_tiles, TQ, TK, qk_scale, C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+        """A consumer running free: per key tile, q k^T, the softmax, p v, each waited for at once."""
         dtype: gl.constexpr = q_bufs.dtype
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, D, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-        col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
-        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-        col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
-
+        s_layout: gl.constexpr = mma_layout(BLOCK_N)
+        o_layout: gl.constexpr = mma_layout(D)
         r0 = m0 + C * BLOCK_M
-        off = TK - TQ
-        if CAUSAL:  # keys [0, full) every query of this consumer sees; none sees a key from hi on
-            hi = gl.maximum(gl.minimum(r0 + BLOCK_M + off, TK), 0)
-            full = gl.maximum(gl.minimum(r0 + off + 1, TK), 0) // BLOCK_N * BLOCK_N
-        else:
-            hi = TK
-            full = TK // BLOCK_N * BLOCK_N
-        offs_m = r0 + gl.arange(0, BLOCK_M, layout=row_s)
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
-        l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
+        hi, full = _key_range(r0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
+        offs_m = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
         acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
         zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
         mbarrier.wait(q_bar.index(C), 0)
@@ -114,33 +163,12 @@ if gluon is not None:
                 v = v_bufs.index(s).reshape([BLOCK_N, D])
                 sc = warpgroup_mma(q, k.permute((1, 0)), zero_s, use_acc=False, is_async=True)
                 sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
-                z = sc * qk_scale
-                if n0 + BLOCK_N > full:  # the diagonal, or keys past Tk (TMA read them as zeros)
-                    offs_n = n0 + gl.arange(0, BLOCK_N, layout=col_s)
-                    keep = offs_n[None, :] < TK
-                    if CAUSAL:
-                        keep = keep & (offs_n[None, :] <= offs_m[:, None] + off)
-                    z = gl.where(keep, z, float("-inf"))
-                m_new = gl.maximum(m_i, gl.max(z, axis=1))
-                m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: exp2(-inf) = 0
-                p = gl.exp2(z - m_ref[:, None])
-                alpha = gl.exp2(m_i - m_ref)
-                l_i = l_i * alpha + gl.sum(p, axis=1)
-                m_i = m_new
-                acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-                acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v, acc, is_async=True)
+                p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, offs_m, n0, full, TQ, TK, qk_scale, BLOCK_N, CAUSAL)
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+                acc = warpgroup_mma(gl.convert_layout(p.to(dtype), operand_layout(D)), v, acc, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(kv_empty.index(s), count=1)
-        # rows with no key (causal, Tq > Tk): out 0, lse +inf (the backward's exp(s - lse) is then 0)
-        empty = l_i == 0.0
-        lse = gl.where(empty, float("inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * 0.6931471805599453)
-        gl.store(LSE + (b * H + h).to(gl.int64) * TQ + offs_m, lse, mask=offs_m < TQ)
-        inv = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), row_o)
-        rows = r0 + gl.arange(0, BLOCK_M, layout=row_o)
-        cols = gl.arange(0, D, layout=col_o)
-        ptrs = (O + b.to(gl.int64) * sob + h.to(gl.int64) * soh + rows[:, None].to(gl.int64) * som
-                + cols[None, :] * sod)
-        gl.store(ptrs, (acc * inv[:, None]).to(dtype), mask=rows[:, None] < TQ)
+        _store_rows(acc, m_i, l_i, O, LSE, sob, soh, som, sod, b, h, H, r0, TQ, BLOCK_M, BLOCK_N, D)
 
     @gluon.jit
     def _consumer_pingpong(q_bufs, k_bufs, v_bufs, q_bar, kv_ready, kv_empty, turn, O, LSE, sob, soh, som, sod, b,
@@ -153,31 +181,17 @@ if gluon is not None:
         without work in them, so the turns alternate to the end; a tile's slot is released in the turn
         after its q k^T, once its p v has run too."""
         dtype: gl.constexpr = q_bufs.dtype
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, D, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-        col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
-        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-        col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
-
+        s_layout: gl.constexpr = mma_layout(BLOCK_N)
+        o_layout: gl.constexpr = mma_layout(D)
         r0 = m0 + C * BLOCK_M
-        off = TK - TQ
-        if CAUSAL:
-            hi = gl.maximum(gl.minimum(r0 + BLOCK_M + off, TK), 0)
-            full = gl.maximum(gl.minimum(r0 + off + 1, TK), 0) // BLOCK_N * BLOCK_N
-        else:
-            hi = TK
-            full = TK // BLOCK_N * BLOCK_N
+        hi, full = _key_range(r0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
         n_mine = gl.minimum((hi + BLOCK_N - 1) // BLOCK_N, n_tiles)  # the tiles this consumer computes: a prefix
-        offs_m = r0 + gl.arange(0, BLOCK_M, layout=row_s)
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
-        l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
+        offs_m = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
         acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
         zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-        p_op = gl.zeros([BLOCK_M, BLOCK_N], dtype, layout=p_layout)  # the previous tile's p, for its p v
+        p_op = gl.zeros([BLOCK_M, BLOCK_N], dtype, layout=operand_layout(D))  # the previous tile's p, for its p v
         mbarrier.wait(q_bar.index(C), 0)
         q = q_bufs.index(C).reshape([BLOCK_M, D])
         for t in range(n_tiles + 1):
@@ -203,31 +217,11 @@ if gluon is not None:
             if t > 0:
                 mbarrier.arrive(kv_empty.index((t + STAGES - 1) % STAGES), count=1)
             if t < n_mine:  # this tile's softmax, while the other consumer's turn runs
-                n0 = t * BLOCK_N
-                z = sc * qk_scale
-                if n0 + BLOCK_N > full:
-                    offs_n = n0 + gl.arange(0, BLOCK_N, layout=col_s)
-                    keep = offs_n[None, :] < TK
-                    if CAUSAL:
-                        keep = keep & (offs_n[None, :] <= offs_m[:, None] + off)
-                    z = gl.where(keep, z, float("-inf"))
-                m_new = gl.maximum(m_i, gl.max(z, axis=1))
-                m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
-                p = gl.exp2(z - m_ref[:, None])
-                alpha = gl.exp2(m_i - m_ref)
-                l_i = l_i * alpha + gl.sum(p, axis=1)
-                m_i = m_new
-                acc = acc * gl.convert_layout(alpha, row_o)[:, None]  # (after the previous tile's p v)
-                p_op = gl.convert_layout(p.to(dtype), p_layout)
-        empty = l_i == 0.0
-        lse = gl.where(empty, float("inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * 0.6931471805599453)
-        gl.store(LSE + (b * H + h).to(gl.int64) * TQ + offs_m, lse, mask=offs_m < TQ)
-        inv = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), row_o)
-        rows = r0 + gl.arange(0, BLOCK_M, layout=row_o)
-        cols = gl.arange(0, D, layout=col_o)
-        ptrs = (O + b.to(gl.int64) * sob + h.to(gl.int64) * soh + rows[:, None].to(gl.int64) * som
-                + cols[None, :] * sod)
-        gl.store(ptrs, (acc * inv[:, None]).to(dtype), mask=rows[:, None] < TQ)
+                p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, offs_m, t * BLOCK_N, full, TQ, TK, qk_scale, BLOCK_N,
+                                                   CAUSAL)
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]  # (after the last p v)
+                p_op = gl.convert_layout(p.to(dtype), operand_layout(D))
+        _store_rows(acc, m_i, l_i, O, LSE, sob, soh, som, sod, b, h, H, r0, TQ, BLOCK_M, BLOCK_N, D)
 
     @gluon.jit
     def _fwd_ws_kernel(desc_q, desc_k, desc_v, O, LSE, sob, soh, som, sod, H, TQ, TK, qk_scale,
