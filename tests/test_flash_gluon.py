@@ -24,6 +24,7 @@ pytestmark = pytest.mark.skipif("flash" not in kernels.runnable_methods(op="atte
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 GLUON = plans.FwdPlan(block_m=128, block_n=128, num_stages=2, gluon=2)
 GLUON_BWD = plans.BwdPlan(block_n1=128, block_m1=64, num_stages=2, gluon=1)
+GLUON_BWD2 = plans.BwdPlan(block_n1=128, block_m1=64, num_stages=2, block_m2=128, block_n2=64, dq_stages=2, gluon=2)
 
 
 def test_gluon_plan_limits():
@@ -45,8 +46,18 @@ def test_gluon_backward_plan_limits():
                 dict(gluon=2)):
         with pytest.raises(ValueError, match="gluon"):
             dataclasses.replace(GLUON_BWD, **bad)
-    _, b = plans.clamp(plans.FwdPlan(), GLUON_BWD, 5, 7)  # the Gluon tiles stay; the dq pass's shrink
+    for bad in (dict(block_m2=64), dict(block_n2=32), dict(dq_stages=1)):
+        with pytest.raises(ValueError, match="gluon=2"):
+            dataclasses.replace(GLUON_BWD2, **bad)
+    _, b = plans.clamp(plans.FwdPlan(), GLUON_BWD, 5, 7)  # the Gluon tiles stay; the Triton dq pass's shrink
     assert (b.block_n1, b.block_m1, b.block_m2, b.block_n2) == (128, 64, 16, 16)
+    _, b = plans.clamp(plans.FwdPlan(), GLUON_BWD2, 5, 7)
+    assert (b.block_n1, b.block_m1, b.block_m2, b.block_n2) == (128, 64, 128, 64)
+    assert bwd_gluon.dq_shared_bytes(128, 128, 2) <= fwd_gluon.SHARED_LIMIT < bwd_gluon.dq_shared_bytes(128, 128, 3)
+    assert bwd_gluon.budget_reason(128, GLUON_BWD2) is None
+    assert "dq kernel" in bwd_gluon.budget_reason(128, dataclasses.replace(GLUON_BWD2, block_n2=128, dq_stages=3))
+    assert "dk/dv kernel" in bwd_gluon.budget_reason(128, dataclasses.replace(GLUON_BWD2, num_stages=6))
+    assert fwd_gluon.budget_reason(128, 128, 3) is None and "shared memory" in fwd_gluon.budget_reason(128, 128, 4)
     assert bwd_gluon.shared_bytes(128, 64, 5) <= fwd_gluon.SHARED_LIMIT < bwd_gluon.shared_bytes(128, 64, 6)
 
 
@@ -59,10 +70,11 @@ def test_where_it_cannot_run_an_explicit_plan_refuses_and_a_table_plan_falls_bac
     with pytest.raises(ValueError, match="cannot run here"):
         launch_fwd(q, k, v, 0.125, True, GLUON)
     out, lse = launch_fwd(q, k, v, 0.125, True)
-    with pytest.raises(ValueError, match="cannot run here"):
-        launch_bwd(torch.ones_like(out), q, k, v, out, lse, 0.125, True, GLUON_BWD)
+    for bp in (GLUON_BWD, GLUON_BWD2):
+        with pytest.raises(ValueError, match="cannot run here"):
+            launch_bwd(torch.ones_like(out), q, k, v, out, lse, 0.125, True, bp)
     key = (64, "bfloat16", True)
-    monkeypatch.setitem(plans.TABLE, key, ((1 << 30, GLUON, GLUON_BWD),))
+    monkeypatch.setitem(plans.TABLE, key, ((1 << 30, GLUON, GLUON_BWD2),))
     plans.forget()
     try:
         fp, bp = plans.plans_for(64, 64, torch.bfloat16, True, 37, 37)
@@ -141,6 +153,18 @@ for case in sys.argv[1:]:
 """
 
 
+def _assert_released_after_the_warpgroup(ptx: str, case: str) -> None:
+    """Each slot release (one thread's mbarrier.arrive) comes right after a barrier of its 128 threads, so
+    every warp of the consumer has passed its wgmma wait before the slot is handed back."""
+    import re
+
+    lines = [ln.strip() for ln in ptx.splitlines() if ln.strip() and not ln.strip().startswith(("//", ".loc"))]
+    for i, ln in enumerate(lines):
+        if re.match(r"(@%p\d+ )?mbarrier\.arrive\.shared(?:::cta)?\.b64", ln):
+            before = lines[max(0, i - 4):i]
+            assert any(re.match(r"bar\.sync\s+\d+,\s*128;", b) for b in before), (case, before, ln)
+
+
 def test_gluon_forward_compiles_for_sm90_warp_specialized():
     """Compiled for Hopper without a GPU (tests.compiled_report: a subprocess without TRITON_INTERPRET, the
     Triton of HARNESS_COMPILE_PYTHON where set), ping-pong and free-running, both head dims and tiles:
@@ -164,7 +188,8 @@ def test_gluon_forward_compiles_for_sm90_warp_specialized():
         expects = {int(n) for n in re.findall(expect_tx, ptx)}
         assert expects == {64 * d * 2, 2 * block_n * d * 2}, (case, expects)  # a q tile; a k and a v tile
         arrives = re.findall(r"^\s*(@%p\d+ )?mbarrier\.arrive\.shared(?:::cta)?\.b64.*$", ptx, re.M)
-        assert arrives and all(a for a in arrives), (case, arrives)  # each predicated: one thread arrives
+        assert arrives and all(a for a in arrives), (case, arrives)
+        _assert_released_after_the_warpgroup(ptx, case)  # each predicated: one thread arrives
         assert fwd_gluon.shared_bytes(d, block_n, stages) - 1024 <= k["shared"] <= fwd_gluon.SHARED_LIMIT, case
         assert "ld.local" not in ptx and "st.local" not in ptx, case
         if k["usage"]:
@@ -207,7 +232,7 @@ def test_gluon_dkdv_compiles_for_sm90_warp_specialized():
 
     if fwd_gluon.GLUON_ERROR:
         pytest.skip(fwd_gluon.GLUON_ERROR)
-    cases = ["64,64,3,1", "128,32,3,0", "128,32,2,1"]
+    cases = ["64,32,3,1", "128,32,3,0", "128,32,2,1"]  # (q + do and k + v tiles of different sizes)
     for case, k in zip(cases, compile_cases(_COMPILE_BWD, cases, timeout=900)):
         d, block_m, stages, _ = (int(a) for a in case.split(","))
         ptx = k["ptx"]
@@ -218,7 +243,58 @@ def test_gluon_dkdv_compiles_for_sm90_warp_specialized():
         assert expects == {2 * 64 * d * 2, 2 * block_m * d * 2}, (case, expects)  # k and v; q and do
         arrives = re.findall(r"^\s*(@%p\d+ )?mbarrier\.arrive\.shared(?:::cta)?\.b64.*$", ptx, re.M)
         assert arrives and all(a for a in arrives), (case, arrives)
+        _assert_released_after_the_warpgroup(ptx, case)
         assert bwd_gluon.shared_bytes(d, block_m, stages) - 1024 <= k["shared"] <= fwd_gluon.SHARED_LIMIT, case
+        if k["usage"]:
+            assert "LOCAL:0" in k["usage"] and "STACK:0" in k["usage"], (case, k["usage"])
+
+
+_COMPILE_DQ = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from tests.compiled_report import report
+from kernels.methods.flash import bwd_gluon as G
+
+for case in sys.argv[1:]:
+    D, BN, STAGES, causal = (int(a) for a in case.split(","))
+    lay = lambda rows: gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], gl.bfloat16)  # noqa: E731
+    desc = lambda rows: f"tensordesc<bf16[1,1,{rows},{D}],{lay(rows)}>"  # noqa: E731
+    const = {"s_dqd": 1, "BLOCK_M": 64, "BLOCK_N": BN, "D": D, "STAGES": STAGES, "CAUSAL": bool(causal)}
+    sig = {"desc_q": desc(64), "desc_do": desc(64), "desc_k": desc(BN), "desc_v": desc(BN), "LSE": "*fp32",
+           "DELTA": "*fp32", "DQ": "*bf16", "s_dqb": "i32", "s_dqh": "i32", "s_dqm": "i32", "H": "i32", "TQ": "i32",
+           "TK": "i32", "qk_scale": "fp32", "scale": "fp32", **{k: "constexpr" for k in const}}
+    src = GluonASTSource(fn=G._dq_ws_kernel, signature=sig, constexprs=const,
+                         attrs={(i,): [["tt.divisibility", 16]] for i in (4, 5, 6)})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    print(json.dumps({"case": case, **report(k)}))
+"""
+
+
+def test_gluon_dq_compiles_for_sm90_warp_specialized():
+    """The Gluon dq pass compiled for Hopper as the others: per key tile the barrier expects a k and a v
+    tile's bytes, each consumer's q and do once; one elected arrive per release; 240 registers; no spill."""
+    import re
+
+    from tests.compiled_report import compile_cases
+
+    if fwd_gluon.GLUON_ERROR:
+        pytest.skip(fwd_gluon.GLUON_ERROR)
+    cases = ["64,128,2,1", "128,64,3,0", "128,128,2,1"]
+    for case, k in zip(cases, compile_cases(_COMPILE_DQ, cases, timeout=900)):
+        d, block_n, stages, _ = (int(a) for a in case.split(","))
+        ptx = k["ptx"]
+        assert "cp.async.bulk.tensor.4d" in ptx and "wgmma.mma_async" in ptx, case
+        assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240", ptx), case
+        expect_tx = r"mbarrier\.arrive\.expect_tx\.shared(?:::cta)?\.b64 _, \[%r\d+\], (\d+);"
+        expects = {int(n) for n in re.findall(expect_tx, ptx)}
+        assert expects == {2 * 64 * d * 2, 2 * block_n * d * 2}, (case, expects)  # q and do; k and v
+        arrives = re.findall(r"^\s*(@%p\d+ )?mbarrier\.arrive\.shared(?:::cta)?\.b64.*$", ptx, re.M)
+        assert arrives and all(a for a in arrives), (case, arrives)
+        _assert_released_after_the_warpgroup(ptx, case)
+        assert bwd_gluon.dq_shared_bytes(d, block_n, stages) - 1024 <= k["shared"] <= fwd_gluon.SHARED_LIMIT, case
         if k["usage"]:
             assert "LOCAL:0" in k["usage"] and "STACK:0" in k["usage"], (case, k["usage"])
 
@@ -231,7 +307,7 @@ _GPU_CASES = [  # (B, H, Tq, Tk, d, dtype, causal, layout, scale)
     (1, 2, 100, 333, 128, torch.bfloat16, True, "bhtd", None),  # Tq < Tk
     (1, 2, 100, 333, 64, torch.bfloat16, False, "bhtd", None),
     (1, 2, 333, 100, 64, torch.bfloat16, True, "bhtd", None),  # Tq > Tk: rows with no key
-    (1, 3, 1, 500, 128, torch.bfloat16, True, "bhtd", None),  # one query (decoding): the second consumer idle
+    (1, 3, 1, 500, 128, torch.bfloat16, True, "bhtd", None),  # one query (decoding): its rows past Tq idle
     (1, 1, 1, 1, 64, torch.bfloat16, True, "bhtd", None),  # T = 1
     (1, 2, 200, 200, 64, torch.float16, True, "bhtd", -0.3),  # a negative scale
     (1, 2, 150, 150, 128, torch.bfloat16, False, "bhtd", 0.0),  # scale 0: uniform rows
@@ -273,30 +349,34 @@ def test_gluon_forward_and_gradients_on_the_gpu(case, gplan, monkeypatch):
         assert (out[:, :, :tq - tk] == 0).all()
 
 
-_GPU_BWD_PLANS = [(64, 2), (32, 3)]  # (block_m1, num_stages)
+_GPU_BWD_PLANS = [(1, 64, 2, 64, 2), (1, 32, 3, 64, 2), (2, 64, 2, 128, 2), (2, 32, 3, 64, 3)]
+# (gluon, block_m1, num_stages, block_n2, dq_stages)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", _GPU_CASES,
                          ids=lambda c: f"{c[2]}x{c[3]}-d{c[4]}-{str(c[5])[6:]}-{c[6]}-{c[7]}-s{c[8]}")
-@pytest.mark.parametrize("bplan", _GPU_BWD_PLANS, ids=lambda p: f"m{p[0]}-s{p[1]}")
-def test_gluon_dkdv_on_the_gpu(case, bplan, monkeypatch):
-    """The Gluon dk/dv pass (the Triton forward and dq pass around it) against float64, and dk, dv element by
-    element against the Triton dk/dv pass."""
+@pytest.mark.parametrize("bplan", _GPU_BWD_PLANS, ids=lambda p: f"gluon{p[0]}-m{p[1]}-s{p[2]}-n{p[3]}-s{p[4]}")
+def test_gluon_backward_on_the_gpu(case, bplan, monkeypatch):
+    """The Gluon dk/dv pass, with the Triton dq pass (gluon=1) or the Gluon one (2), against float64, and dq,
+    dk, dv element by element against the Triton backward."""
     B, H, tq, tk, d, dtype, causal, layout, scale = case
-    if d == 128 and bplan[0] == 64:
-        pytest.skip("d = 128 takes 32-query tiles (64 spill 16 bytes a thread: not a plan the sweep keeps)")
+    if d == 128 and bplan[1] == 64:
+        pytest.skip("d = 128 takes 32-query dk/dv tiles (64 spill 16 bytes a thread: not a plan the sweep keeps)")
     q, k, v = make_qkv(B, H, tq, tk, d, dtype, layout=layout, device="cuda")
     why = fwd_gluon.supported(q, k, v)
     if why and "compute capability" in why:
         pytest.skip(why)
     assert why is None, why
-    plan = dataclasses.replace(GLUON_BWD, block_m1=bplan[0], num_stages=bplan[1])
+    gluon, block_m1, stages, block_n2, dq_stages = bplan
+    plan = plans.BwdPlan(block_n1=128, block_m1=block_m1, num_stages=stages, gluon=gluon,
+                         **(dict(block_m2=128, block_n2=block_n2, dq_stages=dq_stages) if gluon == 2 else {}))
     launches = []
-    real = bwd_gluon.launch_dkdv
-    monkeypatch.setattr(bwd_gluon, "launch_dkdv", lambda *a: (launches.append(a), real(*a))[1])
+    for name in ("launch_dkdv", "launch_dq"):
+        real = getattr(bwd_gluon, name)
+        monkeypatch.setattr(bwd_gluon, name, (lambda n, f: lambda *a: (launches.append(n), f(*a))[1])(name, real))
     run_and_compare(q, k, v, causal=causal, scale=scale, plan=(plans.FwdPlan(block_m=64, block_n=64), plan))
-    assert len(launches) == 1  # the Gluon kernel ran
+    assert launches == ["launch_dkdv"] + (["launch_dq"] if gluon == 2 else [])  # the Gluon kernels ran
     s = d ** -0.5 if scale is None else scale
     qd, kd, vd = (t.detach() for t in (q, k, v))
     out, lse = launch_fwd(qd, kd, vd, s, causal, plans.FwdPlan(block_m=64, block_n=64))

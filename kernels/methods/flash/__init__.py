@@ -20,10 +20,11 @@ Code paths (each module opens with its own details):
   run free. An explicit plan it cannot take refuses with the reason; a table plan falls back
   to the Triton kernel. Compiled for sm_90 (tests, no GPU needed); not yet timed, so no table
   entry uses it (the sweep's last forward phase tries it).
-* The backward's dk/dv pass in Gluon (``bwd_gluon``, plan ``BwdPlan.gluon``; what the Gluon forward
-  takes): the same structure, a producer streaming the q and do tiles by TMA, two consumer
-  warpgroups of 64 keys each running the transposed recurrence below; the delta kernel and the dq
-  pass stay the Triton ones. Compiled for sm_90; not yet timed, in no table entry.
+* The backward in Gluon (``bwd_gluon``, plan ``BwdPlan.gluon``; what the Gluon forward takes): the
+  same structure. The dk/dv pass (``gluon=1``, 2): a producer streams the q and do tiles by TMA, two
+  consumer warpgroups of 64 keys each run the transposed recurrence below; the dq pass (``gluon=2``):
+  the producer streams k and v, two consumers of 64 queries each. The delta kernel stays Triton's (and
+  the dq pass with ``gluon=1``). Compiled for sm_90; not yet timed, in no table entry.
 * Backward (``bwd``): delta = rowsum(o * do) (a small kernel); a dk/dv kernel (a program per
   BLOCK_N1 keys, looping over the queries that see them, diagonal blocks masked) and a dq kernel (a
   program per BLOCK_M2 queries, looping over their keys); both recompute P = exp2(s * c - lse *

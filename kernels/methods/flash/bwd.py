@@ -246,7 +246,8 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if plan is None:
         plan = plans.plans_for(D, DV, q.dtype, causal, TQ, TK)[1]
     if plan.gluon:
-        why = fwd_gluon.supported(q, k, v) or (None if tma_eligible(do) else "do is not TMA-readable")
+        why = (fwd_gluon.supported(q, k, v) or (None if tma_eligible(do) else "do is not TMA-readable")
+               or bwd_gluon.budget_reason(D, plan))
         if why is not None and chosen:
             raise ValueError(f"{plan} cannot run here: {why}")
         if why is not None:  # a table plan for GPUs the Gluon kernel takes: elsewhere, the Triton default
@@ -298,10 +299,14 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         fastlaunch.launch(*one)
         launches.append(one)
 
-    if plan.gluon:  # dk/dv by the Gluon kernel, dq by the Triton pass
+    if plan.gluon:  # dk/dv by the Gluon kernel; dq by the Triton pass (1) or the Gluon one (2)
         bwd_gluon.launch_dkdv(do, q, k, v, lse, delta, dk, dv, scale, causal, plan.block_n1, plan.block_m1,
                               plan.num_stages)
-        launch(n_q, 0, False, True, plan.dq_warps, plan.dq_stages)
+        if plan.gluon == 2:
+            bwd_gluon.launch_dq(do, q, k, v, lse, delta, dq, scale, causal, plan.block_m2, plan.block_n2,
+                                plan.dq_stages)
+        else:
+            launch(n_q, 0, False, True, plan.dq_warps, plan.dq_stages)
         return dq, dk, dv
     if atomic:
         launch(n_kv, n_kv, True, False, plan.num_warps, plan.num_stages)

@@ -1,31 +1,41 @@
-"""The flash backward's dk/dv pass in Gluon for Hopper (sm_90): warp-specialized like the Gluon forward
-(plan ``BwdPlan.gluon``; the delta kernel and the dq pass stay the Triton ones of ``bwd``).
+"""The flash backward in Gluon for Hopper (sm_90): the dk/dv pass (plan ``BwdPlan.gluon`` = 1, the
+dq pass then the Triton one of ``bwd``) and the dq pass too (``gluon`` = 2); warp-specialized like the
+Gluon forward. The delta kernel stays the Triton one.
 
-One program takes 2 x BLOCK_N keys of one (batch, head). A producer partition (the default one, 4
-warps) loads each consumer's k and v tiles once, then streams the query tiles they need, q and do,
-by TMA (4-D descriptors with the tensors' strides; rows past Tq read as zeros) through a ring of
-``STAGES`` shared-memory slots. Two consumer warpgroups, each owning BLOCK_N keys, run per query tile
-the transposed recurrence of ``bwd._dkdv_inner``: s^T = k q^T, p^T = exp2(s^T * scale * log2(e) - lse
-* log2(e)) (-inf first above the causal diagonal), dv += p^T do, dp^T = v do^T, ds^T = p^T * (dp^T -
-delta), dk += ds^T q; a slot is released when both have read it. Query tiles before a consumer's first
-visible query are waited for and released only. Rows past Tq get lse = +inf (p = 0); keys past Tk are
-computed and not stored. dk (times scale) and dv go out in the (B, T, H, d) memory layout.
+Both passes share one producer partition (the default one, 4 warps): it loads each consumer's fixed
+tiles once and streams the other two tensors' tiles by TMA (4-D descriptors with the tensors' strides;
+rows past T read as zeros) through a ring of ``STAGES`` shared-memory slots, released when both
+consumer warpgroups have read them.
 
-Takes what the Gluon forward takes (``fwd_gluon.supported``): capability 9.0, 16-bit, d = dv in {64,
-128}, inputs TMA can read; plus do.
+* dk/dv: a program takes 2 x BLOCK_N keys of one (batch, head); the fixed tiles are each consumer's k
+  and v, the streamed ones q and do, from the first query tile any of its keys is seen from. Per query
+  tile each consumer runs the transposed recurrence of ``bwd._dkdv_inner``: s^T = k q^T, p^T =
+  exp2(s^T * scale * log2(e) - lse * log2(e)) (-inf first above the causal diagonal), dv += p^T do,
+  dp^T = v do^T, ds^T = p^T * (dp^T - delta), dk += ds^T q. Tiles before a consumer's first visible
+  query are waited for and released only. Keys past Tk are computed and not stored.
+* dq: a program takes 2 x BLOCK_M queries (heaviest first when causal); the fixed tiles are each
+  consumer's q and do, the streamed ones k and v, up to the program's last visible key. Per key tile:
+  s = q k^T and dp = do v^T, p = exp2(s * scale * log2(e) - lse * log2(e)) (masked as in the
+  forward), ds = p * (dp - delta), dq += ds k.
+
+Rows past Tq get lse = +inf (p = 0). dk, dv, dq (dk and dq times scale) go out in the tensors' own
+strides (the (B, T, H, d) memory layout). Takes what the Gluon forward takes (``fwd_gluon.supported``):
+capability 9.0, 16-bit, d = dv in {64, 128}, inputs TMA can read; plus do.
 """
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
-from kernels.methods.flash.fwd_gluon import (GLUON_ERROR, SHARED_LIMIT, _descriptor, _tma_load, fence_async_shared,
-                                             gl, gluon, mbarrier, mma_layout, operand_layout, warpgroup_mma,
-                                             warpgroup_mma_wait)
+from kernels.methods.flash.fwd_gluon import (GLUON_ERROR, SHARED_LIMIT, _descriptor, _key_range, _tma_load,
+                                             fence_async_shared, gl, gluon, mbarrier, mma_layout, operand_layout,
+                                             warpgroup_mma, warpgroup_mma_wait)
 from kernels.methods.flash.tiles import LOG2E
 from kernels.methods.triton import fastlaunch
 
-__all__ = ["GLUON_ERROR", "launch_dkdv", "shared_bytes"]
+__all__ = ["GLUON_ERROR", "budget_reason", "dq_shared_bytes", "launch_dkdv", "launch_dq", "shared_bytes"]
 
 
 def shared_bytes(d: int, block_m: int, stages: int) -> int:
@@ -33,22 +43,40 @@ def shared_bytes(d: int, block_m: int, stages: int) -> int:
     return 2 * 2 * 64 * d * 2 + stages * 2 * block_m * d * 2 + 1024
 
 
+def dq_shared_bytes(d: int, block_n: int, stages: int) -> int:
+    """q and do of both consumers (64 queries each), the k and v ring, 1 KB (16-bit)."""
+    return 2 * 2 * 64 * d * 2 + stages * 2 * block_n * d * 2 + 1024
+
+
+def budget_reason(d: int, plan) -> Optional[str]:
+    """Why a backward plan's Gluon kernels do not fit a program's shared memory (None: they do)."""
+    for what, need in (("dk/dv", shared_bytes(d, plan.block_m1, plan.num_stages)),
+                       ("dq", dq_shared_bytes(d, plan.block_n2, plan.dq_stages) if plan.gluon == 2 else 0)):
+        if need > SHARED_LIMIT:
+            return (f"the Gluon {what} kernel's shared memory at d={d} with {plan}: {need} bytes, over the "
+                    f"{SHARED_LIMIT} an H100/H200 program may have")
+    return None
+
+
 if gluon is not None:
 
     @gluon.jit
-    def _producer(desc_k, desc_v, desc_q, desc_do, k_bufs, v_bufs, q_bufs, do_bufs, kv_bar, ready, empty, b, h,
-                  n0, lo, n_tiles, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+    def _producer(desc_a, desc_b, desc_x, desc_y, a_bufs, b_bufs, x_bufs, y_bufs, fixed_bar, ready, empty, b, h,
+                  fixed0, lo, n_tiles, FIXED_ROWS: gl.constexpr, TILE_ROWS: gl.constexpr, STAGES: gl.constexpr):
+        """Both passes' producer: each consumer's tiles of a and b (rows fixed0 + c * FIXED_ROWS), once,
+        then the tiles of x and y from row lo on, TILE_ROWS at a time, through the ring. dk/dv: a, b = k, v
+        and x, y = q, do; dq: a, b = q, do and x, y = k, v."""
         for c in gl.static_range(2):
-            mbarrier.expect(kv_bar.index(c), desc_k.block_type.nbytes + desc_v.block_type.nbytes)
-            _tma_load(desc_k, [b, h, n0 + c * BLOCK_N, 0], kv_bar.index(c), k_bufs.index(c))
-            _tma_load(desc_v, [b, h, n0 + c * BLOCK_N, 0], kv_bar.index(c), v_bufs.index(c))
+            mbarrier.expect(fixed_bar.index(c), desc_a.block_type.nbytes + desc_b.block_type.nbytes)
+            _tma_load(desc_a, [b, h, fixed0 + c * FIXED_ROWS, 0], fixed_bar.index(c), a_bufs.index(c))
+            _tma_load(desc_b, [b, h, fixed0 + c * FIXED_ROWS, 0], fixed_bar.index(c), b_bufs.index(c))
         for j in range(n_tiles):
             s = j % STAGES
             mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1)  # (a fresh slot passes at once)
             bar = ready.index(s)
-            mbarrier.expect(bar, desc_q.block_type.nbytes + desc_do.block_type.nbytes)
-            _tma_load(desc_q, [b, h, lo + j * BLOCK_M, 0], bar, q_bufs.index(s))
-            _tma_load(desc_do, [b, h, lo + j * BLOCK_M, 0], bar, do_bufs.index(s))
+            mbarrier.expect(bar, desc_x.block_type.nbytes + desc_y.block_type.nbytes)
+            _tma_load(desc_x, [b, h, lo + j * TILE_ROWS, 0], bar, x_bufs.index(s))
+            _tma_load(desc_y, [b, h, lo + j * TILE_ROWS, 0], bar, y_bufs.index(s))
 
     @gluon.jit
     def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, kv_bar, ready, empty, LSE, DELTA, DK, DV,
@@ -80,14 +108,15 @@ if gluon is not None:
         v = v_bufs.index(C).reshape([BLOCK_N, D])
         for j in range(n_tiles):
             s = j % STAGES
+            m0 = lo + j * BLOCK_M
+            offs_m = m0 + gl.arange(0, BLOCK_M, layout=col_s)
+            # (lse and delta do not wait for the slot: their loads are in flight while it fills)
+            lse2 = gl.load(LSE + row + offs_m, mask=offs_m < TQ, other=float("inf")) * 1.4426950408889634
+            delta = gl.load(DELTA + row + offs_m, mask=offs_m < TQ, other=0.0)
             mbarrier.wait(ready.index(s), (j // STAGES) & 1)
             if j >= j_first:
-                m0 = lo + j * BLOCK_M
                 q = q_bufs.index(s).reshape([BLOCK_M, D])
                 do = do_bufs.index(s).reshape([BLOCK_M, D])
-                offs_m = m0 + gl.arange(0, BLOCK_M, layout=col_s)
-                lse2 = gl.load(LSE + row + offs_m, mask=offs_m < TQ, other=float("inf")) * 1.4426950408889634
-                delta = gl.load(DELTA + row + offs_m, mask=offs_m < TQ, other=0.0)
                 st = warpgroup_mma(k, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
                 st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
                 z = st * qk_scale - lse2[None, :]
@@ -149,6 +178,114 @@ if gluon is not None:
                           s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, b, h, H, n0, lo, n_tiles, TQ, TK, qk_scale, scale,
                           1, BLOCK_N, BLOCK_M, D, STAGES, CAUSAL))],
             [4, 4], [240, 240])
+
+    @gluon.jit
+    def _dq_consumer(q_bufs, do_bufs, k_bufs, v_bufs, qd_bar, ready, empty, LSE, DELTA, DQ, s_dqb, s_dqh, s_dqm,
+                     s_dqd, b, h, H, m0, n_tiles, TQ, TK, qk_scale, scale, C: gl.constexpr, BLOCK_M: gl.constexpr,
+                     BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+        """dq of this consumer's BLOCK_M queries: per key tile s = q k^T and dp = do v^T (both issued,
+        then waited for), p = exp2(s * c - lse * log2(e)), ds = p * (dp - delta), dq += ds k."""
+        dtype: gl.constexpr = q_bufs.dtype
+        s_layout: gl.constexpr = mma_layout(BLOCK_N)
+        o_layout: gl.constexpr = mma_layout(D)
+        r0 = m0 + C * BLOCK_M
+        hi, full = _key_range(r0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
+        offs_m = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        row = (b * H + h).to(gl.int64) * TQ
+        lse2 = gl.load(LSE + row + offs_m, mask=offs_m < TQ, other=float("inf")) * 1.4426950408889634
+        delta = gl.load(DELTA + row + offs_m, mask=offs_m < TQ, other=0.0)
+        dq = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
+        zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        mbarrier.wait(qd_bar.index(C), 0)
+        q = q_bufs.index(C).reshape([BLOCK_M, D])
+        do = do_bufs.index(C).reshape([BLOCK_M, D])
+        for j in range(n_tiles):
+            s = j % STAGES
+            mbarrier.wait(ready.index(s), (j // STAGES) & 1)
+            n0 = j * BLOCK_N
+            if n0 < hi:
+                k = k_bufs.index(s).reshape([BLOCK_N, D])
+                v = v_bufs.index(s).reshape([BLOCK_N, D])
+                sc = warpgroup_mma(q, k.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                dp = warpgroup_mma(do, v.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                sc, dp = warpgroup_mma_wait(num_outstanding=0, deps=(sc, dp))
+                z = sc * qk_scale - lse2[:, None]
+                if n0 + BLOCK_N > full:  # the diagonal, or keys past Tk (read as zeros)
+                    offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+                    keep = offs_n[None, :] < TK
+                    if CAUSAL:
+                        keep = keep & (offs_n[None, :] <= offs_m[:, None] + (TK - TQ))
+                    z = gl.where(keep, z, float("-inf"))
+                ds = gl.exp2(z) * (dp - delta[:, None])
+                dq = warpgroup_mma(gl.convert_layout(ds.to(dtype), operand_layout(D)), k, dq, is_async=True)
+                dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+            mbarrier.arrive(empty.index(s), count=1)
+        rows = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+        cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+        ptrs = (DQ + b.to(gl.int64) * s_dqb + h.to(gl.int64) * s_dqh + rows[:, None].to(gl.int64) * s_dqm
+                + cols[None, :] * s_dqd)
+        gl.store(ptrs, (dq * scale).to(dtype), mask=rows[:, None] < TQ)
+
+    @gluon.jit
+    def _dq_ws_kernel(desc_q, desc_do, desc_k, desc_v, LSE, DELTA, DQ, s_dqb, s_dqh, s_dqm, s_dqd, H, TQ, TK,
+                      qk_scale, scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
+                      STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+        """One program: dq of 2 x BLOCK_M queries of (batch, head); the producer loads q and do once per
+        consumer and streams the k and v tiles up to the program's last visible key, heaviest first."""
+        pid_m = gl.program_id(0)
+        h = gl.program_id(1)
+        b = gl.program_id(2)
+        if CAUSAL:
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        m0 = pid_m * (2 * BLOCK_M)
+        if CAUSAL:
+            hi = gl.maximum(gl.minimum(m0 + 2 * BLOCK_M + TK - TQ, TK), 0)
+        else:
+            hi = TK
+        n_tiles = (hi + BLOCK_N - 1) // BLOCK_N
+        dtype: gl.constexpr = desc_q.dtype
+        q_bufs = gl.allocate_shared_memory(dtype, [2, 1, 1, BLOCK_M, D], desc_q.layout)
+        do_bufs = gl.allocate_shared_memory(dtype, [2, 1, 1, BLOCK_M, D], desc_do.layout)
+        k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], desc_k.layout)
+        v_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], desc_v.layout)
+        qd_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(qd_bar.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=2)
+        fence_async_shared()
+        gl.warp_specialize(
+            [(_producer, (desc_q, desc_do, desc_k, desc_v, q_bufs, do_bufs, k_bufs, v_bufs, qd_bar, ready, empty, b,
+                          h, m0, 0, n_tiles, BLOCK_M, BLOCK_N, STAGES)),
+             (_dq_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, qd_bar, ready, empty, LSE, DELTA, DQ, s_dqb, s_dqh,
+                             s_dqm, s_dqd, b, h, H, m0, n_tiles, TQ, TK, qk_scale, scale, 0, BLOCK_M, BLOCK_N, D,
+                             STAGES, CAUSAL)),
+             (_dq_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, qd_bar, ready, empty, LSE, DELTA, DQ, s_dqb, s_dqh,
+                             s_dqm, s_dqd, b, h, H, m0, n_tiles, TQ, TK, qk_scale, scale, 1, BLOCK_M, BLOCK_N, D,
+                             STAGES, CAUSAL))],
+            [4, 4], [240, 240])
+
+
+def launch_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
+              delta: torch.Tensor, dq: torch.Tensor, scale: float, causal: bool, block_m: int, block_n: int,
+              stages: int) -> None:
+    """dq (allocated by the caller, any strides) for inputs ``fwd_gluon.supported`` takes and do; block_m:
+    queries per program (two consumers of block_m / 2), block_n: keys per tile, stages: ring slots."""
+    B, H, TQ, D = q.shape
+    TK = k.shape[2]
+    need = dq_shared_bytes(D, block_n, stages)
+    if need > SHARED_LIMIT:
+        raise ValueError(f"the Gluon dq kernel's shared memory at d={D}, block_n2={block_n}, {stages} slots: "
+                         f"{need} bytes, over the {SHARED_LIMIT} an H100/H200 program may have")
+    half = block_m // 2
+    fastlaunch.launch(
+        _dq_ws_kernel, (-(-TQ // block_m), H, B),
+        (_descriptor(q, half), _descriptor(do, half), _descriptor(k, block_n), _descriptor(v, block_n), lse, delta,
+         dq, *dq.stride(), H, TQ, TK, scale * LOG2E, scale),
+        dict(BLOCK_M=half, BLOCK_N=block_n, D=D, STAGES=stages, CAUSAL=causal, num_warps=4))
 
 
 def launch_dkdv(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,

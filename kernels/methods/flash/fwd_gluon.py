@@ -61,7 +61,16 @@ def shared_bytes(d: int, block_n: int, stages: int) -> int:
     return 2 * 64 * d * 2 + stages * 2 * block_n * d * 2 + 1024
 
 
-mma_layout = operand_layout = None  # (defined below where Gluon is)
+def budget_reason(d: int, block_n: int, stages: int) -> Optional[str]:
+    """Why the forward's buffers do not fit a program's shared memory (None: they do)."""
+    need = shared_bytes(d, block_n, stages)
+    if need > SHARED_LIMIT:
+        return (f"the Gluon forward's shared memory at d={d}, block_n={block_n}, {stages} slots: {need} bytes, "
+                f"over the {SHARED_LIMIT} an H100/H200 program may have")
+    return None
+
+
+mma_layout = operand_layout = _key_range = None  # (defined below where Gluon is)
 
 if gluon is not None:
 
@@ -323,10 +332,9 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
     """out and lse as ``fwd.launch_fwd`` (inputs ``supported`` takes); block_m: queries per program (two
     consumers of block_m / 2), block_n: keys per tile, stages: ring slots; pingpong: the consumers take
     turns on the tensor cores (``_consumer_pingpong``), else they run free (``_consumer``)."""
-    need = shared_bytes(q.shape[-1], block_n, stages)
-    if need > SHARED_LIMIT:
-        raise ValueError(f"the Gluon forward's shared memory at d={q.shape[-1]}, block_n={block_n}, {stages} slots: "
-                         f"{need} bytes, over the {SHARED_LIMIT} an H100/H200 program may have")
+    why = budget_reason(q.shape[-1], block_n, stages)
+    if why:
+        raise ValueError(why)
     B, H, TQ, D = q.shape
     TK = k.shape[2]
     out = empty_bthd(B, H, TQ, D, q.dtype, q.device)

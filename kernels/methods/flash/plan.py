@@ -86,7 +86,8 @@ class BwdPlan:
     fused: bool = False
     pre_block: int = 64
     dq_mode: str = "pass"
-    gluon: int = 0  # 1: the dk/dv pass in Gluon (bwd_gluon): block_n1 = 128, block_m1 32 or 64, num_stages slots
+    gluon: int = 0  # 1: the dk/dv pass in Gluon (bwd_gluon): block_n1 = 128, block_m1 32 or 64, num_stages slots;
+    # 2: the dq pass too: block_m2 = 128, block_n2 64 or 128, dq_stages slots
 
     def __post_init__(self) -> None:
         _check_blocks(self, ("block_m1", "block_n1", "block_m2", "block_n2", "pre_block"))
@@ -95,14 +96,18 @@ class BwdPlan:
         if self.dq_mode != "pass" and self.fused:
             raise ValueError("BwdPlan: fused=True launches the dq programs beside the dk/dv ones; "
                              f"dq_mode={self.dq_mode!r} has no dq programs (use fused=False)")
-        if self.gluon not in (0, 1):
-            raise ValueError(f"BwdPlan.gluon={self.gluon!r}: 0 (the Triton dk/dv pass) or 1 (Gluon)")
+        if self.gluon not in (0, 1, 2):
+            raise ValueError(f"BwdPlan.gluon={self.gluon!r}: 0 (Triton), 1 (the dk/dv pass in Gluon) or 2 (dq too)")
         if self.gluon and (self.block_n1 != 128 or self.block_m1 not in (32, 64) or self.num_stages < 2
                            or self.fused or self.dq_mode != "pass"):
-            raise ValueError(f"BwdPlan(gluon=1) takes block_n1=128 (two consumer warpgroups of 64 keys), block_m1 "
-                             f"32 or 64, num_stages >= 2, fused=False and dq_mode='pass'; got block_n1="
+            raise ValueError(f"BwdPlan(gluon={self.gluon}) takes block_n1=128 (two consumer warpgroups of 64 keys), "
+                             f"block_m1 32 or 64, num_stages >= 2, fused=False and dq_mode='pass'; got block_n1="
                              f"{self.block_n1}, block_m1={self.block_m1}, num_stages={self.num_stages}, "
                              f"fused={self.fused}, dq_mode={self.dq_mode!r}")
+        if self.gluon == 2 and (self.block_m2 != 128 or self.block_n2 not in (64, 128) or self.dq_stages < 2):
+            raise ValueError(f"BwdPlan(gluon=2) takes block_m2=128 (two consumer warpgroups of 64 queries), "
+                             f"block_n2 64 or 128 and dq_stages >= 2; got block_m2={self.block_m2}, "
+                             f"block_n2={self.block_n2}, dq_stages={self.dq_stages}")
 
 
 def _check_blocks(plan, names) -> None:
@@ -196,7 +201,9 @@ def clamp(fwd: FwdPlan, bwd: BwdPlan, tq: int, tk: int) -> tuple[FwdPlan, BwdPla
     pq, pk = _pow2_at_least(tq), _pow2_at_least(tk)
     if not fwd.gluon:  # (the Gluon kernel's tiles are fixed; TMA reads rows past T as zeros)
         fwd = dataclasses.replace(fwd, block_m=min(fwd.block_m, pq), block_n=min(fwd.block_n, pk))
-    if bwd.gluon:  # (the Gluon dk/dv tiles are fixed; TMA reads rows past T as zeros)
+    if bwd.gluon == 2:  # (the Gluon kernels' tiles are fixed; TMA reads rows past T as zeros)
+        bwd = dataclasses.replace(bwd, pre_block=min(bwd.pre_block, pq))
+    elif bwd.gluon:
         bwd = dataclasses.replace(bwd, block_m2=min(bwd.block_m2, pq), block_n2=min(bwd.block_n2, pk),
                                   pre_block=min(bwd.pre_block, pq))
     else:
