@@ -1,5 +1,5 @@
-"""flash's Gluon kernels (kernels/methods/flash/fwd_gluon.py, plan ``FwdPlan.gluon``; the dk/dv pass,
-bwd_gluon.py, plan ``BwdPlan.gluon``): their plans' limits, where they stand aside (an explicit plan
+"""flash's Gluon kernels (kernels/methods/flash/fwd_gluon.py, plan ``FwdPlan.gluon``; the backward's dk/dv
+and dq passes, bwd_gluon.py, plan ``BwdPlan.gluon``): their plans' limits, where they stand aside (an explicit plan
 refuses with the reason; a table plan falls back to the Triton kernels), their compile for sm_90 without
 a GPU (warp-specialized, TMA loads, wgmma, the barrier protocol, no spill), and on a Hopper GPU their
 outputs against float64 and, element by element, against the Triton kernels.
@@ -349,7 +349,7 @@ def test_gluon_forward_and_gradients_on_the_gpu(case, gplan, monkeypatch):
         assert (out[:, :, :tq - tk] == 0).all()
 
 
-_GPU_BWD_PLANS = [(1, 64, 2, 64, 2), (1, 32, 3, 64, 2), (2, 64, 2, 128, 2), (2, 32, 3, 64, 3)]
+_GPU_BWD_PLANS = [(1, 64, 2, 64, 2), (1, 32, 3, 64, 2), (2, 64, 2, 128, 2), (2, 32, 3, 64, 3), (2, 32, 2, 128, 2)]
 # (gluon, block_m1, num_stages, block_n2, dq_stages)
 
 

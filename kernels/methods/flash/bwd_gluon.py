@@ -276,6 +276,9 @@ def launch_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     queries per program (two consumers of block_m / 2), block_n: keys per tile, stages: ring slots."""
     B, H, TQ, D = q.shape
     TK = k.shape[2]
+    if block_m != 128 or block_n not in (64, 128):
+        raise ValueError(f"the Gluon dq kernel takes 128 queries a program (two warpgroups of 64) and 64 or 128 keys "
+                         f"a tile; got block_m2={block_m}, block_n2={block_n}")
     need = dq_shared_bytes(D, block_n, stages)
     if need > SHARED_LIMIT:
         raise ValueError(f"the Gluon dq kernel's shared memory at d={D}, block_n2={block_n}, {stages} slots: "
@@ -295,6 +298,9 @@ def launch_dkdv(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     block_n: keys per program (two consumers of block_n / 2), block_m: queries per tile, stages: slots."""
     B, H, TQ, D = q.shape
     TK = k.shape[2]
+    if block_n != 128 or block_m not in (32, 64):
+        raise ValueError(f"the Gluon dk/dv kernel takes 128 keys a program (two warpgroups of 64) and 32 or 64 "
+                         f"queries a tile; got block_n1={block_n}, block_m1={block_m}")
     need = shared_bytes(D, block_m, stages)
     if need > SHARED_LIMIT:
         raise ValueError(f"the Gluon dk/dv kernel's shared memory at d={D}, block_m1={block_m}, {stages} slots: "

@@ -101,13 +101,16 @@ if gluon is not None:
     @gluon.jit
     def _key_range(r0, TQ, TK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
         """For queries r0 .. r0 + BLOCK_M: keys [0, full) every one of them sees (no mask), none sees a key
-        from hi on (tiles.key_bounds, for these kernels)."""
+        from hi on (tiles.key_bounds, for these kernels); hi = 0 where all of them lie past Tq (the last
+        program's second consumer, one-query shapes: nothing of theirs is stored)."""
         if CAUSAL:
             hi = gl.maximum(gl.minimum(r0 + BLOCK_M + TK - TQ, TK), 0)
             full = gl.maximum(gl.minimum(r0 + TK - TQ + 1, TK), 0) // BLOCK_N * BLOCK_N
         else:
             hi = TK
             full = TK // BLOCK_N * BLOCK_N
+        if r0 >= TQ:
+            hi = 0
         return hi, full
 
     @gluon.jit
@@ -335,6 +338,9 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
     why = budget_reason(q.shape[-1], block_n, stages)
     if why:
         raise ValueError(why)
+    if block_m != 128 or block_n not in (64, 128):
+        raise ValueError(f"the Gluon forward takes 128 queries a program (two warpgroups of 64) and 64 or 128 keys "
+                         f"a tile; got block_m={block_m}, block_n={block_n}")
     B, H, TQ, D = q.shape
     TK = k.shape[2]
     out = empty_bthd(B, H, TQ, D, q.dtype, q.device)

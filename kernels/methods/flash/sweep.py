@@ -36,7 +36,7 @@ from kernels.methods.flash.fwd import launch_fwd
 from kernels.reference import ATTN_BWD_TOL, ATTN_FWD_TOL, reference_attention
 from kernels.timing import bench_ms, error_on_device
 
-#: The default phases (about 51 forward and 88 backward candidates a shape). warp_specialize is left
+#: The default phases (about 51 forward and 100 backward candidates a shape). warp_specialize is left
 #: out: Triton 3.6 does not specialize these loops on Hopper (compile_check); add "| warp_specialize=0,1"
 #: to measure it (on Blackwell, say). The forward's last phase tries the grouped causal program order
 #: (FwdPlan.group; left out where not causal, where it changes nothing), then the Gluon kernel (FwdPlan.gluon:
@@ -50,7 +50,8 @@ BWD_PHASES = ("block_m1=32,64 block_n1=64,128 num_warps=4,8 num_stages=2,3,4 | "
               "block_m2=64,128 block_n2=32,64 dq_warps=4,8 dq_stages=2,3,4 | tma=off,host,device | fused=0,1 | "
               "fused=0 dq_mode=pass,atomic,tma_add | block_m1=32,64 block_n1=64,128 num_warps=4,8 num_stages=2,3,4 | "
               "gluon=1 block_n1=128 block_m1=32,64 num_stages=2,3 fused=0 dq_mode=pass | "
-              "gluon=2 block_m2=128 block_n2=64,128 dq_stages=2,3")
+              "gluon=2 block_n1=128 block_m1=32,64 num_stages=2,3 fused=0 dq_mode=pass block_m2=128 "
+              "block_n2=64,128 dq_stages=2,3")
 
 
 def parse_phases(text: str, cls) -> list[dict]:
