@@ -153,6 +153,27 @@ for case in sys.argv[1:]:
 """
 
 
+def _check_compiled(k: dict, case: str, expects: set, budget: int) -> None:
+    """What every Gluon flash kernel compiled for sm_90 must show: 4-D TMA loads, wgmma, the consumers'
+    240 registers (setmaxnreg), barriers that expect exactly `expects` bytes (the fixed tiles; a ring
+    slot's tiles), every release one elected thread's arrive right after its warpgroup's bar.sync, its
+    buffers (`budget` bytes, 1 KB of it scratch) within the H200's shared memory, no spill."""
+    import re
+
+    ptx = k["ptx"]
+    assert "cp.async.bulk.tensor.4d" in ptx and "wgmma.mma_async" in ptx, case
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240", ptx), case
+    expect_tx = r"mbarrier\.arrive\.expect_tx\.shared(?:::cta)?\.b64 _, \[%r\d+\], (\d+);"
+    assert {int(n) for n in re.findall(expect_tx, ptx)} == expects, case
+    arrives = re.findall(r"^\s*(@%p\d+ )?mbarrier\.arrive\.shared(?:::cta)?\.b64.*$", ptx, re.M)
+    assert arrives and all(a for a in arrives), (case, arrives)  # each predicated: one thread arrives
+    _assert_released_after_the_warpgroup(ptx, case)
+    assert budget - 1024 <= k["shared"] <= fwd_gluon.SHARED_LIMIT, case
+    assert "ld.local" not in ptx and "st.local" not in ptx, case
+    if k["usage"]:
+        assert "LOCAL:0" in k["usage"] and "STACK:0" in k["usage"], (case, k["usage"])
+
+
 def _assert_released_after_the_warpgroup(ptx: str, case: str) -> None:
     """Each slot release (one thread's mbarrier.arrive) comes right after a barrier of its 128 threads, so
     every warp of the consumer has passed its wgmma wait before the slot is handed back."""
@@ -172,8 +193,6 @@ def test_gluon_forward_compiles_for_sm90_warp_specialized():
     the consumers' 240 registers set (setmaxnreg), every barrier release by one elected thread (the
     slots' barriers count 2 arrivals, one per consumer), no spill, and the buffers within the H200's
     shared memory."""
-    import re
-
     from tests.compiled_report import compile_cases
 
     if fwd_gluon.GLUON_ERROR:
@@ -181,19 +200,7 @@ def test_gluon_forward_compiles_for_sm90_warp_specialized():
     cases = ["64,128,3,1,1", "128,128,2,0,1", "128,64,3,1,0"]
     for case, k in zip(cases, compile_cases(_COMPILE, cases, timeout=900)):
         d, block_n, stages, _, _ = (int(a) for a in case.split(","))
-        ptx = k["ptx"]
-        assert "cp.async.bulk.tensor.4d" in ptx and "wgmma.mma_async" in ptx, case
-        assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240", ptx), case
-        expect_tx = r"mbarrier\.arrive\.expect_tx\.shared(?:::cta)?\.b64 _, \[%r\d+\], (\d+);"
-        expects = {int(n) for n in re.findall(expect_tx, ptx)}
-        assert expects == {64 * d * 2, 2 * block_n * d * 2}, (case, expects)  # a q tile; a k and a v tile
-        arrives = re.findall(r"^\s*(@%p\d+ )?mbarrier\.arrive\.shared(?:::cta)?\.b64.*$", ptx, re.M)
-        assert arrives and all(a for a in arrives), (case, arrives)
-        _assert_released_after_the_warpgroup(ptx, case)  # each predicated: one thread arrives
-        assert fwd_gluon.shared_bytes(d, block_n, stages) - 1024 <= k["shared"] <= fwd_gluon.SHARED_LIMIT, case
-        assert "ld.local" not in ptx and "st.local" not in ptx, case
-        if k["usage"]:
-            assert "LOCAL:0" in k["usage"], (case, k["usage"])
+        _check_compiled(k, case, {64 * d * 2, 2 * block_n * d * 2}, fwd_gluon.shared_bytes(d, block_n, stages))
 
 
 _COMPILE_BWD = r"""
@@ -226,27 +233,14 @@ def test_gluon_dkdv_compiles_for_sm90_warp_specialized():
     expects a q and a do tile's bytes, each consumer's k and v once; one elected arrive per release; the
     consumers' 240 registers; no spill at the plans the tests take (d = 64 with 64-query tiles, d = 128
     with 32)."""
-    import re
-
     from tests.compiled_report import compile_cases
 
     if fwd_gluon.GLUON_ERROR:
         pytest.skip(fwd_gluon.GLUON_ERROR)
     cases = ["64,32,3,1", "128,32,3,0", "128,32,2,1"]  # (q + do and k + v tiles of different sizes)
     for case, k in zip(cases, compile_cases(_COMPILE_BWD, cases, timeout=900)):
-        d, block_m, stages, _ = (int(a) for a in case.split(","))
-        ptx = k["ptx"]
-        assert "cp.async.bulk.tensor.4d" in ptx and "wgmma.mma_async" in ptx, case
-        assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240", ptx), case
-        expect_tx = r"mbarrier\.arrive\.expect_tx\.shared(?:::cta)?\.b64 _, \[%r\d+\], (\d+);"
-        expects = {int(n) for n in re.findall(expect_tx, ptx)}
-        assert expects == {2 * 64 * d * 2, 2 * block_m * d * 2}, (case, expects)  # k and v; q and do
-        arrives = re.findall(r"^\s*(@%p\d+ )?mbarrier\.arrive\.shared(?:::cta)?\.b64.*$", ptx, re.M)
-        assert arrives and all(a for a in arrives), (case, arrives)
-        _assert_released_after_the_warpgroup(ptx, case)
-        assert bwd_gluon.shared_bytes(d, block_m, stages) - 1024 <= k["shared"] <= fwd_gluon.SHARED_LIMIT, case
-        if k["usage"]:
-            assert "LOCAL:0" in k["usage"] and "STACK:0" in k["usage"], (case, k["usage"])
+        d, block_m, stages, _ = (int(a) for a in case.split(","))  # k and v; q and do
+        _check_compiled(k, case, {2 * 64 * d * 2, 2 * block_m * d * 2}, bwd_gluon.shared_bytes(d, block_m, stages))
 
 
 _COMPILE_DQ = r"""
@@ -276,27 +270,14 @@ for case in sys.argv[1:]:
 def test_gluon_dq_compiles_for_sm90_warp_specialized():
     """The Gluon dq pass compiled for Hopper as the others: per key tile the barrier expects a k and a v
     tile's bytes, each consumer's q and do once; one elected arrive per release; 240 registers; no spill."""
-    import re
-
     from tests.compiled_report import compile_cases
 
     if fwd_gluon.GLUON_ERROR:
         pytest.skip(fwd_gluon.GLUON_ERROR)
     cases = ["64,128,2,1", "128,64,3,0", "128,128,2,1"]
     for case, k in zip(cases, compile_cases(_COMPILE_DQ, cases, timeout=900)):
-        d, block_n, stages, _ = (int(a) for a in case.split(","))
-        ptx = k["ptx"]
-        assert "cp.async.bulk.tensor.4d" in ptx and "wgmma.mma_async" in ptx, case
-        assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240", ptx), case
-        expect_tx = r"mbarrier\.arrive\.expect_tx\.shared(?:::cta)?\.b64 _, \[%r\d+\], (\d+);"
-        expects = {int(n) for n in re.findall(expect_tx, ptx)}
-        assert expects == {2 * 64 * d * 2, 2 * block_n * d * 2}, (case, expects)  # q and do; k and v
-        arrives = re.findall(r"^\s*(@%p\d+ )?mbarrier\.arrive\.shared(?:::cta)?\.b64.*$", ptx, re.M)
-        assert arrives and all(a for a in arrives), (case, arrives)
-        _assert_released_after_the_warpgroup(ptx, case)
-        assert bwd_gluon.dq_shared_bytes(d, block_n, stages) - 1024 <= k["shared"] <= fwd_gluon.SHARED_LIMIT, case
-        if k["usage"]:
-            assert "LOCAL:0" in k["usage"] and "STACK:0" in k["usage"], (case, k["usage"])
+        d, block_n, stages, _ = (int(a) for a in case.split(","))  # q and do; k and v
+        _check_compiled(k, case, {2 * 64 * d * 2, 2 * block_n * d * 2}, bwd_gluon.dq_shared_bytes(d, block_n, stages))
 
 
 # -- on a Hopper GPU ---------------------------------------------------------------------------------

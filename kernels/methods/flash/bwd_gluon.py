@@ -29,9 +29,9 @@ from typing import Optional
 
 import torch
 
-from kernels.methods.flash.fwd_gluon import (GLUON_ERROR, SHARED_LIMIT, _descriptor, _key_range, _tma_load,
-                                             fence_async_shared, gl, gluon, mbarrier, mma_layout, operand_layout,
-                                             warpgroup_mma, warpgroup_mma_wait)
+from kernels.methods.flash.fwd_gluon import (GLUON_ERROR, SHARED_LIMIT, _descriptor, _key_range, _mask_tile,
+                                             _query_program, _ring_barriers, _tma_load, fence_async_shared, gl, gluon,
+                                             mbarrier, mma_layout, operand_layout, warpgroup_mma, warpgroup_mma_wait)
 from kernels.methods.flash.tiles import LOG2E
 from kernels.methods.triton import fastlaunch
 
@@ -159,14 +159,7 @@ if gluon is not None:
         v_bufs = gl.allocate_shared_memory(dtype, [2, 1, 1, BLOCK_N, D], desc_v.layout)
         q_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, D], desc_q.layout)
         do_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, D], desc_do.layout)
-        kv_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
-            mbarrier.init(kv_bar.index(i), count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=2)  # both consumers release a slot
+        kv_bar, ready, empty = _ring_barriers(STAGES)
         fence_async_shared()
         gl.warp_specialize(
             [(_producer, (desc_k, desc_v, desc_q, desc_do, k_bufs, v_bufs, q_bufs, do_bufs, kv_bar, ready, empty, b,
@@ -209,13 +202,7 @@ if gluon is not None:
                 sc = warpgroup_mma(q, k.permute((1, 0)), zero_s, use_acc=False, is_async=True)
                 dp = warpgroup_mma(do, v.permute((1, 0)), zero_s, use_acc=False, is_async=True)
                 sc, dp = warpgroup_mma_wait(num_outstanding=0, deps=(sc, dp))
-                z = sc * qk_scale - lse2[:, None]
-                if n0 + BLOCK_N > full:  # the diagonal, or keys past Tk (read as zeros)
-                    offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-                    keep = offs_n[None, :] < TK
-                    if CAUSAL:
-                        keep = keep & (offs_n[None, :] <= offs_m[:, None] + (TK - TQ))
-                    z = gl.where(keep, z, float("-inf"))
+                z = _mask_tile(sc * qk_scale - lse2[:, None], offs_m, n0, full, TQ, TK, BLOCK_N, CAUSAL)
                 ds = gl.exp2(z) * (dp - delta[:, None])
                 dq = warpgroup_mma(gl.convert_layout(ds.to(dtype), operand_layout(D)), k, dq, is_async=True)
                 dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
@@ -232,30 +219,13 @@ if gluon is not None:
                       STAGES: gl.constexpr, CAUSAL: gl.constexpr):
         """One program: dq of 2 x BLOCK_M queries of (batch, head); the producer loads q and do once per
         consumer and streams the k and v tiles up to the program's last visible key, heaviest first."""
-        pid_m = gl.program_id(0)
-        h = gl.program_id(1)
-        b = gl.program_id(2)
-        if CAUSAL:
-            pid_m = gl.num_programs(0) - 1 - pid_m
-        m0 = pid_m * (2 * BLOCK_M)
-        if CAUSAL:
-            hi = gl.maximum(gl.minimum(m0 + 2 * BLOCK_M + TK - TQ, TK), 0)
-        else:
-            hi = TK
-        n_tiles = (hi + BLOCK_N - 1) // BLOCK_N
+        b, h, m0, n_tiles = _query_program(TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
         dtype: gl.constexpr = desc_q.dtype
         q_bufs = gl.allocate_shared_memory(dtype, [2, 1, 1, BLOCK_M, D], desc_q.layout)
         do_bufs = gl.allocate_shared_memory(dtype, [2, 1, 1, BLOCK_M, D], desc_do.layout)
         k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], desc_k.layout)
         v_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], desc_v.layout)
-        qd_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
-            mbarrier.init(qd_bar.index(i), count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=2)
+        qd_bar, ready, empty = _ring_barriers(STAGES)
         fence_async_shared()
         gl.warp_specialize(
             [(_producer, (desc_q, desc_do, desc_k, desc_v, q_bufs, do_bufs, k_bufs, v_bufs, qd_bar, ready, empty, b,

@@ -70,7 +70,8 @@ def budget_reason(d: int, block_n: int, stages: int) -> Optional[str]:
     return None
 
 
-mma_layout = operand_layout = _key_range = None  # (defined below where Gluon is)
+# (defined below where Gluon is)
+mma_layout = operand_layout = _key_range = _query_program = _ring_barriers = _mask_tile = None
 
 if gluon is not None:
 
@@ -114,18 +115,53 @@ if gluon is not None:
         return hi, full
 
     @gluon.jit
-    def _softmax_tile(sc, m_i, l_i, offs_m, n0, full, TQ, TK, qk_scale, BLOCK_N: gl.constexpr,
-                      CAUSAL: gl.constexpr):
-        """One key tile's online-softmax step from its scores sc: (p, alpha, m, l). Tiles reaching past
-        `full` (the diagonal, or keys past Tk, which TMA read as zeros) get -inf where masked; a row with
-        no key yet keeps m = -inf and adds exactly 0."""
-        z = sc * qk_scale
+    def _query_program(TQ, TK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """A program over 2 x BLOCK_M queries of (batch, head), heaviest first when causal (the last query
+        blocks see the most keys): (b, h, its first query m0, the key tiles up to its last visible key)."""
+        pid_m = gl.program_id(0)
+        h = gl.program_id(1)
+        b = gl.program_id(2)
+        if CAUSAL:
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        m0 = pid_m * (2 * BLOCK_M)
+        if CAUSAL:
+            hi = gl.maximum(gl.minimum(m0 + 2 * BLOCK_M + TK - TQ, TK), 0)
+        else:
+            hi = TK
+        return b, h, m0, (hi + BLOCK_N - 1) // BLOCK_N
+
+    @gluon.jit
+    def _ring_barriers(STAGES: gl.constexpr):
+        """(fixed, ready, empty): one barrier per consumer for its fixed tiles; per ring slot one the TMA
+        completes (ready) and one both consumers arrive on when done with the slot (empty)."""
+        fixed = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(fixed.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=2)  # both consumers release a slot
+        return fixed, ready, empty
+
+    @gluon.jit
+    def _mask_tile(z, offs_m, n0, full, TQ, TK, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """z (queries x BLOCK_N keys from n0) with -inf where a key is past Tk (TMA read it as zeros) or,
+        causal, after the query's last visible key; tiles before `full` need neither and pass as they are."""
         if n0 + BLOCK_N > full:
             offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout(BLOCK_N)))
             keep = offs_n[None, :] < TK
             if CAUSAL:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None] + (TK - TQ))
             z = gl.where(keep, z, float("-inf"))
+        return z
+
+    @gluon.jit
+    def _softmax_tile(sc, m_i, l_i, offs_m, n0, full, TQ, TK, qk_scale, BLOCK_N: gl.constexpr,
+                      CAUSAL: gl.constexpr):
+        """One key tile's online-softmax step from its scores sc: (p, alpha, m, l); a row with no key yet
+        keeps m = -inf and adds exactly 0."""
+        z = _mask_tile(sc * qk_scale, offs_m, n0, full, TQ, TK, BLOCK_N, CAUSAL)
         m_new = gl.maximum(m_i, gl.max(z, axis=1))
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: exp2(-inf) = 0
         p = gl.exp2(z - m_ref[:, None])
@@ -240,30 +276,13 @@ if gluon is not None:
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
         """One program: 2 x BLOCK_M queries of (batch, head); see the module docstring."""
-        pid_m = gl.program_id(0)
-        h = gl.program_id(1)
-        b = gl.program_id(2)
-        if CAUSAL:  # heaviest first: the last query blocks see the most keys
-            pid_m = gl.num_programs(0) - 1 - pid_m
-        m0 = pid_m * (2 * BLOCK_M)
-        if CAUSAL:
-            hi = gl.maximum(gl.minimum(m0 + 2 * BLOCK_M + TK - TQ, TK), 0)
-        else:
-            hi = TK
-        n_tiles = (hi + BLOCK_N - 1) // BLOCK_N
+        b, h, m0, n_tiles = _query_program(TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
         dtype: gl.constexpr = desc_q.dtype
         q_bufs = gl.allocate_shared_memory(dtype, [2, 1, 1, BLOCK_M, D], desc_q.layout)
         k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], desc_k.layout)
         v_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], desc_v.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
-            mbarrier.init(q_bar.index(i), count=1)
-        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(kv_ready.index(i), count=1)
-            mbarrier.init(kv_empty.index(i), count=2)  # both consumers release a slot
+        q_bar, kv_ready, kv_empty = _ring_barriers(STAGES)
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # (ping-pong's turns)
         for i in gl.static_range(2):
             mbarrier.init(turn.index(i), count=1)
         fence_async_shared()  # (the barriers initialized before any TMA or wait sees them)
