@@ -53,7 +53,7 @@ def test_gluon_backward_plan_limits():
     assert (b.block_n1, b.block_m1, b.block_m2, b.block_n2) == (128, 64, 16, 16)
     _, b = plans.clamp(plans.FwdPlan(), GLUON_BWD2, 5, 7)
     assert (b.block_n1, b.block_m1, b.block_m2, b.block_n2) == (128, 64, 128, 64)
-    assert bwd_gluon.dq_shared_bytes(128, 128, 2) <= fwd_gluon.SHARED_LIMIT < bwd_gluon.dq_shared_bytes(128, 128, 3)
+    assert bwd_gluon.shared_bytes(128, 128, 2) <= fwd_gluon.SHARED_LIMIT < bwd_gluon.shared_bytes(128, 128, 3)
     assert bwd_gluon.budget_reason(128, GLUON_BWD2) is None
     assert "dq kernel" in bwd_gluon.budget_reason(128, dataclasses.replace(GLUON_BWD2, block_n2=128, dq_stages=3))
     assert "dk/dv kernel" in bwd_gluon.budget_reason(128, dataclasses.replace(GLUON_BWD2, num_stages=6))
@@ -277,7 +277,7 @@ def test_gluon_dq_compiles_for_sm90_warp_specialized():
     cases = ["64,128,2,1", "128,64,3,0", "128,128,2,1"]
     for case, k in zip(cases, compile_cases(_COMPILE_DQ, cases, timeout=900)):
         d, block_n, stages, _ = (int(a) for a in case.split(","))  # q and do; k and v
-        _check_compiled(k, case, {2 * 64 * d * 2, 2 * block_n * d * 2}, bwd_gluon.dq_shared_bytes(d, block_n, stages))
+        _check_compiled(k, case, {2 * 64 * d * 2, 2 * block_n * d * 2}, bwd_gluon.shared_bytes(d, block_n, stages))
 
 
 # -- on a Hopper GPU ---------------------------------------------------------------------------------

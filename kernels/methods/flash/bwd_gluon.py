@@ -35,27 +35,27 @@ from kernels.methods.flash.fwd_gluon import (GLUON_ERROR, SHARED_LIMIT, _descrip
 from kernels.methods.flash.tiles import LOG2E
 from kernels.methods.triton import fastlaunch
 
-__all__ = ["GLUON_ERROR", "budget_reason", "dq_shared_bytes", "launch_dkdv", "launch_dq", "shared_bytes"]
+__all__ = ["GLUON_ERROR", "budget_reason", "launch_dkdv", "launch_dq", "shared_bytes"]
 
 
-def shared_bytes(d: int, block_m: int, stages: int) -> int:
-    """k and v of both consumers (64 keys each), the q and do ring, 1 KB of barriers and scratch (16-bit)."""
-    return 2 * 2 * 64 * d * 2 + stages * 2 * block_m * d * 2 + 1024
+def shared_bytes(d: int, tile_rows: int, stages: int) -> int:
+    """Either pass's buffers (16-bit): each consumer's two fixed 64-row tiles (dk/dv: k and v; dq: q and do),
+    the ring of two tensors' tiles of tile_rows (dk/dv: q and do; dq: k and v), 1 KB of barriers and scratch."""
+    return 2 * 2 * 64 * d * 2 + stages * 2 * tile_rows * d * 2 + 1024
 
 
-def dq_shared_bytes(d: int, block_n: int, stages: int) -> int:
-    """q and do of both consumers (64 queries each), the k and v ring, 1 KB (16-bit)."""
-    return 2 * 2 * 64 * d * 2 + stages * 2 * block_n * d * 2 + 1024
+def _over_budget(what: str, d: int, tile_rows: int, stages: int) -> Optional[str]:
+    need = shared_bytes(d, tile_rows, stages)
+    if need > SHARED_LIMIT:
+        return (f"the Gluon {what} kernel's shared memory at d={d}, {tile_rows}-row tiles, {stages} slots: {need} "
+                f"bytes, over the {SHARED_LIMIT} an H100/H200 program may have")
+    return None
 
 
 def budget_reason(d: int, plan) -> Optional[str]:
     """Why a backward plan's Gluon kernels do not fit a program's shared memory (None: they do)."""
-    for what, need in (("dk/dv", shared_bytes(d, plan.block_m1, plan.num_stages)),
-                       ("dq", dq_shared_bytes(d, plan.block_n2, plan.dq_stages) if plan.gluon == 2 else 0)):
-        if need > SHARED_LIMIT:
-            return (f"the Gluon {what} kernel's shared memory at d={d} with {plan}: {need} bytes, over the "
-                    f"{SHARED_LIMIT} an H100/H200 program may have")
-    return None
+    return (_over_budget("dk/dv", d, plan.block_m1, plan.num_stages)
+            or (_over_budget("dq", d, plan.block_n2, plan.dq_stages) if plan.gluon == 2 else None))
 
 
 if gluon is not None:
@@ -249,10 +249,9 @@ def launch_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     if block_m != 128 or block_n not in (64, 128):
         raise ValueError(f"the Gluon dq kernel takes 128 queries a program (two warpgroups of 64) and 64 or 128 keys "
                          f"a tile; got block_m2={block_m}, block_n2={block_n}")
-    need = dq_shared_bytes(D, block_n, stages)
-    if need > SHARED_LIMIT:
-        raise ValueError(f"the Gluon dq kernel's shared memory at d={D}, block_n2={block_n}, {stages} slots: "
-                         f"{need} bytes, over the {SHARED_LIMIT} an H100/H200 program may have")
+    why = _over_budget("dq", D, block_n, stages)
+    if why:
+        raise ValueError(why)
     half = block_m // 2
     fastlaunch.launch(
         _dq_ws_kernel, (-(-TQ // block_m), H, B),
@@ -271,10 +270,9 @@ def launch_dkdv(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     if block_n != 128 or block_m not in (32, 64):
         raise ValueError(f"the Gluon dk/dv kernel takes 128 keys a program (two warpgroups of 64) and 32 or 64 "
                          f"queries a tile; got block_n1={block_n}, block_m1={block_m}")
-    need = shared_bytes(D, block_m, stages)
-    if need > SHARED_LIMIT:
-        raise ValueError(f"the Gluon dk/dv kernel's shared memory at d={D}, block_m1={block_m}, {stages} slots: "
-                         f"{need} bytes, over the {SHARED_LIMIT} an H100/H200 program may have")
+    why = _over_budget("dk/dv", D, block_m, stages)
+    if why:
+        raise ValueError(why)
     half = block_n // 2
     fastlaunch.launch(
         _dkdv_ws_kernel, (-(-TK // block_n), H, B),

@@ -49,8 +49,8 @@ FWD_PHASES = ("block_m=64,128 block_n=32,64,128 num_warps=4,8 num_stages=2,3,4 |
 BWD_PHASES = ("block_m1=32,64 block_n1=64,128 num_warps=4,8 num_stages=2,3,4 | "
               "block_m2=64,128 block_n2=32,64 dq_warps=4,8 dq_stages=2,3,4 | tma=off,host,device | fused=0,1 | "
               "fused=0 dq_mode=pass,atomic,tma_add | block_m1=32,64 block_n1=64,128 num_warps=4,8 num_stages=2,3,4 | "
-              "gluon=1 block_n1=128 block_m1=32,64 num_stages=2,3 fused=0 dq_mode=pass | "
-              "gluon=2 block_n1=128 block_m1=32,64 num_stages=2,3 fused=0 dq_mode=pass block_m2=128 "
+              "gluon=1 block_n1=128 block_m1=32,64 num_stages=2,3 fused=0 dq_mode=pass tma=off | "
+              "gluon=2 block_n1=128 block_m1=32,64 num_stages=2,3 fused=0 dq_mode=pass tma=off block_m2=128 "
               "block_n2=64,128 dq_stages=2,3")
 
 
