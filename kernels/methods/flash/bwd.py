@@ -72,7 +72,8 @@ if triton is not None:
             dp_t = mma(v, tl.trans(do), None, PREC)
             ds_t = p_t * (dp_t - delta[None, :])
             dk = mma(ds_t.to(q.dtype), q, dk, PREC)
-            if DQ_ATOMIC != 0:
+            if DQ_ATOMIC != 0:  # keys past Tk (read as zeros, their p = exp(-lse) unbounded): none of dq's share
+                ds_t = tl.where(offs_n[:, None] < TK, ds_t, 0.0)
                 dq_part = mma(tl.trans(ds_t.to(k.dtype)), k, None, PREC) * scale  # (BLOCK_M, D_PAD)
                 if DQ_ATOMIC == 1:
                     cols = tl.arange(0, D_PAD)
