@@ -25,6 +25,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 GLUON = plans.FwdPlan(block_m=128, block_n=128, num_stages=2, gluon=2)
 GLUON_BWD = plans.BwdPlan(block_n1=128, block_m1=64, num_stages=2, gluon=1)
 GLUON_BWD2 = plans.BwdPlan(block_n1=128, block_m1=64, num_stages=2, block_m2=128, block_n2=64, dq_stages=2, gluon=2)
+GLUON_BWD_ADD = plans.BwdPlan(block_n1=128, block_m1=64, num_stages=2, gluon=1, dq_mode="tma_add")
 
 
 def test_gluon_plan_limits():
@@ -49,6 +50,18 @@ def test_gluon_backward_plan_limits():
     for bad in (dict(block_m2=64), dict(block_n2=32), dict(dq_stages=1)):
         with pytest.raises(ValueError, match="gluon=2"):
             dataclasses.replace(GLUON_BWD2, **bad)
+    assert dataclasses.replace(GLUON_BWD_ADD, num_stages=3).dq_mode == "tma_add"
+    for bad in (dict(block_m1=32), dict(gluon=2, block_m2=128, block_n2=64, dq_stages=2)):
+        with pytest.raises(ValueError, match="tma_add"):  # (a warpgroup's dq tile is 64 queries; no dq pass to run)
+            dataclasses.replace(GLUON_BWD_ADD, **bad)
+    # dq's buffers: two tiles' ds^T of both consumers (16-bit) and each consumer's fp32 dq tile
+    extra = 4 * 64 * 64 * 2 + 2 * 64 * 64 * 4
+    assert bwd_gluon.shared_bytes(64, 64, 2, dq=True) == bwd_gluon.shared_bytes(64, 64, 2) + extra
+    assert bwd_gluon.budget_reason(128, GLUON_BWD_ADD) is None  # (225 KB of the 227)
+    assert "dk/dv kernel" in bwd_gluon.budget_reason(128, dataclasses.replace(GLUON_BWD_ADD, num_stages=3))
+    # (under deterministic algorithms the kernel runs without dq's buffers: they do not count then)
+    assert bwd_gluon.budget_reason(128, dataclasses.replace(GLUON_BWD_ADD, num_stages=3), add_dq=False) is None
+    assert bwd_gluon.budget_reason(128, dataclasses.replace(GLUON_BWD, num_stages=3)) is None
     _, b = plans.clamp(plans.FwdPlan(), GLUON_BWD, 5, 7)  # the Gluon tiles stay; the Triton dq pass's shrink
     assert (b.block_n1, b.block_m1, b.block_m2, b.block_n2) == (128, 64, 16, 16)
     _, b = plans.clamp(plans.FwdPlan(), GLUON_BWD2, 5, 7)
@@ -70,7 +83,7 @@ def test_where_it_cannot_run_an_explicit_plan_refuses_and_a_table_plan_falls_bac
     with pytest.raises(ValueError, match="cannot run here"):
         launch_fwd(q, k, v, 0.125, True, GLUON)
     out, lse = launch_fwd(q, k, v, 0.125, True)
-    for bp in (GLUON_BWD, GLUON_BWD2):
+    for bp in (GLUON_BWD, GLUON_BWD2, GLUON_BWD_ADD):
         with pytest.raises(ValueError, match="cannot run here"):
             launch_bwd(torch.ones_like(out), q, k, v, out, lse, 0.125, True, bp)
     key = (64, "bfloat16", True)
@@ -213,14 +226,17 @@ from tests.compiled_report import report
 from kernels.methods.flash import bwd_gluon as G
 
 for case in sys.argv[1:]:
-    D, BM, STAGES, causal = (int(a) for a in case.split(","))
-    lay = lambda rows: gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], gl.bfloat16)  # noqa: E731
+    D, BM, STAGES, causal, dq = (int(a) for a in case.split(","))
+    lay = lambda rows, ty=gl.bfloat16: gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], ty)  # noqa: E731
     desc = lambda rows: f"tensordesc<bf16[1,1,{rows},{D}],{lay(rows)}>"  # noqa: E731
-    const = {"s_dkd": 1, "s_dvd": 1, "BLOCK_N": 64, "BLOCK_M": BM, "D": D, "STAGES": STAGES, "CAUSAL": bool(causal)}
+    const = {"s_dkd": 1, "s_dvd": 1, "BLOCK_N": 64, "BLOCK_M": BM, "D": D, "STAGES": STAGES, "CAUSAL": bool(causal),
+             "DQ": bool(dq)}
     sig = {"desc_k": desc(64), "desc_v": desc(64), "desc_q": desc(BM), "desc_do": desc(BM), "LSE": "*fp32",
            "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16", "s_dkb": "i32", "s_dkh": "i32", "s_dkn": "i32",
            "s_dvb": "i32", "s_dvh": "i32", "s_dvn": "i32", "H": "i32", "TQ": "i32", "TK": "i32", "qk_scale": "fp32",
-           "scale": "fp32", **{k: "constexpr" for k in const}}
+           "scale": "fp32",
+           "desc_dqa": f"tensordesc<fp32[1,1,{BM},{D}],{lay(BM, gl.float32)}>" if dq else desc(64),
+           **{k: "constexpr" for k in const}}
     src = GluonASTSource(fn=G._dkdv_ws_kernel, signature=sig, constexprs=const,
                          attrs={(i,): [["tt.divisibility", 16]] for i in (4, 5, 6, 7)})
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
@@ -237,10 +253,57 @@ def test_gluon_dkdv_compiles_for_sm90_warp_specialized():
 
     if fwd_gluon.GLUON_ERROR:
         pytest.skip(fwd_gluon.GLUON_ERROR)
-    cases = ["64,32,3,1", "128,32,3,0", "128,32,2,1"]  # (q + do and k + v tiles of different sizes)
+    cases = ["64,32,3,1,0", "128,32,3,0,0", "128,32,2,1,0"]  # (q + do and k + v tiles of different sizes)
     for case, k in zip(cases, compile_cases(_COMPILE_BWD, cases, timeout=900)):
-        d, block_m, stages, _ = (int(a) for a in case.split(","))  # k and v; q and do
+        d, block_m, stages, _, _ = (int(a) for a in case.split(","))  # k and v; q and do
         _check_compiled(k, case, {2 * 64 * d * 2, 2 * block_m * d * 2}, bwd_gluon.shared_bytes(d, block_m, stages))
+        assert "cp.reduce.async.bulk" not in k["ptx"], case
+
+
+def test_gluon_dkdv_adding_dq_compiles_for_sm90_with_ordered_reductions():
+    """The dk/dv pass that adds dq (plan dq_mode="tma_add"), compiled for Hopper: the dk/dv kernel's protocol
+    (above) and no spill at d = 64; each consumer's TMA reduction (a 4-D bulk tensor add, one thread) issued
+    right after its warpgroup's barrier that follows the dq tile's stores and the async-proxy fence; before
+    those stores, its previous reductions waited for (wait_group.read 0) and that barrier again; the ds^T
+    tiles written (stmatrix) and fenced before the warpgroup's barrier and arrive that hand them over; one
+    more wait for the reductions, where the consumers end."""
+    import re
+
+    from tests.compiled_report import compile_cases
+
+    if fwd_gluon.GLUON_ERROR:
+        pytest.skip(fwd_gluon.GLUON_ERROR)
+    cases = ["64,64,2,1,1", "64,64,3,0,1"]
+    for case, k in zip(cases, compile_cases(_COMPILE_BWD, cases, timeout=900)):
+        d, block_m, stages, _, _ = (int(a) for a in case.split(","))
+        _check_compiled(k, case, {2 * 64 * d * 2, 2 * block_m * d * 2},
+                        bwd_gluon.shared_bytes(d, block_m, stages, dq=True))
+        lines = [ln.strip() for ln in k["ptx"].splitlines()
+                 if ln.strip() and not ln.strip().startswith(("//", ".loc", "$", "{", "}", ".reg"))]
+        reductions = [i for i, ln in enumerate(lines) if re.match(
+            r"@%p\d+ cp\.reduce\.async\.bulk\.tensor\.4d\.global\.shared::cta\.(bulk_group\.)?add", ln)]
+        assert len(reductions) == 2, (case, len(reductions))  # one per consumer
+        for i in reductions:
+            before = lines[:i]
+            bar = max(j for j, ln in enumerate(before) if re.match(r"bar\.sync\s+\d+,\s*128;", ln))
+            fence = max(j for j, ln in enumerate(before) if ln.startswith("fence.proxy.async"))
+            store = max(j for j, ln in enumerate(before) if ln.startswith("st.shared"))
+            wait = max(j for j, ln in enumerate(before) if re.match(r"cp\.async\.bulk\.wait_group\.read\s+0;", ln))
+            assert wait < store < fence < bar < i, (case, wait, store, fence, bar, i)
+            assert any(re.match(r"bar\.sync\s+\d+,\s*128;", ln) for ln in lines[wait + 1:wait + 3]), case
+        def event(ln):
+            return ("stmatrix" if ln.startswith("stmatrix") else "fence" if ln.startswith("fence.proxy.async") else
+                    "bar" if re.match(r"bar\.sync\s+\d+,\s*128;", ln) else
+                    "arrive" if re.match(r"@%p\d+ mbarrier\.arrive", ln) else None)
+
+        events = [(i, event(ln)) for i, ln in enumerate(lines) if event(ln)]
+        hand_overs = [n for n, (_, e) in enumerate(events) if e == "stmatrix"
+                      and (n + 1 == len(events) or events[n + 1][1] != "stmatrix")]  # each ds^T tile's last store
+        assert len(hand_overs) == 2, case  # one per consumer
+        for n in hand_overs:  # then the fence, the warpgroup's barrier, one thread's arrive
+            assert [e for _, e in events[n + 1:n + 4]] == ["fence", "bar", "arrive"], (case, events[n:n + 4])
+        waits = [ln for ln in lines if re.match(r"cp\.async\.bulk\.wait_group\.read\s+0;", ln)]
+        assert len(waits) > len(reductions), case  # (and at the end: the consumers' exits may share their code)
 
 
 _COMPILE_DQ = r"""
@@ -330,34 +393,41 @@ def test_gluon_forward_and_gradients_on_the_gpu(case, gplan, monkeypatch):
         assert (out[:, :, :tq - tk] == 0).all()
 
 
-_GPU_BWD_PLANS = [(1, 64, 2, 64, 2), (1, 32, 3, 64, 2), (2, 64, 2, 128, 2), (2, 32, 3, 64, 3), (2, 32, 2, 128, 2)]
-# (gluon, block_m1, num_stages, block_n2, dq_stages)
+_GPU_BWD_PLANS = [(1, 64, 2, 64, 2, "pass"), (1, 32, 3, 64, 2, "pass"), (2, 64, 2, 128, 2, "pass"),
+                  (2, 32, 3, 64, 3, "pass"), (2, 32, 2, 128, 2, "pass"), (1, 64, 2, 64, 2, "tma_add"),
+                  (1, 64, 3, 64, 2, "tma_add")]
+# (gluon, block_m1, num_stages, block_n2, dq_stages, dq_mode)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", _GPU_CASES,
                          ids=lambda c: f"{c[2]}x{c[3]}-d{c[4]}-{str(c[5])[6:]}-{c[6]}-{c[7]}-s{c[8]}")
-@pytest.mark.parametrize("bplan", _GPU_BWD_PLANS, ids=lambda p: f"gluon{p[0]}-m{p[1]}-s{p[2]}-n{p[3]}-s{p[4]}")
+@pytest.mark.parametrize("bplan", _GPU_BWD_PLANS,
+                         ids=lambda p: f"gluon{p[0]}-m{p[1]}-s{p[2]}-n{p[3]}-s{p[4]}" + ("-add" * (p[5] == "tma_add")))
 def test_gluon_backward_on_the_gpu(case, bplan, monkeypatch):
-    """The Gluon dk/dv pass, with the Triton dq pass (gluon=1) or the Gluon one (2), against float64, and dq,
-    dk, dv element by element against the Triton backward."""
+    """The Gluon dk/dv pass, with the Triton dq pass (gluon=1), the Gluon one (2) or adding dq itself (tma_add),
+    against float64, and dq, dk, dv element by element against the Triton backward."""
     B, H, tq, tk, d, dtype, causal, layout, scale = case
-    if d == 128 and bplan[1] == 64:
+    if d == 128 and bplan[1] == 64 and bplan[5] == "pass":
         pytest.skip("d = 128 takes 32-query dk/dv tiles (64 spill 16 bytes a thread: not a plan the sweep keeps)")
+    if d == 128 and bplan[5] == "tma_add" and (bplan[2] > 2 or (tq, layout) != (2048, "bthd")):
+        pytest.skip("adding dq at d = 128 (2 slots at most; it spills 128 bytes a thread): the long case only")
     q, k, v = make_qkv(B, H, tq, tk, d, dtype, layout=layout, device="cuda")
     why = fwd_gluon.supported(q, k, v)
     if why and "compute capability" in why:
         pytest.skip(why)
     assert why is None, why
-    gluon, block_m1, stages, block_n2, dq_stages = bplan
-    plan = plans.BwdPlan(block_n1=128, block_m1=block_m1, num_stages=stages, gluon=gluon,
+    gluon, block_m1, stages, block_n2, dq_stages, dq_mode = bplan
+    plan = plans.BwdPlan(block_n1=128, block_m1=block_m1, num_stages=stages, gluon=gluon, dq_mode=dq_mode,
                          **(dict(block_m2=128, block_n2=block_n2, dq_stages=dq_stages) if gluon == 2 else {}))
     launches = []
     for name in ("launch_dkdv", "launch_dq"):
         real = getattr(bwd_gluon, name)
-        monkeypatch.setattr(bwd_gluon, name, (lambda n, f: lambda *a: (launches.append(n), f(*a))[1])(name, real))
+        spy = (lambda n, f: lambda *a: (launches.append((n, a[13:])), f(*a))[1])(name, real)  # (a[13:]: dq_acc)
+        monkeypatch.setattr(bwd_gluon, name, spy)
     run_and_compare(q, k, v, causal=causal, scale=scale, plan=(plans.FwdPlan(block_m=64, block_n=64), plan))
-    assert launches == ["launch_dkdv"] + (["launch_dq"] if gluon == 2 else [])  # the Gluon kernels ran
+    assert [n for n, _ in launches] == ["launch_dkdv"] + (["launch_dq"] if gluon == 2 else [])  # the Gluon kernels ran
+    assert (launches[0][1][0] is not None) == (dq_mode == "tma_add")  # (dq_acc: dq added by the dk/dv kernel)
     s = d ** -0.5 if scale is None else scale
     qd, kd, vd = (t.detach() for t in (q, k, v))
     out, lse = launch_fwd(qd, kd, vd, s, causal, plans.FwdPlan(block_m=64, block_n=64))
@@ -368,3 +438,91 @@ def test_gluon_backward_on_the_gpu(case, bplan, monkeypatch):
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         assert g.stride() == w.stride(), name
         torch.testing.assert_close(g, w, atol=tol * max(1.0, w.abs().max().item()), rtol=tol, msg=name)
+
+
+@pytest.mark.gpu
+def test_gluon_backward_adding_dq_runs_the_dq_pass_when_deterministic(monkeypatch):
+    """Under torch.use_deterministic_algorithms the tma_add plan's dq comes from the Triton dq pass (TMA
+    reductions add in a varying order): the same dq, dk, dv bit for bit as the plan with that pass."""
+    q, k, v = (t.detach() for t in make_qkv(2, 3, 300, 300, 64, torch.bfloat16, layout="bthd", device="cuda"))
+    why = fwd_gluon.supported(q, k, v)
+    if why and "compute capability" in why:
+        pytest.skip(why)
+    out, lse = launch_fwd(q, k, v, 0.125, True, plans.FwdPlan(block_m=64, block_n=64))
+    do = torch.randn_like(out)
+    seen = []
+    real = bwd_gluon.launch_dkdv
+    monkeypatch.setattr(bwd_gluon, "launch_dkdv", lambda *a: (seen.append(a[13]), real(*a))[1])
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        got = launch_bwd(do, q, k, v, out, lse, 0.125, True, GLUON_BWD_ADD)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    want = launch_bwd(do, q, k, v, out, lse, 0.125, True, GLUON_BWD)
+    assert seen[0] is None and seen[1] is None
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.gpu
+def test_gluon_backward_adding_dq_ignores_keys_past_tk_when_every_score_is_very_negative():
+    """Keys past Tk (333 keys: the last program's are ragged), not causal, scores of several hundred below
+    zero: exp(0 - lse) of the keys TMA read as zeros overflows, and must not reach dq. Against the same
+    dk/dv kernel with the Triton dq pass (which masks those keys)."""
+    q, k, v = (t.detach() for t in make_qkv(1, 2, 100, 333, 64, torch.bfloat16, device="cuda"))
+    why = fwd_gluon.supported(q, k, v)
+    if why and "compute capability" in why:
+        pytest.skip(why)
+    q, k = (q.abs() + 1).mul_(4), (k.abs() + 1).mul_(-4)
+    out, lse = launch_fwd(q, k, v, 0.125, False, plans.FwdPlan(block_m=64, block_n=64))
+    assert lse.max() < -100
+    do = torch.randn_like(out)
+    got = launch_bwd(do, q, k, v, out, lse, 0.125, False, GLUON_BWD_ADD)
+    want = launch_bwd(do, q, k, v, out, lse, 0.125, False, GLUON_BWD)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert torch.isfinite(g).all(), name
+        torch.testing.assert_close(g, w, atol=2e-2 * w.abs().max().item(), rtol=2e-2, msg=name)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_launch_bwd_wires_the_gluon_dkdv_adding_dq(monkeypatch, deterministic):
+    """launch_bwd's side of dq_mode="tma_add" with a Gluon plan, on any machine: the Gluon kernel stood in for
+    by float64 math (it adds the true dq into the buffer it is given). The buffer is a zeroed fp32
+    (B, H, Tq, d) tensor and dq comes out of it in the model's layout; under deterministic algorithms the
+    kernel gets no buffer and the Triton dq pass gives dq. Every gradient against float64."""
+    from kernels.methods.flash import bwd
+
+    q, k, v = (t.detach() for t in make_qkv(2, 2, 37, 37, 64, torch.bfloat16, layout="bthd"))
+    scale = 0.125
+    ref_in = [t.double().requires_grad_(True) for t in (q, k, v)]
+    ref = kernels.reference_attention(*ref_in, scale=scale, causal=True)
+    do = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1)).to(q.dtype)
+    ref.backward(do.double())
+    given = []
+
+    def fake_dkdv(do_, q_, k_, v_, lse, delta, dk, dv, scale_, causal, block_n, block_m, stages, dq_acc=None):
+        given.append(dq_acc)
+        dk.copy_(ref_in[1].grad)
+        dv.copy_(ref_in[2].grad)
+        if dq_acc is not None:
+            assert dq_acc.dtype == torch.float32 and dq_acc.is_contiguous() and not dq_acc.any()
+            dq_acc += ref_in[0].grad.float()
+
+    monkeypatch.setattr(bwd.fwd_gluon, "supported", lambda *a: None)
+    monkeypatch.setattr(bwd, "tma_eligible", lambda *a: True)
+    monkeypatch.setattr(bwd_gluon, "launch_dkdv", fake_dkdv)
+    out, lse = launch_fwd(q, k, v, scale, True, plans.FwdPlan(block_m=16, block_n=16))
+    plan = dataclasses.replace(GLUON_BWD_ADD, block_m2=16, block_n2=16, pre_block=16)
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    try:
+        dq, dk, dv = launch_bwd(do, q, k, v, out, lse, scale, True, plan)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert len(given) == 1 and (given[0] is None) == deterministic
+    if not deterministic:
+        assert given[0].shape == (2, 2, 37, 64)
+    assert dq.stride() == q.stride()  # (the model's (B, T, H, d) layout, as every backward's)
+    for got, want in zip((dq, dk, dv), ref_in):
+        assert kernels.relative_error(got, want.grad) <= kernels.ATTN_BWD_TOL[torch.bfloat16]

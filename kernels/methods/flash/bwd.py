@@ -1,6 +1,7 @@
 """The flash backward kernels and their launcher (the algorithm is in the package docstring).
 
-delta = rowsum(o * do) first (one small kernel), then dk/dv (a program per BLOCK_N1 keys, looping
+delta = rowsum(o * do) first (one small kernel, which also zeroes the fp32 dq sums of the modes that add
+dq, below), then dk/dv (a program per BLOCK_N1 keys, looping
 over the queries that see them) and dq (a program per BLOCK_M2 queries, looping over the keys they
 see), each recomputing P = exp(scale * q k^T - lse) tile by tile; two launches, or one when the plan
 fuses them (the first programs of the grid do dk/dv, the rest dq). No T x T tensor.
@@ -16,7 +17,8 @@ under ``torch.use_deterministic_algorithms(True)`` such a plan runs the dq pass 
 shared memory, the adds happen in L2, the registers and issue slots of the element atomics are free).
 Triton's interpreter has no descriptor reductions: there, and on GPUs without TMA, it runs "atomic".
 Both lost to the dq pass on the H200 (docs/perf.md, runs S and V): the sweep tries them, no table entry
-uses them.
+uses them. With a Gluon plan (``BwdPlan.gluon``) ``dq_mode="tma_add"`` is the Gluon dk/dv kernel adding
+dq (bwd_gluon: both consumers' shares in one reduction per 128 keys).
 """
 
 from __future__ import annotations
@@ -34,15 +36,22 @@ from kernels.methods.triton import fastlaunch
 if triton is not None:
 
     @triton.jit
-    def _delta_kernel(O, DO, DELTA, sob, soh, som, sod, sdb, sdh, sdm, sdd, H, TQ,
-                      DV: tl.constexpr, DV_PAD: tl.constexpr, BLOCK: tl.constexpr):
+    def _delta_kernel(O, DO, DELTA, DQA, sob, soh, som, sod, sdb, sdh, sdm, sdd, H, TQ,
+                      DV: tl.constexpr, DV_PAD: tl.constexpr, BLOCK: tl.constexpr, ACC_D: tl.constexpr):
+        """delta = rowsum(o * do); ACC_D > 0: the same rows of DQA, the dq sums the dk/dv programs add
+        into (contiguous fp32 (B, H, Tq, ACC_D)), zeroed here (no memset launch of their own)."""
         m0 = tl.program_id(0) * BLOCK
         h = tl.program_id(1)
         b = tl.program_id(2)
         o = load_rows(O, b, h, m0, TQ, sob, soh, som, sod, BLOCK, DV, DV_PAD, 0, True).to(tl.float32)
         do = load_rows(DO, b, h, m0, TQ, sdb, sdh, sdm, sdd, BLOCK, DV, DV_PAD, 0, True).to(tl.float32)
         rows = m0 + tl.arange(0, BLOCK)
-        tl.store(DELTA + (b * H + h).to(tl.int64) * TQ + rows, tl.sum(o * do, 1), mask=rows < TQ)
+        row0 = (b * H + h).to(tl.int64) * TQ
+        tl.store(DELTA + row0 + rows, tl.sum(o * do, 1), mask=rows < TQ)
+        if ACC_D > 0:
+            cols = tl.arange(0, ACC_D)
+            tl.store(DQA + (row0 + rows)[:, None] * ACC_D + cols[None, :], tl.zeros([BLOCK, ACC_D], tl.float32),
+                     mask=(rows < TQ)[:, None])
 
     @triton.jit
     def _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQA, b, h, lo, hi, offs_n, H, TQ, TK, qk_scale, scale,
@@ -217,7 +226,7 @@ def _site(preps: list, delta_size: tuple, grads: tuple, device):
     def bwd(do, q, k, v, out, lse):
         delta = torch.empty(delta_size, dtype=torch.float32, device=device)
         dq, dk, dv = (torch.empty_strided(size, stride, dtype=dtype, device=device) for size, stride, dtype in grads)
-        if not pre(out, do, delta):
+        if not pre(out, do, delta, delta):
             return None
         for prep in rest:  # (on the device the first one checked: each launches)
             if not prep(q, k, v, do, q, k, v, do, dq, dk, dv, lse, delta, delta):
@@ -246,19 +255,26 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     chosen = plan is not None
     if plan is None:
         plan = plans.plans_for(D, DV, q.dtype, causal, TQ, TK)[1]
+    # atomic adds sum dq in a varying order: under torch.use_deterministic_algorithms, the dq pass
+    deterministic = torch.are_deterministic_algorithms_enabled()
     if plan.gluon:
         why = (fwd_gluon.supported(q, k, v) or (None if tma_eligible(do) else "do is not TMA-readable")
-               or bwd_gluon.budget_reason(D, plan))
+               or bwd_gluon.budget_reason(D, plan, plan.dq_mode == "tma_add" and not deterministic))
         if why is not None and chosen:
             raise ValueError(f"{plan} cannot run here: {why}")
         if why is not None:  # a table plan for GPUs the Gluon kernel takes: elsewhere, the Triton default
             plan = plans.clamp(plans.FwdPlan(), plans.default_plans(plans.head_pad(max(D, DV)), q.dtype, causal)[1],
                                TQ, TK)[1]
     d_pad, dv_pad = plans.head_pad(D), plans.head_pad(DV)
+    atomic = 0 if plan.dq_mode == "pass" or plan.gluon or deterministic else 1
+    add_dq = plan.gluon == 1 and plan.dq_mode == "tma_add" and not deterministic  # (the Gluon dk/dv kernel adds dq)
+    # the fp32 dq sums (zeroed by the delta kernel): rows of d_pad for the Triton kernels, of D for the Gluon one
+    acc_d = D if add_dq else d_pad if atomic else 0
+    dq_acc = torch.empty((B, H, TQ, acc_d), dtype=torch.float32, device=q.device) if acc_d else None
     delta = torch.empty((B, H, TQ), dtype=torch.float32, device=q.device)
     launches = [(_delta_kernel, (fastlaunch.cdiv(TQ, plan.pre_block), H, B),
-                 (out, do, delta, *out.stride(), *do.stride(), H, TQ),
-                 dict(DV=DV, DV_PAD=dv_pad, BLOCK=plan.pre_block))]
+                 (out, do, delta, delta if dq_acc is None else dq_acc, *out.stride(), *do.stride(), H, TQ),
+                 dict(DV=DV, DV_PAD=dv_pad, BLOCK=plan.pre_block, ACC_D=acc_d))]
     fastlaunch.launch(*launches[0])
     # the gradients in the layout of the model's q/k/v views (tiles.empty_bthd)
     dq = empty_bthd(B, H, TQ, D, q.dtype, q.device)
@@ -272,11 +288,8 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if tma == "device":
         ensure_allocator()
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *dk.stride(), *dv.stride())
-    # atomic adds sum dq in a varying order: under torch.use_deterministic_algorithms, the dq pass
-    atomic = 0 if plan.dq_mode == "pass" or torch.are_deterministic_algorithms_enabled() else 1
-    # fp32 dq sums, rows of d_pad (zeroed: the atomic adds accumulate into them); else a dummy pointer
-    dq_acc = torch.zeros((B, H, TQ, d_pad), dtype=torch.float32, device=q.device) if atomic else delta
-    dq_sums = dq_acc  # what the kernel adds into: the buffer, or (tma_add, where TMA is) its descriptor
+    dq_sums = dq_acc if atomic else delta  # what the kernel adds into: the buffer, or (tma_add, where TMA is)
+    # its descriptor; else a dummy pointer
     if atomic and plan.dq_mode == "tma_add" and not interpreter_enabled():
         if resolve_tma("host", q.device, dq_acc) == "host":
             atomic, dq_sums = 2, host_descriptor(dq_acc, bm1, d_pad)
@@ -300,10 +313,12 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         fastlaunch.launch(*one)
         launches.append(one)
 
-    if plan.gluon:  # dk/dv by the Gluon kernel; dq by the Triton pass (1) or the Gluon one (2)
+    if plan.gluon:  # dk/dv by the Gluon kernel; dq by it too (tma_add), the Triton pass (1) or the Gluon one (2)
         bwd_gluon.launch_dkdv(do, q, k, v, lse, delta, dk, dv, scale, causal, plan.block_n1, plan.block_m1,
-                              plan.num_stages)
-        if plan.gluon == 2:
+                              plan.num_stages, dq_acc)
+        if add_dq:
+            dq.copy_(dq_acc)
+        elif plan.gluon == 2:
             bwd_gluon.launch_dq(do, q, k, v, lse, delta, dq, scale, causal, plan.block_m2, plan.block_n2,
                                 plan.dq_stages)
         else:

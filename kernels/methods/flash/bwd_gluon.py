@@ -1,6 +1,7 @@
 """The flash backward in Gluon for Hopper (sm_90): the dk/dv pass (plan ``BwdPlan.gluon`` = 1, the
-dq pass then the Triton one of ``bwd``) and the dq pass too (``gluon`` = 2); warp-specialized like the
-Gluon forward. The delta kernel stays the Triton one.
+dq pass then the Triton one of ``bwd``, or none: with ``dq_mode="tma_add"`` the dk/dv pass adds dq
+itself) and the dq pass too (``gluon`` = 2); warp-specialized like the Gluon forward. The delta kernel
+stays the Triton one.
 
 Both passes share one producer partition (the default one, 4 warps): it loads each consumer's fixed
 tiles once and streams the other two tensors' tiles by TMA (4-D descriptors with the tensors' strides;
@@ -13,6 +14,14 @@ consumer warpgroups have read them.
   exp2(s^T * scale * log2(e) - lse * log2(e)) (-inf first above the causal diagonal), dv += p^T do,
   dp^T = v do^T, ds^T = p^T * (dp^T - delta), dk += ds^T q. Tiles before a consumer's first visible
   query are waited for and released only. Keys past Tk are computed and not stored.
+* dk/dv adding dq (``DQ``; FA3's backward, five matmuls per tile instead of the two passes' seven): per
+  query tile both consumers also put their ds^T in shared memory, and the two take turns (even tiles
+  consumer 0, odd ones consumer 1) forming the tile's dq share over all 128 keys (two wgmmas reading
+  ds^T transposed) and adding it into an fp32 (B, H, Tq, d) buffer by one TMA reduction
+  (``cp.reduce.async.bulk.tensor``), which the host then casts into dq. One reduction per 128 keys and
+  query tile: half the reduction traffic of 64-key tiles, which is what cost the Triton kernel's
+  ``tma_add`` its place (docs/perf.md). The summation order of dq varies from run to run: under
+  ``torch.use_deterministic_algorithms`` the dq pass runs instead.
 * dq: a program takes 2 x BLOCK_M queries (heaviest first when causal); the fixed tiles are each
   consumer's q and do, the streamed ones k and v, up to the program's last visible key. Per key tile:
   s = q k^T and dp = do v^T, p = exp2(s * scale * log2(e) - lse * log2(e)) (masked as in the
@@ -31,30 +40,36 @@ import torch
 
 from kernels.methods.flash.fwd_gluon import (GLUON_ERROR, SHARED_LIMIT, _descriptor, _key_range, _mask_tile,
                                              _query_program, _ring_barriers, _tma_load, fence_async_shared, gl, gluon,
-                                             mbarrier, mma_layout, operand_layout, warpgroup_mma, warpgroup_mma_wait)
+                                             mbarrier, mma_layout, operand_layout, tma, warpgroup_mma,
+                                             warpgroup_mma_wait)
 from kernels.methods.flash.tiles import LOG2E
 from kernels.methods.triton import fastlaunch
 
 __all__ = ["GLUON_ERROR", "budget_reason", "launch_dkdv", "launch_dq", "shared_bytes"]
 
 
-def shared_bytes(d: int, tile_rows: int, stages: int) -> int:
+def shared_bytes(d: int, tile_rows: int, stages: int, dq: bool = False) -> int:
     """Either pass's buffers (16-bit): each consumer's two fixed 64-row tiles (dk/dv: k and v; dq: q and do),
-    the ring of two tensors' tiles of tile_rows (dk/dv: q and do; dq: k and v), 1 KB of barriers and scratch."""
-    return 2 * 2 * 64 * d * 2 + stages * 2 * tile_rows * d * 2 + 1024
+    the ring of two tensors' tiles of tile_rows (dk/dv: q and do; dq: k and v), 1 KB of barriers and scratch;
+    dq (the dk/dv pass adding dq): two tiles' ds^T of both consumers (16-bit, 64 keys x tile_rows each) and
+    each consumer's fp32 dq tile (tile_rows x d) for its TMA reductions."""
+    extra = 2 * 2 * 64 * tile_rows * 2 + 2 * tile_rows * d * 4 if dq else 0
+    return 2 * 2 * 64 * d * 2 + stages * 2 * tile_rows * d * 2 + extra + 1024
 
 
-def _over_budget(what: str, d: int, tile_rows: int, stages: int) -> Optional[str]:
-    need = shared_bytes(d, tile_rows, stages)
+def _over_budget(what: str, d: int, tile_rows: int, stages: int, dq: bool = False) -> Optional[str]:
+    need = shared_bytes(d, tile_rows, stages, dq)
     if need > SHARED_LIMIT:
         return (f"the Gluon {what} kernel's shared memory at d={d}, {tile_rows}-row tiles, {stages} slots: {need} "
                 f"bytes, over the {SHARED_LIMIT} an H100/H200 program may have")
     return None
 
 
-def budget_reason(d: int, plan) -> Optional[str]:
-    """Why a backward plan's Gluon kernels do not fit a program's shared memory (None: they do)."""
-    return (_over_budget("dk/dv", d, plan.block_m1, plan.num_stages)
+def budget_reason(d: int, plan, add_dq: Optional[bool] = None) -> Optional[str]:
+    """Why a backward plan's Gluon kernels do not fit a program's shared memory (None: they do); add_dq:
+    whether the dk/dv kernel adds dq (None: as the plan says; False under deterministic algorithms)."""
+    add_dq = plan.dq_mode == "tma_add" if add_dq is None else add_dq
+    return (_over_budget("dk/dv", d, plan.block_m1, plan.num_stages, add_dq)
             or (_over_budget("dq", d, plan.block_n2, plan.dq_stages) if plan.gluon == 2 else None))
 
 
@@ -78,11 +93,27 @@ if gluon is not None:
             _tma_load(desc_x, [b, h, lo + j * TILE_ROWS, 0], bar, x_bufs.index(s))
             _tma_load(desc_y, [b, h, lo + j * TILE_ROWS, 0], bar, y_bufs.index(s))
 
+    # TMA's shared -> global reduction (cp.reduce.async.bulk.tensor .add): tma.async_atomic_add in newer Tritons;
+    # Triton 3.6's Gluon builds the same op through its builder, without a Python wrapper
+    _tma_add = getattr(tma, "async_atomic_add", None)
+    if _tma_add is None:
+        from triton._C.libtriton import ir as _ir
+        from triton.experimental.gluon.language._core import builtin as _builtin
+
+        @_builtin
+        def _tma_add(tensor_desc, coord, src, _semantic=None):
+            coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+            _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord,
+                                                      src.handle)
+
     @gluon.jit
     def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, kv_bar, ready, empty, LSE, DELTA, DK, DV,
                   s_dkb, s_dkh, s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, b, h, H, n0, lo, n_tiles, TQ, TK,
-                  qk_scale, scale, C: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
-                  D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                  qk_scale, scale, ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, C: gl.constexpr,
+                  BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+                  CAUSAL: gl.constexpr, DQ: gl.constexpr):
+        """dk and dv of this consumer's BLOCK_N keys; with DQ also dq's shares (``_dq_turn``; the arguments
+        from ds_bufs to desc_dqa are DQ's buffers, barriers and descriptor, not read without it)."""
         dtype: gl.constexpr = k_bufs.dtype
         s_layout: gl.constexpr = mma_layout(BLOCK_M)  # keys x queries
         o_layout: gl.constexpr = mma_layout(D)  # keys x d
@@ -98,12 +129,16 @@ if gluon is not None:
             j_first = (gl.maximum(k0 - off, 0) - lo) // BLOCK_M
         else:
             j_first = 0
+        if k0 >= TK:  # (the last program's second half past Tk: nothing of its to compute)
+            j_first = n_tiles
         offs_n = k0 + gl.arange(0, BLOCK_N, layout=row_s)
         row = (b * H + h).to(gl.int64) * TQ
         dk = gl.zeros([BLOCK_N, D], gl.float32, layout=o_layout)
         dv = gl.zeros([BLOCK_N, D], gl.float32, layout=o_layout)
         zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
         mbarrier.wait(kv_bar.index(C), 0)
+        if DQ:  # (the dq turns read the other consumer's k tile too)
+            mbarrier.wait(kv_bar.index(1 - C), 0)
         k = k_bufs.index(C).reshape([BLOCK_N, D])
         v = v_bufs.index(C).reshape([BLOCK_N, D])
         for j in range(n_tiles):
@@ -114,6 +149,9 @@ if gluon is not None:
             lse2 = gl.load(LSE + row + offs_m, mask=offs_m < TQ, other=float("inf")) * 1.4426950408889634
             delta = gl.load(DELTA + row + offs_m, mask=offs_m < TQ, other=0.0)
             mbarrier.wait(ready.index(s), (j // STAGES) & 1)
+            if DQ:  # this tile's ds^T slot: free once the dq turn of tile j - 2 has read it
+                mbarrier.wait(ds_empty.index(j % 2), ((j // 2) & 1) ^ 1)
+            dst = zero_s  # (a tile before j_first adds nothing to dq either)
             if j >= j_first:
                 q = q_bufs.index(s).reshape([BLOCK_M, D])
                 do = do_bufs.index(s).reshape([BLOCK_M, D])
@@ -123,6 +161,9 @@ if gluon is not None:
                 if CAUSAL:
                     if m0 < k0 + BLOCK_N - off:  # a diagonal tile: -inf above it (exp2 of such a score may overflow)
                         z = gl.where(offs_n[:, None] <= offs_m[None, :] + off, z, float("-inf"))
+                if DQ:  # keys past Tk (read as zeros): p = exp(-lse) may overflow, and inf x 0 would reach dq
+                    if k0 + BLOCK_N > TK:
+                        z = gl.where(offs_n[:, None] < TK, z, float("-inf"))
                 pt = gl.exp2(z)
                 dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do, dv, is_async=True)
                 dpt = warpgroup_mma(v, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)
@@ -131,6 +172,11 @@ if gluon is not None:
                 dk = warpgroup_mma(gl.convert_layout(dst.to(dtype), a_layout), q, dk, is_async=True)
                 dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
             mbarrier.arrive(empty.index(s), count=1)
+            if DQ:
+                _dq_turn(dst.to(dtype), k_bufs, ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, b, h, m0, j, scale, C,
+                         BLOCK_N, BLOCK_M, D)
+        if DQ:  # (the last reduction reads its shared tile before the program ends)
+            tma.store_wait(0)
         rows = k0 + gl.arange(0, BLOCK_N, layout=row_o)
         cols = gl.arange(0, D, layout=col_o)
         keep = rows[:, None] < TK
@@ -141,11 +187,41 @@ if gluon is not None:
                  dv.to(dtype), mask=keep)
 
     @gluon.jit
+    def _dq_turn(dst, k_bufs, ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, b, h, m0, j, scale, C: gl.constexpr,
+                 BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, D: gl.constexpr):
+        """dq's share of query tile j from the program's 2 x BLOCK_N keys, FA3's way: each consumer puts its
+        ds^T (BLOCK_N keys x BLOCK_M queries; zeros where it had nothing to add) in the tile's shared slot
+        ds_bufs[2 * (j % 2) + C] and arrives on ds_full[j % 2]; the consumer whose turn it is (C = j % 2)
+        waits for both, runs dq = ds_0 k_0 + ds_1 k_1 (two wgmmas reading ds^T transposed from shared
+        memory), hands the slots back (ds_empty) and adds dq * scale into the fp32 dq rows by one TMA
+        reduction from its own shared tile, once its previous reduction has read that tile. One reduction
+        per 2 x BLOCK_N keys and query tile."""
+        par = j % 2
+        ds_bufs.index(2 * par + C).store(dst)
+        fence_async_shared()  # (the stores seen by the wgmmas, which read through the async proxy)
+        mbarrier.arrive(ds_full.index(par), count=1)
+        if par == C:
+            mbarrier.wait(ds_full.index(par), (j // 2) & 1)
+            zero_q = gl.zeros([BLOCK_M, D], gl.float32, layout=mma_layout(D))
+            dq = warpgroup_mma(ds_bufs.index(2 * par).permute((1, 0)), k_bufs.index(0).reshape([BLOCK_N, D]), zero_q,
+                               use_acc=False, is_async=True)
+            dq = warpgroup_mma(ds_bufs.index(2 * par + 1).permute((1, 0)), k_bufs.index(1).reshape([BLOCK_N, D]), dq,
+                               is_async=True)
+            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+            mbarrier.arrive(ds_empty.index(par), count=1)
+            tma.store_wait(0)  # (this consumer's previous reduction has read its tile)
+            dq_bufs.index(C).reshape([BLOCK_M, D]).store(dq * scale)
+            fence_async_shared()
+            _tma_add(desc_dqa, [b, h, m0, 0], dq_bufs.index(C))
+
+    @gluon.jit
     def _dkdv_ws_kernel(desc_k, desc_v, desc_q, desc_do, LSE, DELTA, DK, DV,
-                        s_dkb, s_dkh, s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, H, TQ, TK, qk_scale, scale,
+                        s_dkb, s_dkh, s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, H, TQ, TK, qk_scale, scale, desc_dqa,
                         BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-                        CAUSAL: gl.constexpr):
-        """One program: 2 x BLOCK_N keys of (batch, head); see the module docstring."""
+                        CAUSAL: gl.constexpr, DQ: gl.constexpr):
+        """One program: 2 x BLOCK_N keys of (batch, head); see the module docstring. DQ: dq's shares too,
+        added into the fp32 (B, H, Tq, D) rows desc_dqa describes (boxes of BLOCK_M x D); without it
+        desc_dqa is not read."""
         n0 = gl.program_id(0) * (2 * BLOCK_N)
         h = gl.program_id(1)
         b = gl.program_id(2)
@@ -160,16 +236,27 @@ if gluon is not None:
         q_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, D], desc_q.layout)
         do_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, D], desc_do.layout)
         kv_bar, ready, empty = _ring_barriers(STAGES)
+        if DQ:  # two tiles' ds^T of both consumers, each consumer's dq tile, the ds^T slots' barriers
+            ds_bufs = gl.allocate_shared_memory(dtype, [4, BLOCK_N, BLOCK_M],
+                                                gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
+            dq_bufs = gl.allocate_shared_memory(gl.float32, [2, 1, 1, BLOCK_M, D], desc_dqa.layout)
+            ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            ds_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(2):
+                mbarrier.init(ds_full.index(i), count=2)  # both consumers' ds^T
+                mbarrier.init(ds_empty.index(i), count=1)  # the turn's consumer, done reading them
+        else:  # (placeholders of the consumers' DQ arguments, never read)
+            ds_bufs, dq_bufs, ds_full, ds_empty = k_bufs, k_bufs, kv_bar, kv_bar
         fence_async_shared()
         gl.warp_specialize(
             [(_producer, (desc_k, desc_v, desc_q, desc_do, k_bufs, v_bufs, q_bufs, do_bufs, kv_bar, ready, empty, b,
                           h, n0, lo, n_tiles, BLOCK_N, BLOCK_M, STAGES)),
              (_consumer, (k_bufs, v_bufs, q_bufs, do_bufs, kv_bar, ready, empty, LSE, DELTA, DK, DV, s_dkb, s_dkh,
                           s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, b, h, H, n0, lo, n_tiles, TQ, TK, qk_scale, scale,
-                          0, BLOCK_N, BLOCK_M, D, STAGES, CAUSAL)),
+                          ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, 0, BLOCK_N, BLOCK_M, D, STAGES, CAUSAL, DQ)),
              (_consumer, (k_bufs, v_bufs, q_bufs, do_bufs, kv_bar, ready, empty, LSE, DELTA, DK, DV, s_dkb, s_dkh,
                           s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, b, h, H, n0, lo, n_tiles, TQ, TK, qk_scale, scale,
-                          1, BLOCK_N, BLOCK_M, D, STAGES, CAUSAL))],
+                          ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, 1, BLOCK_N, BLOCK_M, D, STAGES, CAUSAL, DQ))],
             [4, 4], [240, 240])
 
     @gluon.jit
@@ -262,20 +349,28 @@ def launch_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 def launch_dkdv(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
                 delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, scale: float, causal: bool, block_n: int,
-                block_m: int, stages: int) -> None:
+                block_m: int, stages: int, dq_acc: Optional[torch.Tensor] = None) -> None:
     """dk and dv (allocated by the caller, any strides) for inputs ``fwd_gluon.supported`` takes and do;
-    block_n: keys per program (two consumers of block_n / 2), block_m: queries per tile, stages: slots."""
+    block_n: keys per program (two consumers of block_n / 2), block_m: queries per tile, stages: slots.
+    dq_acc: a zeroed contiguous fp32 (B, H, Tq, d) tensor to add dq * scale into (dq by TMA reductions,
+    64-query tiles), or None (no dq)."""
     B, H, TQ, D = q.shape
     TK = k.shape[2]
     if block_n != 128 or block_m not in (32, 64):
         raise ValueError(f"the Gluon dk/dv kernel takes 128 keys a program (two warpgroups of 64) and 32 or 64 "
                          f"queries a tile; got block_n1={block_n}, block_m1={block_m}")
-    why = _over_budget("dk/dv", D, block_m, stages)
+    if dq_acc is not None and (block_m != 64 or dq_acc.dtype != torch.float32 or tuple(dq_acc.shape) != (B, H, TQ, D)
+                               or not dq_acc.is_contiguous()):
+        raise ValueError(f"the Gluon dk/dv kernel adds dq with 64-query tiles (block_m1={block_m}) into a contiguous "
+                         f"fp32 {(B, H, TQ, D)} tensor (got {dq_acc.dtype} {tuple(dq_acc.shape)})")
+    why = _over_budget("dk/dv", D, block_m, stages, dq_acc is not None)
     if why:
         raise ValueError(why)
     half = block_n // 2
+    desc_k = _descriptor(k, half)
     fastlaunch.launch(
         _dkdv_ws_kernel, (-(-TK // block_n), H, B),
-        (_descriptor(k, half), _descriptor(v, half), _descriptor(q, block_m), _descriptor(do, block_m), lse, delta,
-         dk, dv, *dk.stride(), *dv.stride(), H, TQ, TK, scale * LOG2E, scale),
-        dict(BLOCK_N=half, BLOCK_M=block_m, D=D, STAGES=stages, CAUSAL=causal, num_warps=4))
+        (desc_k, _descriptor(v, half), _descriptor(q, block_m), _descriptor(do, block_m), lse, delta,
+         dk, dv, *dk.stride(), *dv.stride(), H, TQ, TK, scale * LOG2E, scale,
+         desc_k if dq_acc is None else _descriptor(dq_acc, block_m)),
+        dict(BLOCK_N=half, BLOCK_M=block_m, D=D, STAGES=stages, CAUSAL=causal, DQ=dq_acc is not None, num_warps=4))

@@ -338,14 +338,14 @@ _LAYOUTS: dict = {}
 
 
 def _descriptor(t: torch.Tensor, rows: int):
-    """A 4-D TMA descriptor of a (B, H, T, d) tensor with its strides, boxes of one (batch, head)'s rows x d
-    (its shared-memory layout made once per box and dtype)."""
+    """A 4-D TMA descriptor of a (B, H, T, d) tensor with its strides (16-bit, or the backward's fp32 dq sums),
+    boxes of one (batch, head)'s rows x d (its shared-memory layout made once per box and dtype)."""
     block = [1, 1, rows, t.shape[-1]]
     key = (rows, t.shape[-1], t.dtype)
     layout = _LAYOUTS.get(key)
     if layout is None:
         layout = _LAYOUTS[key] = gl.NVMMASharedLayout.get_default_for(
-            block, gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16)
+            block, {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[t.dtype])
     return GluonDescriptor(t, list(t.shape), list(t.stride()), block, layout)
 
 

@@ -86,8 +86,9 @@ class BwdPlan:
     fused: bool = False
     pre_block: int = 64
     dq_mode: str = "pass"
-    gluon: int = 0  # 1: the dk/dv pass in Gluon (bwd_gluon): block_n1 = 128, block_m1 32 or 64, num_stages slots;
-    # 2: the dq pass too: block_m2 = 128, block_n2 64 or 128, dq_stages slots
+    gluon: int = 0  # 1: the dk/dv pass in Gluon (bwd_gluon): block_n1 = 128, block_m1 32 or 64, num_stages slots,
+    # with dq_mode "pass" the Triton dq pass after it, "tma_add" dq added by it (TMA reductions, block_m1 = 64);
+    # 2: the dq pass in Gluon too: block_m2 = 128, block_n2 64 or 128, dq_stages slots
 
     def __post_init__(self) -> None:
         _check_blocks(self, ("block_m1", "block_n1", "block_m2", "block_n2", "pre_block"))
@@ -99,11 +100,15 @@ class BwdPlan:
         if self.gluon not in (0, 1, 2):
             raise ValueError(f"BwdPlan.gluon={self.gluon!r}: 0 (Triton), 1 (the dk/dv pass in Gluon) or 2 (dq too)")
         if self.gluon and (self.block_n1 != 128 or self.block_m1 not in (32, 64) or self.num_stages < 2
-                           or self.fused or self.dq_mode != "pass"):
+                           or self.fused or self.dq_mode == "atomic"):
             raise ValueError(f"BwdPlan(gluon={self.gluon}) takes block_n1=128 (two consumer warpgroups of 64 keys), "
-                             f"block_m1 32 or 64, num_stages >= 2, fused=False and dq_mode='pass'; got block_n1="
-                             f"{self.block_n1}, block_m1={self.block_m1}, num_stages={self.num_stages}, "
+                             f"block_m1 32 or 64, num_stages >= 2, fused=False and dq_mode 'pass' or 'tma_add'; got "
+                             f"block_n1={self.block_n1}, block_m1={self.block_m1}, num_stages={self.num_stages}, "
                              f"fused={self.fused}, dq_mode={self.dq_mode!r}")
+        if self.gluon and self.dq_mode == "tma_add" and (self.gluon != 1 or self.block_m1 != 64):
+            raise ValueError(f"BwdPlan(gluon={self.gluon}, dq_mode='tma_add'): dq added by the Gluon dk/dv kernel "
+                             f"takes gluon=1 (no dq pass) and block_m1=64 (a warpgroup's 64-query dq tile); got "
+                             f"block_m1={self.block_m1}")
         if self.gluon == 2 and (self.block_m2 != 128 or self.block_n2 not in (64, 128) or self.dq_stages < 2):
             raise ValueError(f"BwdPlan(gluon=2) takes block_m2=128 (two consumer warpgroups of 64 queries), "
                              f"block_n2 64 or 128 and dq_stages >= 2; got block_m2={self.block_m2}, "

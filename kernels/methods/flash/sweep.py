@@ -42,14 +42,15 @@ from kernels.timing import bench_ms, error_on_device
 #: (FwdPlan.group; left out where not causal, where it changes nothing), then the Gluon kernel (FwdPlan.gluon:
 #: Hopper only; elsewhere its candidates fail with the reason). The backward's last two phases try dq added by
 #: the dk/dv programs (element atomics or TMA reductions, no dq pass), then re-tune the dk/dv tiles for whichever
-#: dq mode won, then the Gluon dk/dv pass (BwdPlan.gluon; Hopper only) with the Triton dq pass, then with the
-#: Gluon one.
+#: dq mode won, then the Gluon dk/dv pass (BwdPlan.gluon; Hopper only) with the Triton dq pass, then adding dq
+#: itself (TMA reductions of both consumers' shares), then with the Gluon dq pass.
 FWD_PHASES = ("block_m=64,128 block_n=32,64,128 num_warps=4,8 num_stages=2,3,4 | tma=off,host,device | "
               "group=1,4,8,16 | gluon=1,2 block_m=128 block_n=64,128 num_stages=2,3 tma=off group=1")
 BWD_PHASES = ("block_m1=32,64 block_n1=64,128 num_warps=4,8 num_stages=2,3,4 | "
               "block_m2=64,128 block_n2=32,64 dq_warps=4,8 dq_stages=2,3,4 | tma=off,host,device | fused=0,1 | "
               "fused=0 dq_mode=pass,atomic,tma_add | block_m1=32,64 block_n1=64,128 num_warps=4,8 num_stages=2,3,4 | "
               "gluon=1 block_n1=128 block_m1=32,64 num_stages=2,3 fused=0 dq_mode=pass tma=off | "
+              "gluon=1 block_n1=128 block_m1=64 num_stages=2,3 fused=0 dq_mode=tma_add tma=off | "
               "gluon=2 block_n1=128 block_m1=32,64 num_stages=2,3 fused=0 dq_mode=pass tma=off block_m2=128 "
               "block_n2=64,128 dq_stages=2,3")
 
