@@ -24,7 +24,11 @@ Code paths (each module opens with its own details):
   same structure. The dk/dv pass (``gluon=1``, 2): a producer streams the q and do tiles by TMA, two
   consumer warpgroups of 64 keys each run the transposed recurrence below; the dq pass (``gluon=2``):
   the producer streams k and v, two consumers of 64 queries each. The delta kernel stays Triton's (and
-  the dq pass with ``gluon=1``). Compiled for sm_90; not yet timed, in no table entry.
+  the dq pass with ``gluon=1``). With ``gluon=1, dq_mode="tma_add"`` there is no dq pass: FA3's
+  backward, the dk/dv kernel adds dq itself (the consumers take turns forming each query tile's share
+  over the program's 128 keys from their ds^T in shared memory, one TMA reduction per tile into an
+  fp32 buffer the delta kernel zeroed; the dq pass instead under deterministic algorithms). Compiled
+  for sm_90; not yet timed, in no table entry.
 * Backward (``bwd``): delta = rowsum(o * do) (a small kernel); a dk/dv kernel (a program per
   BLOCK_N1 keys, looping over the queries that see them, diagonal blocks masked) and a dq kernel (a
   program per BLOCK_M2 queries, looping over their keys); both recompute P = exp2(s * c - lse *
