@@ -306,6 +306,25 @@ def test_gluon_dkdv_adding_dq_compiles_for_sm90_with_ordered_reductions():
         assert len(waits) > len(reductions), case  # (and at the end: the consumers' exits may share their code)
 
 
+def test_compile_check_reports_the_gluon_kernels_of_gluon_plans():
+    """``python -m kernels.methods.flash.compile_check`` with Gluon plans compiles the Gluon kernels they launch
+    (here the ping-pong forward and the dk/dv pass adding dq) for sm_90 and reports each: warp-specialized,
+    no spill at d = 64, the dq reductions."""
+    from tests.compiled_report import compile_run
+
+    if fwd_gluon.GLUON_ERROR:
+        pytest.skip(fwd_gluon.GLUON_ERROR)
+    run = compile_run(["-m", "kernels.methods.flash.compile_check", "--d", "64",
+                       "--fwd", "gluon=2 block_m=128 block_n=128 num_stages=2",
+                       "--bwd", "gluon=1 block_n1=128 block_m1=64 num_stages=2 dq_mode=tma_add"], 600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = {ln.strip().split(" (Gluon)")[0]: ln for ln in run.stdout.splitlines() if "(Gluon)" in ln}
+    assert set(lines) == {"forward", "dk/dv + dq"}, run.stdout  # (no Triton dq pass: dq is added)
+    for line in lines.values():
+        assert "0 B spill stack" in line and "warp-specialized True" in line and "FAILED" not in line, line
+    assert "cp.reduce.async.bulk.tensor.4d" in lines["dk/dv + dq"], lines["dk/dv + dq"]
+
+
 _COMPILE_DQ = r"""
 import json, sys
 import triton

@@ -5,10 +5,13 @@ recorded launch to ``triton.compile`` for the target (sm_90 by default) and prin
 of it: registers per thread, spill stack, shared memory, whether the TTGIR has wgmma
 (``warp_group_dot``), TMA copies and warp-specialized partitions, and the PTX's atomic instructions
 (the atomic dq's adds: how many, and whether vectorized; tma_add's bulk tensor reductions). A plan that spills or does not
-fit shared memory shows here before any GPU time is spent; timings come from ``sweep``.
+fit shared memory shows here before any GPU time is spent; timings come from ``sweep``. Gluon plans
+(``gluon=``) compile their Gluon kernels (Hopper's, whatever this machine has).
 
     python -m kernels.methods.flash.compile_check --d 64,128 --dtype bfloat16 \\
         --fwd "num_warps=8" --bwd "block_n1=128 tma=host"
+    python -m kernels.methods.flash.compile_check --d 64 --fwd "gluon=2 block_m=128 block_n=128 num_stages=2" \\
+        --bwd "gluon=1 block_n1=128 block_m1=64 num_stages=2 dq_mode=tma_add"
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
 
-from kernels.methods.flash import bwd, fwd  # noqa: E402
+from kernels.methods.flash import bwd, bwd_gluon, fwd, fwd_gluon  # noqa: E402
 from kernels.methods.flash import plan as plans  # noqa: E402
 from kernels.methods.flash.sweep import parse_phases  # noqa: E402
 from kernels.methods.flash.tiles import TensorDescriptor  # noqa: E402
@@ -62,6 +65,8 @@ def _signature(fn, args, kw):
                 attrs[(i,)] = [["tt.divisibility", 16]]
         elif TensorDescriptor is not None and isinstance(a, TensorDescriptor):
             sig[p.name] = f"tensordesc<{_TY[a.base.dtype]}[{','.join(map(str, a.block_shape))}]>"
+        elif fwd_gluon.GluonDescriptor is not None and isinstance(a, fwd_gluon.GluonDescriptor):
+            sig[p.name] = f"tensordesc<{_TY[a.base.dtype]}[{','.join(map(str, a.block_shape))}],{a.layout}>"
         elif isinstance(a, bool):
             sig[p.name] = "i1"
         elif isinstance(a, int):
@@ -82,7 +87,10 @@ def compile_call(fn, args, kw, target: GPUTarget) -> dict:
     sig, attrs, consts = _signature(fn, args, kw)
     backend = make_backend(target)
     opts = backend.parse_options({"num_warps": kw.get("num_warps", 4), "num_stages": kw.get("num_stages", 3)})
-    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=target,
+    source = ASTSource
+    if getattr(fn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    k = triton.compile(source(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=target,
                        options=opts.__dict__)
     tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -102,17 +110,38 @@ def record(d: int, dtype: torch.dtype, causal: bool, fplan: plans.FwdPlan, bplan
            B: int = 4, H: int = 12, T: int = 1024) -> list:
     """The launches the launchers would make for (B, H, T, d) inputs in the model's layout."""
     calls: list = []
-    saved = (fwd._fwd_kernel, bwd._bwd_kernel, bwd._delta_kernel, fwd.tma_supported)
-    fwd._fwd_kernel, bwd._bwd_kernel = _Recorder(saved[0], calls), _Recorder(saved[1], calls)
-    bwd._delta_kernel = _Recorder(saved[2], [])
-    fwd.tma_supported = lambda device: True  # compiling for sm_90: TMA exists there
+    kernels = [(fwd, "_fwd_kernel"), (bwd, "_bwd_kernel")]
+    stubs = [(bwd, "_delta_kernel", _Recorder(bwd._delta_kernel, [])),
+             (fwd, "tma_supported", lambda device: True)]  # compiling for sm_90: TMA exists there
+    if fwd_gluon.GLUON_ERROR is None:  # (the Gluon kernels' checks of the tensors are for the GPU they run on)
+        kernels += [(fwd_gluon, "_fwd_ws_kernel"), (bwd_gluon, "_dkdv_ws_kernel"), (bwd_gluon, "_dq_ws_kernel")]
+        stubs += [(fwd_gluon, "supported", lambda *tensors: None), (bwd, "tma_eligible", lambda *tensors: True)]
+    stubs += [(m, n, _Recorder(getattr(m, n), calls)) for m, n in kernels]
+    saved = [(m, n, getattr(m, n)) for m, n, _ in stubs]
+    for m, n, stub in stubs:
+        setattr(m, n, stub)
     try:
         q, k, v = (torch.empty((B, T, H, d), dtype=dtype).transpose(1, 2) for _ in range(3))
         out, lse = fwd.launch_fwd(q, k, v, d ** -0.5, causal, fplan)
         bwd.launch_bwd(torch.empty_like(out), q, k, v, out, lse, d ** -0.5, causal, bplan)
     finally:
-        fwd._fwd_kernel, bwd._bwd_kernel, bwd._delta_kernel, fwd.tma_supported = saved
+        for m, n, real in saved:
+            setattr(m, n, real)
     return calls
+
+
+def part_name(fn, kw: dict) -> str:
+    """Which kernel of the flash method a recorded launch is."""
+    if fn is fwd._fwd_kernel:
+        return "forward"
+    if fwd_gluon.GLUON_ERROR is None:
+        if fn is fwd_gluon._fwd_ws_kernel:
+            return "forward (Gluon)"
+        if fn is bwd_gluon._dkdv_ws_kernel:
+            return "dk/dv + dq (Gluon)" if kw["DQ"] else "dk/dv (Gluon)"
+        if fn is bwd_gluon._dq_ws_kernel:
+            return "dq (Gluon)"
+    return {(True, True): "dk/dv + dq", (True, False): "dk/dv", (False, True): "dq"}[(kw["DO_KV"], kw["DO_Q"])]
 
 
 def main(argv=None) -> None:
@@ -134,11 +163,12 @@ def main(argv=None) -> None:
         bp = dataclasses.replace(b0, **{k: v[0] for k, v in (bo[0] if bo else {}).items()})
         print(f"d={d}: {fp}\n      {bp}")
         for fn, args, kw in record(d, dtype, causal, fp, bp):
-            part = "forward" if fn is fwd._fwd_kernel else {
-                (True, True): "dk/dv + dq", (True, False): "dk/dv", (False, True): "dq"}[(kw["DO_KV"], kw["DO_Q"])]
+            part = part_name(fn, kw)
             try:
                 r = compile_call(fn, args, kw, target)
-                print(f"  {part:11s} {kw['num_warps']} warps {kw['num_stages']} stages: {r['regs']} registers, "
+                shape = (f"{kw['num_warps']} warps {kw['num_stages']} stages" if "num_stages" in kw else
+                         f"{kw['STAGES']} slots")  # (Gluon: 4 warps a partition)
+                print(f"  {part:11s} {shape}: {r['regs']} registers, "
                       f"{r['stack']} B spill stack, {r['smem'] / 1024:.0f} KB shared; wgmma {r['wgmma']}, "
                       f"TMA copies {r['tma']}, warp-specialized {r['ws']}"
                       + (f"; {r['n_atomics']} atomic instructions ({', '.join(r['atomics'])})" if r["n_atomics"] else ""))
