@@ -35,10 +35,29 @@ def test_gluon_plan_limits():
             dataclasses.replace(GLUON, **bad)
     with pytest.raises(ValueError, match="0 .the Triton kernel., 1 .Gluon. or 2"):
         dataclasses.replace(GLUON, gluon=3)
+    assert dataclasses.replace(GLUON, persistent=True).persistent
+    with pytest.raises(ValueError, match="persistent=True. is the Gluon forward's"):
+        plans.FwdPlan(persistent=True)
     assert fwd_gluon.shared_bytes(128, 128, 3) <= fwd_gluon.SHARED_LIMIT < fwd_gluon.shared_bytes(128, 128, 4)
+    # persistent programs hold a second pair of q tiles (the next work tile's)
+    assert fwd_gluon.shared_bytes(64, 128, 2, persistent=True) == fwd_gluon.shared_bytes(64, 128, 2) + 2 * 64 * 64 * 2
+    assert fwd_gluon.budget_reason(128, 128, 3) is None
+    assert "persistent" in fwd_gluon.budget_reason(128, 128, 3, persistent=True)
     # the Triton kernel's blocks shrink to short sequences; the Gluon kernel's tiles stay
     f, _ = plans.clamp(GLUON, plans.BwdPlan(), 5, 7)
     assert (f.block_m, f.block_n) == (128, 128)
+
+
+def test_gluon_forward_programs_are_for_persistent_launches_only():
+    """``programs`` caps the persistent programs: refused without persistent, and below 1 (before any launch)."""
+    if fwd_gluon.GLUON_ERROR:
+        pytest.skip(fwd_gluon.GLUON_ERROR)
+    q = torch.zeros(1, 1, 8, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="is for persistent=True"):
+        fwd_gluon.launch_fwd(q, q, q, 0.125, True, 128, 128, 2, programs=3)
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match="an int >= 1"):
+            fwd_gluon.launch_fwd(q, q, q, 0.125, True, 128, 128, 2, persistent=True, programs=bad)
 
 
 def test_gluon_backward_plan_limits():
@@ -151,14 +170,14 @@ from tests.compiled_report import report
 from kernels.methods.flash import fwd_gluon as G
 
 for case in sys.argv[1:]:
-    D, BN, STAGES, causal, pingpong = (int(a) for a in case.split(","))
+    D, BN, STAGES, causal, pingpong, persistent = (int(a) for a in case.split(","))
     lay = lambda rows: gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], gl.bfloat16)  # noqa: E731
     desc = lambda rows: f"tensordesc<bf16[1,1,{rows},{D}],{lay(rows)}>"  # noqa: E731
     const = {"sod": 1, "BLOCK_M": 64, "BLOCK_N": BN, "D": D, "STAGES": STAGES, "CAUSAL": bool(causal),
-             "PINGPONG": bool(pingpong)}
+             "PINGPONG": bool(pingpong), "Q_BUFS": 2 if persistent else 1, "LEVELS": bool(persistent and causal)}
     sig = {"desc_q": desc(64), "desc_k": desc(BN), "desc_v": desc(BN), "O": "*bf16", "LSE": "*fp32", "sob": "i32",
-           "soh": "i32", "som": "i32", "H": "i32", "TQ": "i32", "TK": "i32", "qk_scale": "fp32",
-           **{k: "constexpr" for k in const}}
+           "soh": "i32", "som": "i32", "H": "i32", "TQ": "i32", "TK": "i32", "qk_scale": "fp32", "n_m": "i32",
+           "n_bh": "i32", **{k: "constexpr" for k in const}}
     src = GluonASTSource(fn=G._fwd_ws_kernel, signature=sig, constexprs=const,
                          attrs={(3,): [["tt.divisibility", 16]], (4,): [["tt.divisibility", 16]]})
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
@@ -201,7 +220,8 @@ def _assert_released_after_the_warpgroup(ptx: str, case: str) -> None:
 
 def test_gluon_forward_compiles_for_sm90_warp_specialized():
     """Compiled for Hopper without a GPU (tests.compiled_report: a subprocess without TRITON_INTERPRET, the
-    Triton of HARNESS_COMPILE_PYTHON where set), ping-pong and free-running, both head dims and tiles:
+    Triton of HARNESS_COMPILE_PYTHON where set), ping-pong and free-running, a program a work tile and
+    persistent, both head dims and tiles:
     TMA loads of 4-D boxes whose barrier expects exactly a q tile's bytes and a k plus v tile's, wgmma,
     the consumers' 240 registers set (setmaxnreg), every barrier release by one elected thread (the
     slots' barriers count 2 arrivals, one per consumer), no spill, and the buffers within the H200's
@@ -210,10 +230,11 @@ def test_gluon_forward_compiles_for_sm90_warp_specialized():
 
     if fwd_gluon.GLUON_ERROR:
         pytest.skip(fwd_gluon.GLUON_ERROR)
-    cases = ["64,128,3,1,1", "128,128,2,0,1", "128,64,3,1,0"]
+    cases = ["64,128,3,1,1,0", "128,128,2,0,1,0", "128,64,3,1,0,0", "64,128,2,1,1,1", "128,64,2,1,0,1"]
     for case, k in zip(cases, compile_cases(_COMPILE, cases, timeout=900)):
-        d, block_n, stages, _, _ = (int(a) for a in case.split(","))
-        _check_compiled(k, case, {64 * d * 2, 2 * block_n * d * 2}, fwd_gluon.shared_bytes(d, block_n, stages))
+        d, block_n, stages, _, _, persistent = (int(a) for a in case.split(","))
+        _check_compiled(k, case, {64 * d * 2, 2 * block_n * d * 2},
+                        fwd_gluon.shared_bytes(d, block_n, stages, bool(persistent)))
 
 
 _COMPILE_BWD = r"""
@@ -375,29 +396,34 @@ _GPU_CASES = [  # (B, H, Tq, Tk, d, dtype, causal, layout, scale)
     (1, 2, 200, 200, 64, torch.float16, True, "bhtd", -0.3),  # a negative scale
     (1, 2, 150, 150, 128, torch.bfloat16, False, "bhtd", 0.0),  # scale 0: uniform rows
     (1, 4, 2048, 2048, 128, torch.float16, True, "bthd", None),
+    (4, 12, 1024, 1024, 64, torch.bfloat16, True, "bthd", None),  # more work tiles than SMs (persistent: ~3 each)
 ]
-_GPU_PLANS = [(2, 128, 2), (2, 64, 3), (1, 128, 2)]  # (gluon, block_n, num_stages)
+_GPU_PLANS = [(2, 128, 2, False), (2, 64, 3, False), (1, 128, 2, False), (2, 128, 2, True), (1, 64, 3, True)]
+# (gluon, block_n, num_stages, persistent)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", _GPU_CASES,
                          ids=lambda c: f"{c[2]}x{c[3]}-d{c[4]}-{str(c[5])[6:]}-{c[6]}-{c[7]}-s{c[8]}")
-@pytest.mark.parametrize("gplan", _GPU_PLANS, ids=lambda p: f"gluon{p[0]}-n{p[1]}-s{p[2]}")
+@pytest.mark.parametrize("gplan", _GPU_PLANS, ids=lambda p: f"gluon{p[0]}-n{p[1]}-s{p[2]}" + "-persistent" * p[3])
 def test_gluon_forward_and_gradients_on_the_gpu(case, gplan, monkeypatch):
     """The Gluon forward (and the backward from its lse) against float64, and element by element against
-    the Triton forward (out and lse), ping-pong and free-running, both tile widths."""
+    the Triton forward (out and lse), ping-pong and free-running, both tile widths, a program a work tile
+    and persistent (the GPU's SM count of programs: several tiles a program in the (4, 12, 1024) case,
+    at most one in the others)."""
     B, H, tq, tk, d, dtype, causal, layout, scale = case
     q, k, v = make_qkv(B, H, tq, tk, d, dtype, layout=layout, device="cuda")
     why = fwd_gluon.supported(q, k, v)
     if why and "compute capability" in why:
         pytest.skip(why)
     assert why is None, why
-    plan = plans.FwdPlan(block_m=128, block_n=gplan[1], num_stages=gplan[2], gluon=gplan[0])
+    plan = plans.FwdPlan(block_m=128, block_n=gplan[1], num_stages=gplan[2], gluon=gplan[0], persistent=gplan[3])
     launches = []
     real = fwd_gluon.launch_fwd
     monkeypatch.setattr(fwd_gluon, "launch_fwd", lambda *a, **kw: (launches.append(kw), real(*a, **kw))[1])
     run_and_compare(q, k, v, causal=causal, scale=scale, plan=(plan, None))
     assert len(launches) == 1 and launches[0]["pingpong"] == (gplan[0] == 2)  # the Gluon kernel ran
+    assert launches[0]["persistent"] == gplan[3]
     s = d ** -0.5 if scale is None else scale
     qd, kd, vd = (t.detach() for t in (q, k, v))
     out, lse = launch_fwd(qd, kd, vd, s, causal, plan)
@@ -545,3 +571,27 @@ def test_launch_bwd_wires_the_gluon_dkdv_adding_dq(monkeypatch, deterministic):
     assert dq.stride() == q.stride()  # (the model's (B, T, H, d) layout, as every backward's)
     for got, want in zip((dq, dk, dv), ref_in):
         assert kernels.relative_error(got, want.grad) <= kernels.ATTN_BWD_TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", _GPU_CASES,
+                         ids=lambda c: f"{c[2]}x{c[3]}-d{c[4]}-{str(c[5])[6:]}-{c[6]}-{c[7]}-s{c[8]}")
+@pytest.mark.parametrize("pingpong", [True, False], ids=["pingpong", "free"])
+def test_gluon_persistent_forward_with_few_programs_on_the_gpu(case, pingpong):
+    """Three persistent programs take every case's work tiles (one to dozens each, of different weights):
+    the q buffers, ring slots and ping-pong turns carried from one work tile to the next give out and lse
+    element by element as the Triton forward's."""
+    B, H, tq, tk, d, dtype, causal, layout, scale = case
+    q, k, v = (t.detach() for t in make_qkv(B, H, tq, tk, d, dtype, layout=layout, device="cuda"))
+    why = fwd_gluon.supported(q, k, v)
+    if why and "compute capability" in why:
+        pytest.skip(why)
+    assert why is None, why
+    s = d ** -0.5 if scale is None else scale
+    out, lse = fwd_gluon.launch_fwd(q, k, v, s, causal, 128, 128, 2, pingpong=pingpong, persistent=True, programs=3)
+    out_t, lse_t = launch_fwd(q, k, v, s, causal, plans.FwdPlan(block_m=64, block_n=64))
+    tol = 2e-2 if dtype == torch.bfloat16 else 3e-3
+    torch.testing.assert_close(out, out_t, atol=tol, rtol=tol)
+    assert torch.equal(torch.isinf(lse), torch.isinf(lse_t))
+    fin = torch.isfinite(lse_t)
+    torch.testing.assert_close(lse[fin], lse_t[fin], atol=1e-3, rtol=1e-4)

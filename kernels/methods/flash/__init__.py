@@ -17,8 +17,9 @@ Code paths (each module opens with its own details):
   ring of shared-memory slots, two consumer warpgroups of 64 queries each run q k^T, the online
   softmax and p v (same masking and outputs as above); with ``gluon=2`` they take turns on the
   tensor cores (FA3's ping-pong), so one's softmax overlaps the other's wgmma, with ``gluon=1`` they
-  run free. An explicit plan it cannot take refuses with the reason; a table plan falls back
-  to the Triton kernel. Compiled for sm_90 (tests, no GPU needed); not yet timed, so no table
+  run free; with ``persistent`` a program per SM loops over the work tiles, loading the next one's q
+  and key tiles under this one's math. An explicit plan it cannot take refuses with the reason; a table
+  plan falls back to the Triton kernel. Compiled for sm_90 (tests, no GPU needed); not yet timed, so no table
   entry uses it (the sweep's last forward phase tries it).
 * The backward in Gluon (``bwd_gluon``, plan ``BwdPlan.gluon``; what the Gluon forward takes): the
   same structure. The dk/dv pass (``gluon=1``, 2): a producer streams the q and do tiles by TMA, two

@@ -162,10 +162,11 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
     if plan is None:
         plan = plans.plans_for(D, DV, q.dtype, causal, TQ, TK)[0]
     if plan.gluon:
-        why = fwd_gluon.supported(q, k, v) or fwd_gluon.budget_reason(D, plan.block_n, plan.num_stages)
+        why = fwd_gluon.supported(q, k, v) or fwd_gluon.budget_reason(D, plan.block_n, plan.num_stages,
+                                                                     plan.persistent)
         if why is None:
             return fwd_gluon.launch_fwd(q, k, v, scale, causal, plan.block_m, plan.block_n, plan.num_stages,
-                                        pingpong=plan.gluon == 2)
+                                        pingpong=plan.gluon == 2, persistent=plan.persistent)
         if chosen:
             raise ValueError(f"{plan} cannot run here: {why}")
         # a table plan for GPUs the Gluon kernel takes: elsewhere, the Triton kernel's default plan

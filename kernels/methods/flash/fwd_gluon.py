@@ -18,8 +18,17 @@ their timing allows.
 Per consumer, key tiles before its first diagonal key need no mask; the diagonal tiles and a ragged
 last tile get the causal / boundary mask (-inf before the exponential); tiles past its last visible
 key are only waited for and released (the producer loads the keys of the program's second half).
-Causal programs start heaviest first. Output: out in the (B, T, H, d) memory layout and the natural
+Causal work tiles start heaviest first. Output: out in the (B, T, H, d) memory layout and the natural
 log-sum-exp per query row, as the Triton forward (a row with no key: out = 0, lse = +inf).
+
+A program takes one work tile (2 x BLOCK_M queries of a (batch, head)), or with ``persistent`` (plan
+``FwdPlan.persistent``) one program per SM takes a tile a round (causal: every head's heaviest block
+first, then the next lighter ones; the programs in order on even rounds and in reverse on odd ones, so
+their loads even out). One
+program fits an SM (the consumers' registers), so without it each tile starts with the tensor cores
+idle until its q and first key tiles arrive and ends with its stores; persistent, the producer loads
+the next tile's q (a second q buffer) and key tiles while the consumers finish this one, and the ring's
+slots, phases and ping-pong turns count on across tiles (FA3's persistent kernel, static schedule).
 
 Takes: CUDA capability 9.0 exactly (wgmma), Gluon, bfloat16 / float16, d = dv in {64, 128}, inputs
 TMA can read (16-byte aligned bases and strides). ``supported`` says why not; the launcher then runs
@@ -55,18 +64,19 @@ CONSUMER_REGS = 240  # per consumer thread (setmaxnreg; the producer's warps giv
 SHARED_LIMIT = 227 * 1024  # shared memory one program may opt in to on sm_90
 
 
-def shared_bytes(d: int, block_n: int, stages: int) -> int:
-    """The buffers' shared memory (two 64-query q tiles, the k and v ring; 16-bit) and 1 KB for the
-    barriers and the reductions' scratch."""
-    return 2 * 64 * d * 2 + stages * 2 * block_n * d * 2 + 1024
+def shared_bytes(d: int, block_n: int, stages: int, persistent: bool = False) -> int:
+    """The buffers' shared memory (two 64-query q tiles, twice when persistent; the k and v ring; 16-bit)
+    and 1 KB for the barriers and the reductions' scratch."""
+    return (2 if persistent else 1) * 2 * 64 * d * 2 + stages * 2 * block_n * d * 2 + 1024
 
 
-def budget_reason(d: int, block_n: int, stages: int) -> Optional[str]:
+def budget_reason(d: int, block_n: int, stages: int, persistent: bool = False) -> Optional[str]:
     """Why the forward's buffers do not fit a program's shared memory (None: they do)."""
-    need = shared_bytes(d, block_n, stages)
+    need = shared_bytes(d, block_n, stages, persistent)
     if need > SHARED_LIMIT:
-        return (f"the Gluon forward's shared memory at d={d}, block_n={block_n}, {stages} slots: {need} bytes, "
-                f"over the {SHARED_LIMIT} an H100/H200 program may have")
+        return (f"the Gluon forward's shared memory at d={d}, block_n={block_n}, {stages} slots"
+                f"{', persistent' if persistent else ''}: {need} bytes, over the {SHARED_LIMIT} an H100/H200 program "
+                f"may have")
     return None
 
 
@@ -76,18 +86,28 @@ mma_layout = operand_layout = _key_range = _query_program = _ring_barriers = _ma
 if gluon is not None:
 
     @gluon.jit
-    def _producer(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, kv_ready, kv_empty, b, h, m0, n_tiles,
-                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-        for c in gl.static_range(2):
-            mbarrier.expect(q_bar.index(c), desc_q.block_type.nbytes)
-            _tma_load(desc_q, [b, h, m0 + c * BLOCK_M, 0], q_bar.index(c), q_bufs.index(c))
-        for j in range(n_tiles):
-            s = j % STAGES
-            mbarrier.wait(kv_empty.index(s), ((j // STAGES) & 1) ^ 1)  # (a fresh slot passes at once)
-            bar = kv_ready.index(s)
-            mbarrier.expect(bar, desc_k.block_type.nbytes + desc_v.block_type.nbytes)
-            _tma_load(desc_k, [b, h, j * BLOCK_N, 0], bar, k_bufs.index(s))
-            _tma_load(desc_v, [b, h, j * BLOCK_N, 0], bar, v_bufs.index(s))
+    def _producer(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, n_m, n_bh, H,
+                  TQ, TK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr,
+                  CAUSAL: gl.constexpr, LEVELS: gl.constexpr):
+        """The program's work tiles one after another: each consumer's q tile into its slot of the tile's q
+        buffer (once the consumer released what it held there, Q_BUFS tiles ago), then the key and value
+        tiles through the ring; slots and phases count on across work tiles."""
+        kv = 0
+        for it in range(_tile_count(n_m * n_bh)):
+            b, h, m0, n_tiles = _work_tile(_tile_of(it), n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL, LEVELS)
+            qs = (it % Q_BUFS) * 2
+            for c in gl.static_range(2):
+                mbarrier.wait(q_empty.index(qs + c), ((it // Q_BUFS) & 1) ^ 1)  # (a fresh buffer passes at once)
+                mbarrier.expect(q_bar.index(qs + c), desc_q.block_type.nbytes)
+                _tma_load(desc_q, [b, h, m0 + c * BLOCK_M, 0], q_bar.index(qs + c), q_bufs.index(qs + c))
+            for j in range(n_tiles):
+                s = kv % STAGES
+                mbarrier.wait(kv_empty.index(s), ((kv // STAGES) & 1) ^ 1)  # (a fresh slot passes at once)
+                bar = kv_ready.index(s)
+                mbarrier.expect(bar, desc_k.block_type.nbytes + desc_v.block_type.nbytes)
+                _tma_load(desc_k, [b, h, j * BLOCK_N, 0], bar, k_bufs.index(s))
+                _tma_load(desc_v, [b, h, j * BLOCK_N, 0], bar, v_bufs.index(s))
+                kv += 1
 
     @gluon.constexpr_function
     def mma_layout(n):
@@ -131,13 +151,63 @@ if gluon is not None:
         return b, h, m0, (hi + BLOCK_N - 1) // BLOCK_N
 
     @gluon.jit
-    def _ring_barriers(STAGES: gl.constexpr):
-        """(fixed, ready, empty): one barrier per consumer for its fixed tiles; per ring slot one the TMA
-        completes (ready) and one both consumers arrive on when done with the slot (empty)."""
-        fixed = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    def _tile_count(total):
+        """How many of `total` work tiles this program takes: the programs take them in rounds of one each,
+        the last round partial (see ``_tile_of``)."""
+        pid = gl.program_id(0)
+        n_prog = gl.num_programs(0)
+        full = total // n_prog
+        rem = total % n_prog
+        if full % 2 == 0:
+            last = pid < rem
+        else:
+            last = pid >= n_prog - rem
+        return full + last.to(gl.int32)
+
+    @gluon.jit
+    def _tile_of(it):
+        """This program's it-th work tile: round it's, the programs in order on even rounds and in reverse on
+        odd ones (a snake, so a program that took a heavier tile in one round takes a lighter one in the
+        next); a program a tile (num_programs = tiles): its own."""
+        pid = gl.program_id(0)
+        n_prog = gl.num_programs(0)
+        if it % 2 == 0:
+            t = it * n_prog + pid
+        else:
+            t = it * n_prog + n_prog - 1 - pid
+        return t
+
+    @gluon.jit
+    def _work_tile(t, n_m, n_bh, H, TQ, TK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                   LEVELS: gl.constexpr):
+        """The forward's work tile t of n_m query blocks (2 x BLOCK_M queries) x n_bh (batch, head) pairs: (b, h,
+        its first query m0, the key tiles up to its last visible key). Head by head, each head's blocks
+        heaviest first when causal (a grid of one tile a program starts them in this order); LEVELS
+        (persistent programs, causal): every head's heaviest block, then every head's next, ..., so a
+        round of the programs' tiles is of about one weight (the programs' loads stay even)."""
+        if LEVELS:
+            bh = t % n_bh
+            blk = n_m - 1 - t // n_bh
+        else:
+            bh = t // n_m
+            blk = t % n_m
+            if CAUSAL:
+                blk = n_m - 1 - blk
+        m0 = blk * (2 * BLOCK_M)
+        if CAUSAL:
+            hi = gl.maximum(gl.minimum(m0 + 2 * BLOCK_M + TK - TQ, TK), 0)
+        else:
+            hi = TK
+        return bh // H, bh % H, m0, (hi + BLOCK_N - 1) // BLOCK_N
+
+    @gluon.jit
+    def _ring_barriers(STAGES: gl.constexpr, FIXED: gl.constexpr = 2):
+        """(fixed, ready, empty): a barrier per fixed tile (FIXED: one per consumer, per buffer of them); per ring
+        slot one the TMA completes (ready) and one both consumers arrive on when done with the slot (empty)."""
+        fixed = gl.allocate_shared_memory(gl.int64, [FIXED, 1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
+        for i in gl.static_range(FIXED):
             mbarrier.init(fixed.index(i), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
@@ -186,125 +256,149 @@ if gluon is not None:
         gl.store(ptrs, (acc * inv[:, None]).to(O.dtype.element_ty), mask=rows[:, None] < TQ)
 
     @gluon.jit
-    def _consumer(q_bufs, k_bufs, v_bufs, q_bar, kv_ready, kv_empty, O, LSE, sob, soh, som, sod, b, h, H, m0,
-                  n_tiles, TQ, TK, qk_scale, C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-        """A consumer running free: per key tile, q k^T, the softmax, p v, each waited for at once."""
+    def _consumer(q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, O, LSE, sob, soh, som, sod, n_m, n_bh,
+                  H, TQ, TK, qk_scale, C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  D: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
+                  LEVELS: gl.constexpr):
+        """A consumer running free: per key tile, q k^T, the softmax, p v, each waited for at once; its q
+        buffer handed back once its work tile's key tiles are done, then the tile's rows stored."""
         dtype: gl.constexpr = q_bufs.dtype
         s_layout: gl.constexpr = mma_layout(BLOCK_N)
         o_layout: gl.constexpr = mma_layout(D)
-        r0 = m0 + C * BLOCK_M
-        hi, full = _key_range(r0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
-        offs_m = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-        l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
-        acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
         zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-        mbarrier.wait(q_bar.index(C), 0)
-        q = q_bufs.index(C).reshape([BLOCK_M, D])
-        for j in range(n_tiles):
-            s = j % STAGES
-            mbarrier.wait(kv_ready.index(s), (j // STAGES) & 1)
-            n0 = j * BLOCK_N
-            if n0 < hi:
-                k = k_bufs.index(s).reshape([BLOCK_N, D])
-                v = v_bufs.index(s).reshape([BLOCK_N, D])
-                sc = warpgroup_mma(q, k.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-                sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
-                p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, offs_m, n0, full, TQ, TK, qk_scale, BLOCK_N, CAUSAL)
-                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-                acc = warpgroup_mma(gl.convert_layout(p.to(dtype), operand_layout(D)), v, acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            mbarrier.arrive(kv_empty.index(s), count=1)
-        _store_rows(acc, m_i, l_i, O, LSE, sob, soh, som, sod, b, h, H, r0, TQ, BLOCK_M, BLOCK_N, D)
+        kv = 0
+        for it in range(_tile_count(n_m * n_bh)):
+            b, h, m0, n_tiles = _work_tile(_tile_of(it), n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL, LEVELS)
+            r0 = m0 + C * BLOCK_M
+            hi, full = _key_range(r0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
+            offs_m = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+            l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+            acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
+            qs = (it % Q_BUFS) * 2 + C
+            mbarrier.wait(q_bar.index(qs), (it // Q_BUFS) & 1)
+            q = q_bufs.index(qs).reshape([BLOCK_M, D])
+            for j in range(n_tiles):
+                s = (kv + j) % STAGES
+                mbarrier.wait(kv_ready.index(s), ((kv + j) // STAGES) & 1)
+                n0 = j * BLOCK_N
+                if n0 < hi:
+                    k = k_bufs.index(s).reshape([BLOCK_N, D])
+                    v = v_bufs.index(s).reshape([BLOCK_N, D])
+                    sc = warpgroup_mma(q, k.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                    sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
+                    p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, offs_m, n0, full, TQ, TK, qk_scale, BLOCK_N,
+                                                       CAUSAL)
+                    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+                    acc = warpgroup_mma(gl.convert_layout(p.to(dtype), operand_layout(D)), v, acc, is_async=True)
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                mbarrier.arrive(kv_empty.index(s), count=1)
+            mbarrier.arrive(q_empty.index(qs), count=1)
+            kv += n_tiles
+            _store_rows(acc, m_i, l_i, O, LSE, sob, soh, som, sod, b, h, H, r0, TQ, BLOCK_M, BLOCK_N, D)
 
     @gluon.jit
-    def _consumer_pingpong(q_bufs, k_bufs, v_bufs, q_bar, kv_ready, kv_empty, turn, O, LSE, sob, soh, som, sod, b,
-                           h, H, m0, n_tiles, TQ, TK, qk_scale, C: gl.constexpr, BLOCK_M: gl.constexpr,
-                           BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    def _consumer_pingpong(q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh, som,
+                           sod, n_m, n_bh, H, TQ, TK, qk_scale, C: gl.constexpr, BLOCK_M: gl.constexpr,
+                           BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr,
+                           CAUSAL: gl.constexpr, LEVELS: gl.constexpr):
         """The consumer with FA3's ping-pong: the two consumers take turns on the tensor cores (mbarriers
         ``turn``: consumer C waits on turn[C], the other arrives on it), and each turn issues this tile's
         q k^T together with the previous tile's p v, so one consumer's softmax runs while the other's
-        wgmmas do. Every consumer takes n_tiles + 1 turns (the last one for the last p v), with or
-        without work in them, so the turns alternate to the end; a tile's slot is released in the turn
-        after its q k^T, once its p v has run too."""
+        wgmmas do. Every consumer takes n_tiles + 1 turns a work tile (the last one for the last p v), with
+        or without work in them, so the turns alternate to the end (their count g goes on across work
+        tiles); a tile's slot is released in the turn after its q k^T, once its p v has run too."""
         dtype: gl.constexpr = q_bufs.dtype
         s_layout: gl.constexpr = mma_layout(BLOCK_N)
         o_layout: gl.constexpr = mma_layout(D)
-        r0 = m0 + C * BLOCK_M
-        hi, full = _key_range(r0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
-        n_mine = gl.minimum((hi + BLOCK_N - 1) // BLOCK_N, n_tiles)  # the tiles this consumer computes: a prefix
-        offs_m = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-        l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
-        acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
         zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-        p_op = gl.zeros([BLOCK_M, BLOCK_N], dtype, layout=operand_layout(D))  # the previous tile's p, for its p v
-        mbarrier.wait(q_bar.index(C), 0)
-        q = q_bufs.index(C).reshape([BLOCK_M, D])
-        for t in range(n_tiles + 1):
-            s = t % STAGES
-            if t < n_tiles:
-                mbarrier.wait(kv_ready.index(s), (t // STAGES) & 1)
-            mbarrier.wait(turn.index(C), (t & 1) ^ (1 - C))  # (consumer 0's first turn passes at once)
-            v_prev = v_bufs.index((t + STAGES - 1) % STAGES).reshape([BLOCK_N, D])
-            sc = zero_s
-            if t < n_mine:
-                k = k_bufs.index(s).reshape([BLOCK_N, D])
-                if t > 0:
-                    sc = warpgroup_mma(q, k.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        kv = 0
+        g = 0
+        for it in range(_tile_count(n_m * n_bh)):
+            b, h, m0, n_tiles = _work_tile(_tile_of(it), n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL, LEVELS)
+            r0 = m0 + C * BLOCK_M
+            hi, full = _key_range(r0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
+            n_mine = gl.minimum((hi + BLOCK_N - 1) // BLOCK_N, n_tiles)  # the tiles this consumer computes: a prefix
+            offs_m = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+            l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+            acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
+            p_op = gl.zeros([BLOCK_M, BLOCK_N], dtype, layout=operand_layout(D))  # the previous tile's p, for p v
+            qs = (it % Q_BUFS) * 2 + C
+            mbarrier.wait(q_bar.index(qs), (it // Q_BUFS) & 1)
+            q = q_bufs.index(qs).reshape([BLOCK_M, D])
+            for t in range(n_tiles + 1):
+                s = (kv + t) % STAGES
+                if t < n_tiles:
+                    mbarrier.wait(kv_ready.index(s), ((kv + t) // STAGES) & 1)
+                mbarrier.wait(turn.index(C), ((g + t) & 1) ^ (1 - C))  # (consumer 0's first turn passes at once)
+                v_prev = v_bufs.index((kv + t + STAGES - 1) % STAGES).reshape([BLOCK_N, D])
+                sc = zero_s
+                if t < n_mine:
+                    k = k_bufs.index(s).reshape([BLOCK_N, D])
+                    if t > 0:
+                        sc = warpgroup_mma(q, k.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                        acc = warpgroup_mma(p_op, v_prev, acc, is_async=True)
+                        sc, acc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, acc))
+                    else:
+                        sc = warpgroup_mma(q, k.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                        sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
+                elif t == n_mine and t > 0:  # the last tile's p v
                     acc = warpgroup_mma(p_op, v_prev, acc, is_async=True)
-                    sc, acc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, acc))
-                else:
-                    sc = warpgroup_mma(q, k.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-                    sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
-            elif t == n_mine and t > 0:  # the last tile's p v
-                acc = warpgroup_mma(p_op, v_prev, acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            mbarrier.arrive(turn.index(1 - C), count=1)
-            if t > 0:
-                mbarrier.arrive(kv_empty.index((t + STAGES - 1) % STAGES), count=1)
-            if t < n_mine:  # this tile's softmax, while the other consumer's turn runs
-                p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, offs_m, t * BLOCK_N, full, TQ, TK, qk_scale, BLOCK_N,
-                                                   CAUSAL)
-                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]  # (after the last p v)
-                p_op = gl.convert_layout(p.to(dtype), operand_layout(D))
-        _store_rows(acc, m_i, l_i, O, LSE, sob, soh, som, sod, b, h, H, r0, TQ, BLOCK_M, BLOCK_N, D)
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                mbarrier.arrive(turn.index(1 - C), count=1)
+                if t > 0:
+                    mbarrier.arrive(kv_empty.index((kv + t + STAGES - 1) % STAGES), count=1)
+                if t < n_mine:  # this tile's softmax, while the other consumer's turn runs
+                    p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, offs_m, t * BLOCK_N, full, TQ, TK, qk_scale,
+                                                       BLOCK_N, CAUSAL)
+                    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]  # (after the last p v)
+                    p_op = gl.convert_layout(p.to(dtype), operand_layout(D))
+            mbarrier.arrive(q_empty.index(qs), count=1)
+            kv += n_tiles
+            g += n_tiles + 1
+            _store_rows(acc, m_i, l_i, O, LSE, sob, soh, som, sod, b, h, H, r0, TQ, BLOCK_M, BLOCK_N, D)
 
     @gluon.jit
-    def _fwd_ws_kernel(desc_q, desc_k, desc_v, O, LSE, sob, soh, som, sod, H, TQ, TK, qk_scale,
+    def _fwd_ws_kernel(desc_q, desc_k, desc_v, O, LSE, sob, soh, som, sod, H, TQ, TK, qk_scale, n_m, n_bh,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-                       CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
-        """One program: 2 x BLOCK_M queries of (batch, head); see the module docstring."""
-        b, h, m0, n_tiles = _query_program(TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
+                       CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, Q_BUFS: gl.constexpr, LEVELS: gl.constexpr):
+        """Programs over work tiles of 2 x BLOCK_M queries of one (batch, head) (``_work_tile``): one tile a
+        program, or (persistent) a tile a round (``_tile_of``), with Q_BUFS = 2 q buffers so the
+        next tile's q loads while this one's run; see the module docstring."""
         dtype: gl.constexpr = desc_q.dtype
-        q_bufs = gl.allocate_shared_memory(dtype, [2, 1, 1, BLOCK_M, D], desc_q.layout)
+        q_bufs = gl.allocate_shared_memory(dtype, [2 * Q_BUFS, 1, 1, BLOCK_M, D], desc_q.layout)
         k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], desc_k.layout)
         v_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], desc_v.layout)
-        q_bar, kv_ready, kv_empty = _ring_barriers(STAGES)
+        q_bar, kv_ready, kv_empty = _ring_barriers(STAGES, 2 * Q_BUFS)
+        q_empty = gl.allocate_shared_memory(gl.int64, [2 * Q_BUFS, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2 * Q_BUFS):
+            mbarrier.init(q_empty.index(i), count=1)  # (its consumer, done with its q)
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # (ping-pong's turns)
         for i in gl.static_range(2):
             mbarrier.init(turn.index(i), count=1)
         fence_async_shared()  # (the barriers initialized before any TMA or wait sees them)
         if PINGPONG:
             gl.warp_specialize(
-                [(_producer, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, kv_ready, kv_empty, b, h, m0,
-                              n_tiles, BLOCK_M, BLOCK_N, STAGES)),
-                 (_consumer_pingpong, (q_bufs, k_bufs, v_bufs, q_bar, kv_ready, kv_empty, turn, O, LSE, sob, soh,
-                                       som, sod, b, h, H, m0, n_tiles, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D,
-                                       STAGES, CAUSAL)),
-                 (_consumer_pingpong, (q_bufs, k_bufs, v_bufs, q_bar, kv_ready, kv_empty, turn, O, LSE, sob, soh,
-                                       som, sod, b, h, H, m0, n_tiles, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D,
-                                       STAGES, CAUSAL))],
+                [(_producer, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty,
+                              n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, STAGES, Q_BUFS, CAUSAL, LEVELS)),
+                 (_consumer_pingpong, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob,
+                                       soh, som, sod, n_m, n_bh, H, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D,
+                                       STAGES, Q_BUFS, CAUSAL, LEVELS)),
+                 (_consumer_pingpong, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob,
+                                       soh, som, sod, n_m, n_bh, H, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D,
+                                       STAGES, Q_BUFS, CAUSAL, LEVELS))],
                 [4, 4], [240, 240])  # (CONSUMER_REGS)
         else:
             gl.warp_specialize(
-                [(_producer, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, kv_ready, kv_empty, b, h, m0,
-                              n_tiles, BLOCK_M, BLOCK_N, STAGES)),
-                 (_consumer, (q_bufs, k_bufs, v_bufs, q_bar, kv_ready, kv_empty, O, LSE, sob, soh, som, sod, b, h,
-                              H, m0, n_tiles, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D, STAGES, CAUSAL)),
-                 (_consumer, (q_bufs, k_bufs, v_bufs, q_bar, kv_ready, kv_empty, O, LSE, sob, soh, som, sod, b, h,
-                              H, m0, n_tiles, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D, STAGES, CAUSAL))],
+                [(_producer, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty,
+                              n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, STAGES, Q_BUFS, CAUSAL, LEVELS)),
+                 (_consumer, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, O, LSE, sob, soh, som, sod,
+                              n_m, n_bh, H, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS, CAUSAL,
+                              LEVELS)),
+                 (_consumer, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, O, LSE, sob, soh, som, sod,
+                              n_m, n_bh, H, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS, CAUSAL,
+                              LEVELS))],
                 [4, 4], [240, 240])  # (CONSUMER_REGS)
 
 
@@ -349,12 +443,19 @@ def _descriptor(t: torch.Tensor, rows: int):
     return GluonDescriptor(t, list(t.shape), list(t.stride()), block, layout)
 
 
+_SMS: dict = {}
+
+
 def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, block_m: int,
-               block_n: int, stages: int, pingpong: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """out and lse as ``fwd.launch_fwd`` (inputs ``supported`` takes); block_m: queries per program (two
+               block_n: int, stages: int, pingpong: bool = True, persistent: bool = False,
+               programs: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """out and lse as ``fwd.launch_fwd`` (inputs ``supported`` takes); block_m: queries per work tile (two
     consumers of block_m / 2), block_n: keys per tile, stages: ring slots; pingpong: the consumers take
-    turns on the tensor cores (``_consumer_pingpong``), else they run free (``_consumer``)."""
-    why = budget_reason(q.shape[-1], block_n, stages)
+    turns on the tensor cores (``_consumer_pingpong``), else they run free (``_consumer``); persistent: one
+    program per SM (at most), each taking a work tile a round (``_tile_of``; causal: heaviest blocks of
+    every head first), the next tile's q and first key tiles loading while one runs; else a program a tile.
+    programs: at most this many persistent programs (None: the GPU's SM count)."""
+    why = budget_reason(q.shape[-1], block_n, stages, persistent)
     if why:
         raise ValueError(why)
     if block_m != 128 or block_n not in (64, 128):
@@ -365,9 +466,26 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
     out = empty_bthd(B, H, TQ, D, q.dtype, q.device)
     lse = torch.empty((B, H, TQ), dtype=torch.float32, device=q.device)
     half = block_m // 2
+    n_m = -(-TQ // block_m)
+    tiles = n_m * B * H
+    if persistent:
+        cap = programs
+        if cap is None:
+            idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
+            if idx not in _SMS:
+                _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+            cap = _SMS[idx]
+        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+            raise ValueError(f"programs={programs!r}: the persistent programs' count, an int >= 1")
+        programs = min(tiles, cap)
+    elif programs is not None:
+        raise ValueError(f"programs={programs!r} is for persistent=True (a program a work tile otherwise)")
+    else:
+        programs = tiles
     fastlaunch.launch(
-        _fwd_ws_kernel, (-(-TQ // block_m), H, B),
+        _fwd_ws_kernel, (programs,),
         (_descriptor(q, half), _descriptor(k, block_n), _descriptor(v, block_n), out, lse, *out.stride(), H, TQ, TK,
-         scale * LOG2E),
-        dict(BLOCK_M=half, BLOCK_N=block_n, D=D, STAGES=stages, CAUSAL=causal, PINGPONG=pingpong, num_warps=4))
+         scale * LOG2E, n_m, B * H),
+        dict(BLOCK_M=half, BLOCK_N=block_n, D=D, STAGES=stages, CAUSAL=causal, PINGPONG=pingpong,
+             Q_BUFS=2 if persistent else 1, LEVELS=persistent and causal, num_warps=4))
     return out, lse

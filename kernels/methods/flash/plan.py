@@ -50,6 +50,7 @@ class FwdPlan:
     group: int = 1
     gluon: int = 0  # the Gluon kernel (fwd_gluon): 1 consumers free-running, 2 ping-pong; block_m = 128, block_n
     # 64 or 128, num_stages = ring slots (0: the Triton kernel)
+    persistent: bool = False  # (Gluon) a program per SM looping over work tiles, the next one's loads under this one
 
     def __post_init__(self) -> None:
         _check_blocks(self, ("block_m", "block_n"))
@@ -61,6 +62,9 @@ class FwdPlan:
             raise ValueError(f"FwdPlan(gluon={self.gluon}) takes block_m=128 (two consumer warpgroups of 64 queries), "
                              f"block_n 64 or 128 and num_stages >= 2; got block_m={self.block_m}, "
                              f"block_n={self.block_n}, num_stages={self.num_stages}")
+        if self.persistent and not self.gluon:
+            raise ValueError("FwdPlan(persistent=True) is the Gluon forward's (gluon=1 or 2); the Triton kernel runs "
+                             "a program a tile")
 
 
 @dataclass(frozen=True)

@@ -40,12 +40,12 @@ from kernels.timing import bench_ms, error_on_device
 #: out: Triton 3.6 does not specialize these loops on Hopper (compile_check); add "| warp_specialize=0,1"
 #: to measure it (on Blackwell, say). The forward's last phase tries the grouped causal program order
 #: (FwdPlan.group; left out where not causal, where it changes nothing), then the Gluon kernel (FwdPlan.gluon:
-#: Hopper only; elsewhere its candidates fail with the reason). The backward's last two phases try dq added by
-#: the dk/dv programs (element atomics or TMA reductions, no dq pass), then re-tune the dk/dv tiles for whichever
-#: dq mode won, then the Gluon dk/dv pass (BwdPlan.gluon; Hopper only) with the Triton dq pass, then adding dq
+#: Hopper only; elsewhere its candidates fail with the reason), a program a work tile or persistent. The
+#: backward's last phases try dq added by the dk/dv programs (element atomics or TMA reductions, no dq pass),
+#: then re-tune the dk/dv tiles for whichever dq mode won, then the Gluon dk/dv pass (BwdPlan.gluon; Hopper only) with the Triton dq pass, then adding dq
 #: itself (TMA reductions of both consumers' shares), then with the Gluon dq pass.
 FWD_PHASES = ("block_m=64,128 block_n=32,64,128 num_warps=4,8 num_stages=2,3,4 | tma=off,host,device | "
-              "group=1,4,8,16 | gluon=1,2 block_m=128 block_n=64,128 num_stages=2,3 tma=off group=1")
+              "group=1,4,8,16 | gluon=1,2 block_m=128 block_n=64,128 num_stages=2,3 persistent=0,1 tma=off group=1")
 BWD_PHASES = ("block_m1=32,64 block_n1=64,128 num_warps=4,8 num_stages=2,3,4 | "
               "block_m2=64,128 block_n2=32,64 dq_warps=4,8 dq_stages=2,3,4 | tma=off,host,device | fused=0,1 | "
               "fused=0 dq_mode=pass,atomic,tma_add | block_m1=32,64 block_n1=64,128 num_warps=4,8 num_stages=2,3,4 | "
