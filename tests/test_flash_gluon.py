@@ -60,6 +60,27 @@ def test_gluon_forward_programs_are_for_persistent_launches_only():
             fwd_gluon.launch_fwd(q, q, q, 0.125, True, 128, 128, 2, persistent=True, programs=bad)
 
 
+def test_gluon_descriptors_skip_the_checks_only_where_they_come_out_the_same(monkeypatch):
+    """Descriptors of tensors the kernels take are made without the dataclass's checks once the first one
+    made both ways compared equal; where they would not, every one is made the checked way."""
+    if fwd_gluon.GLUON_ERROR:
+        pytest.skip(fwd_gluon.GLUON_ERROR)
+    q = torch.zeros(2, 40, 3, 64, dtype=torch.bfloat16).transpose(1, 2)
+    monkeypatch.setattr(fwd_gluon, "_UNCHECKED", None)
+    first = fwd_gluon._descriptor(q, 64)
+    assert fwd_gluon._UNCHECKED is True
+    made = []
+    monkeypatch.setattr(fwd_gluon, "GluonDescriptor", lambda *a: made.append(a) or first)
+    again = fwd_gluon._descriptor(q[:, :, 1:], 64)  # (another view: its own shape and base)
+    assert not made and again is not first and list(again.shape) == [2, 3, 39, 64] and again.base.data_ptr() != 0
+    assert again.block_shape == [1, 1, 64, 64] and again.layout == first.layout
+    monkeypatch.setattr(fwd_gluon, "_UNCHECKED", None)
+    monkeypatch.setattr(fwd_gluon, "_unchecked", lambda *a: None)  # (a Triton whose descriptors differ)
+    fwd_gluon._descriptor(q, 64)
+    fwd_gluon._descriptor(q, 64)
+    assert fwd_gluon._UNCHECKED is False and len(made) == 2
+
+
 def test_gluon_backward_plan_limits():
     assert dataclasses.replace(GLUON_BWD, block_m1=32, num_stages=3).gluon
     for bad in (dict(block_n1=64), dict(block_m1=128), dict(num_stages=1), dict(fused=True), dict(dq_mode="atomic"),

@@ -59,6 +59,14 @@ except Exception as exc:  # pragma: no cover - a Triton without Gluon's Hopper m
     GluonDescriptor = _tma_load = None
     GLUON_ERROR = f"this Triton has no Gluon Hopper module ({type(exc).__name__}: {exc})"
 
+try:  # the descriptor's fields with defaults (padding, and more in newer Tritons), for _unchecked
+    import dataclasses as _dc
+
+    _DESCRIPTOR_CLASS = GluonDescriptor
+    _DESCRIPTOR_DEFAULTS = {f.name: f.default for f in _dc.fields(GluonDescriptor) if f.default is not _dc.MISSING}
+except Exception:  # pragma: no cover - no Gluon, or a descriptor that is not a dataclass: the checked way
+    _DESCRIPTOR_CLASS = _DESCRIPTOR_DEFAULTS = None
+
 HEAD_DIMS = (64, 128)
 CONSUMER_REGS = 240  # per consumer thread (setmaxnreg; the producer's warps give theirs up)
 SHARED_LIMIT = 227 * 1024  # shared memory one program may opt in to on sm_90
@@ -429,18 +437,39 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str
 
 
 _LAYOUTS: dict = {}
+#: Whether descriptors are made without the dataclass's checks (None: not yet known; the first call compares
+#: the two ways). The callers pass only tensors ``supported`` / ``tma_eligible`` took, which is what those
+#: checks ask (16-byte aligned base and strides, last stride 1, no empty dimension); the checks cost about
+#: 3 us a descriptor on a fast host, and a forward + backward makes seven.
+_UNCHECKED: Optional[bool] = None
+
+
+def _unchecked(t: torch.Tensor, block: list, layout):
+    d = object.__new__(_DESCRIPTOR_CLASS)
+    d.__dict__.update(_DESCRIPTOR_DEFAULTS)
+    d.base, d.shape, d.strides, d.block_shape, d.layout = t, list(t.shape), list(t.stride()), block, layout
+    return d
 
 
 def _descriptor(t: torch.Tensor, rows: int):
     """A 4-D TMA descriptor of a (B, H, T, d) tensor with its strides (16-bit, or the backward's fp32 dq sums),
     boxes of one (batch, head)'s rows x d (its shared-memory layout made once per box and dtype)."""
+    global _UNCHECKED
     block = [1, 1, rows, t.shape[-1]]
     key = (rows, t.shape[-1], t.dtype)
     layout = _LAYOUTS.get(key)
     if layout is None:
         layout = _LAYOUTS[key] = gl.NVMMASharedLayout.get_default_for(
             block, {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[t.dtype])
-    return GluonDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+    if _UNCHECKED and _DESCRIPTOR_DEFAULTS is not None:
+        return _unchecked(t, block, layout)
+    checked = GluonDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+    if _UNCHECKED is None:  # (a Triton whose descriptor is not a plain dataclass keeps the checked way)
+        try:
+            _UNCHECKED = _unchecked(t, list(block), layout) == checked
+        except Exception:
+            _UNCHECKED = False
+    return checked
 
 
 _SMS: dict = {}
