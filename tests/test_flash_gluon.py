@@ -595,7 +595,7 @@ def test_launch_bwd_wires_the_gluon_dkdv_adding_dq(monkeypatch, deterministic):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", _GPU_CASES,
+@pytest.mark.parametrize("case", [_GPU_CASES[i] for i in (0, 2, 3, 5, 6, 11)],  # (ragged, Tq <> Tk, T = 1, long)
                          ids=lambda c: f"{c[2]}x{c[3]}-d{c[4]}-{str(c[5])[6:]}-{c[6]}-{c[7]}-s{c[8]}")
 @pytest.mark.parametrize("pingpong", [True, False], ids=["pingpong", "free"])
 def test_gluon_persistent_forward_with_few_programs_on_the_gpu(case, pingpong):
