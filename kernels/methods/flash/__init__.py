@@ -21,6 +21,8 @@ Code paths (each module opens with its own details):
   and key tiles under this one's math. An explicit plan it cannot take refuses with the reason; a table
   plan falls back to the Triton kernel. Compiled for sm_90 (tests, no GPU needed); not yet timed, so no table
   entry uses it (the sweep's last forward phase tries it).
+* ``gluon_common``: what the Gluon kernels share (wgmma layouts, program prologues, ring barriers, masks,
+  which inputs they take, their TMA descriptors).
 * The backward in Gluon (``bwd_gluon``, plan ``BwdPlan.gluon``; what the Gluon forward takes): the
   same structure. The dk/dv pass (``gluon=1``, 2): a producer streams the q and do tiles by TMA, two
   consumer warpgroups of 64 keys each run the transposed recurrence below; the dq pass (``gluon=2``):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.methods.flash import bwd_gluon, fwd_gluon
+from kernels.methods.flash import bwd_gluon, gluon_common
 from kernels.methods.flash import plan as plans
 from kernels.methods.flash.fwd import precision, resolve_tma
 from kernels.methods.flash.tiles import (LOG2E, TMA_CODE, device_descriptor, empty_bthd, ensure_allocator,
@@ -258,7 +258,7 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     # atomic adds sum dq in a varying order: under torch.use_deterministic_algorithms, the dq pass
     deterministic = torch.are_deterministic_algorithms_enabled()
     if plan.gluon:
-        why = (fwd_gluon.supported(q, k, v) or (None if tma_eligible(do) else "do is not TMA-readable")
+        why = (gluon_common.supported(q, k, v) or (None if tma_eligible(do) else "do is not TMA-readable")
                or bwd_gluon.budget_reason(D, plan, plan.dq_mode == "tma_add" and not deterministic))
         if why is not None and chosen:
             raise ValueError(f"{plan} cannot run here: {why}")

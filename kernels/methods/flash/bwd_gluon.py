@@ -38,7 +38,7 @@ from typing import Optional
 
 import torch
 
-from kernels.methods.flash.fwd_gluon import (GLUON_ERROR, SHARED_LIMIT, _descriptor, _key_range, _mask_tile,
+from kernels.methods.flash.gluon_common import (GLUON_ERROR, SHARED_LIMIT, _descriptor, _key_range, _mask_tile,
                                              _query_program, _ring_barriers, _tma_load, fence_async_shared, gl, gluon,
                                              mbarrier, mma_layout, operand_layout, tma, warpgroup_mma,
                                              warpgroup_mma_wait)

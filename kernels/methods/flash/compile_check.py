@@ -32,7 +32,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
 
-from kernels.methods.flash import bwd, bwd_gluon, fwd, fwd_gluon  # noqa: E402
+from kernels.methods.flash import bwd, bwd_gluon, fwd, fwd_gluon, gluon_common  # noqa: E402
 from kernels.methods.flash import plan as plans  # noqa: E402
 from kernels.methods.flash.sweep import parse_phases  # noqa: E402
 from kernels.methods.flash.tiles import TensorDescriptor  # noqa: E402
@@ -65,7 +65,7 @@ def _signature(fn, args, kw):
                 attrs[(i,)] = [["tt.divisibility", 16]]
         elif TensorDescriptor is not None and isinstance(a, TensorDescriptor):
             sig[p.name] = f"tensordesc<{_TY[a.base.dtype]}[{','.join(map(str, a.block_shape))}]>"
-        elif fwd_gluon.GluonDescriptor is not None and isinstance(a, fwd_gluon.GluonDescriptor):
+        elif gluon_common.GluonDescriptor is not None and isinstance(a, gluon_common.GluonDescriptor):
             sig[p.name] = f"tensordesc<{_TY[a.base.dtype]}[{','.join(map(str, a.block_shape))}],{a.layout}>"
         elif isinstance(a, bool):
             sig[p.name] = "i1"
@@ -115,7 +115,7 @@ def record(d: int, dtype: torch.dtype, causal: bool, fplan: plans.FwdPlan, bplan
              (fwd, "tma_supported", lambda device: True)]  # compiling for sm_90: TMA exists there
     if fwd_gluon.GLUON_ERROR is None:  # (the Gluon kernels' checks of the tensors are for the GPU they run on)
         kernels += [(fwd_gluon, "_fwd_ws_kernel"), (bwd_gluon, "_dkdv_ws_kernel"), (bwd_gluon, "_dq_ws_kernel")]
-        stubs += [(fwd_gluon, "supported", lambda *tensors: None), (bwd, "tma_eligible", lambda *tensors: True)]
+        stubs += [(gluon_common, "supported", lambda *tensors: None), (bwd, "tma_eligible", lambda *tensors: True)]
     stubs += [(m, n, _Recorder(getattr(m, n), calls)) for m, n in kernels]
     saved = [(m, n, getattr(m, n)) for m, n, _ in stubs]
     for m, n, stub in stubs:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.methods.flash import fwd_gluon
+from kernels.methods.flash import fwd_gluon, gluon_common
 from kernels.methods.flash import plan as plans
 from kernels.methods.flash.tiles import (LOG2E, TMA_CODE, device_descriptor, empty_bthd, ensure_allocator,
                                          host_descriptor, interpreter_enabled, key_bounds, load_rows, mma,
@@ -162,7 +162,7 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
     if plan is None:
         plan = plans.plans_for(D, DV, q.dtype, causal, TQ, TK)[0]
     if plan.gluon:
-        why = fwd_gluon.supported(q, k, v) or fwd_gluon.budget_reason(D, plan.block_n, plan.num_stages,
+        why = gluon_common.supported(q, k, v) or fwd_gluon.budget_reason(D, plan.block_n, plan.num_stages,
                                                                      plan.persistent)
         if why is None:
             return fwd_gluon.launch_fwd(q, k, v, scale, causal, plan.block_m, plan.block_n, plan.num_stages,

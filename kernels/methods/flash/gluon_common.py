@@ -1,0 +1,174 @@
+"""What the Gluon flash kernels for Hopper (``fwd_gluon``, ``bwd_gluon``) share: Gluon's Hopper modules
+(or why this Triton has none: ``GLUON_ERROR``), the limits (head dims, registers, shared memory), the wgmma
+layouts, the program prologues, ring barriers and masks both passes use, which inputs the kernels take
+(``supported``) and their TMA descriptors (``_descriptor``)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from kernels.methods.flash.tiles import interpreter_enabled, tma_eligible
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                                   warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+
+    # TMA's global -> shared copy: async_copy_global_to_shared in Triton 3.6, renamed async_load by 3.9
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    GLUON_ERROR: Optional[str] = None
+except Exception as exc:  # pragma: no cover - a Triton without Gluon's Hopper module
+    gluon = gl = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = fence_async_shared = None
+    GluonDescriptor = _tma_load = None
+    GLUON_ERROR = f"this Triton has no Gluon Hopper module ({type(exc).__name__}: {exc})"
+
+try:  # the descriptor's fields with defaults (padding, and more in newer Tritons), for _unchecked
+    import dataclasses as _dc
+
+    _DESCRIPTOR_CLASS = GluonDescriptor
+    _DESCRIPTOR_DEFAULTS = {f.name: f.default for f in _dc.fields(GluonDescriptor) if f.default is not _dc.MISSING}
+except Exception:  # pragma: no cover - no Gluon, or a descriptor that is not a dataclass: the checked way
+    _DESCRIPTOR_CLASS = _DESCRIPTOR_DEFAULTS = None
+
+HEAD_DIMS = (64, 128)
+CONSUMER_REGS = 240  # per consumer thread (setmaxnreg; the producer's warps give theirs up)
+SHARED_LIMIT = 227 * 1024  # shared memory one program may opt in to on sm_90
+
+
+# (defined below where Gluon is)
+mma_layout = operand_layout = _key_range = _query_program = _ring_barriers = _mask_tile = None
+
+if gluon is not None:
+
+    @gluon.constexpr_function
+    def mma_layout(n):
+        """The wgmma accumulator layout of one warpgroup's 64 x n tile."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+
+    @gluon.constexpr_function
+    def operand_layout(n):
+        """A 16-bit left operand held in registers, of a product whose accumulator is mma_layout(n)."""
+        return gl.DotOperandLayout(operand_index=0, parent=mma_layout(n), k_width=2)
+
+    @gluon.jit
+    def _key_range(r0, TQ, TK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """For queries r0 .. r0 + BLOCK_M: keys [0, full) every one of them sees (no mask), none sees a key
+        from hi on (tiles.key_bounds, for these kernels); hi = 0 where all of them lie past Tq (the last
+        program's second consumer, one-query shapes: nothing of theirs is stored)."""
+        if CAUSAL:
+            hi = gl.maximum(gl.minimum(r0 + BLOCK_M + TK - TQ, TK), 0)
+            full = gl.maximum(gl.minimum(r0 + TK - TQ + 1, TK), 0) // BLOCK_N * BLOCK_N
+        else:
+            hi = TK
+            full = TK // BLOCK_N * BLOCK_N
+        if r0 >= TQ:
+            hi = 0
+        return hi, full
+
+    @gluon.jit
+    def _query_program(TQ, TK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """A program over 2 x BLOCK_M queries of (batch, head), heaviest first when causal (the last query
+        blocks see the most keys): (b, h, its first query m0, the key tiles up to its last visible key)."""
+        pid_m = gl.program_id(0)
+        h = gl.program_id(1)
+        b = gl.program_id(2)
+        if CAUSAL:
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        m0 = pid_m * (2 * BLOCK_M)
+        if CAUSAL:
+            hi = gl.maximum(gl.minimum(m0 + 2 * BLOCK_M + TK - TQ, TK), 0)
+        else:
+            hi = TK
+        return b, h, m0, (hi + BLOCK_N - 1) // BLOCK_N
+
+    @gluon.jit
+    def _ring_barriers(STAGES: gl.constexpr, FIXED: gl.constexpr = 2):
+        """(fixed, ready, empty): a barrier per fixed tile (FIXED: one per consumer, per buffer of them); per ring
+        slot one the TMA completes (ready) and one both consumers arrive on when done with the slot (empty)."""
+        fixed = gl.allocate_shared_memory(gl.int64, [FIXED, 1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(FIXED):
+            mbarrier.init(fixed.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=2)  # both consumers release a slot
+        return fixed, ready, empty
+
+    @gluon.jit
+    def _mask_tile(z, offs_m, n0, full, TQ, TK, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """z (queries x BLOCK_N keys from n0) with -inf where a key is past Tk (TMA read it as zeros) or,
+        causal, after the query's last visible key; tiles before `full` need neither and pass as they are."""
+        if n0 + BLOCK_N > full:
+            offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout(BLOCK_N)))
+            keep = offs_n[None, :] < TK
+            if CAUSAL:
+                keep = keep & (offs_n[None, :] <= offs_m[:, None] + (TK - TQ))
+            z = gl.where(keep, z, float("-inf"))
+        return z
+
+
+_CAPS: dict = {}
+
+
+def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
+    """Why the Gluon forward cannot take these inputs (None: it can)."""
+    if GLUON_ERROR:
+        return GLUON_ERROR
+    if interpreter_enabled() or not q.is_cuda:
+        return "the Gluon forward runs on a GPU only (not in Triton's interpreter)"
+    idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    if idx not in _CAPS:
+        _CAPS[idx] = torch.cuda.get_device_capability(idx)
+    if _CAPS[idx] != (9, 0):
+        return f"the Gluon forward uses Hopper's wgmma (compute capability 9.0; this GPU has {_CAPS[idx]})"
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return f"the Gluon forward takes bfloat16 or float16 (got {q.dtype})"
+    d, dv = q.shape[-1], v.shape[-1]
+    if d != dv or d not in HEAD_DIMS:
+        return f"the Gluon forward takes d = dv in {HEAD_DIMS} (got d={d}, dv={dv})"
+    if not tma_eligible(q, k, v):
+        return "the Gluon forward reads by TMA: 16-byte aligned bases and strides"
+    if not q.numel() or not k.numel():
+        return "the Gluon forward takes no empty inputs (TMA descriptors need every dimension >= 1)"
+    return None
+
+
+_LAYOUTS: dict = {}
+#: Whether descriptors are made without the dataclass's checks (None: not yet known; the first call compares
+#: the two ways). The callers pass only tensors ``supported`` / ``tma_eligible`` took, which is what those
+#: checks ask (16-byte aligned base and strides, last stride 1, no empty dimension); the checks cost about
+#: 3 us a descriptor on a fast host, and a forward + backward makes seven.
+_UNCHECKED: Optional[bool] = None
+
+
+def _unchecked(t: torch.Tensor, block: list, layout):
+    d = object.__new__(_DESCRIPTOR_CLASS)
+    d.__dict__.update(_DESCRIPTOR_DEFAULTS)
+    d.base, d.shape, d.strides, d.block_shape, d.layout = t, list(t.shape), list(t.stride()), block, layout
+    return d
+
+
+def _descriptor(t: torch.Tensor, rows: int):
+    """A 4-D TMA descriptor of a (B, H, T, d) tensor with its strides (16-bit, or the backward's fp32 dq sums),
+    boxes of one (batch, head)'s rows x d (its shared-memory layout made once per box and dtype)."""
+    global _UNCHECKED
+    block = [1, 1, rows, t.shape[-1]]
+    key = (rows, t.shape[-1], t.dtype)
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        layout = _LAYOUTS[key] = gl.NVMMASharedLayout.get_default_for(
+            block, {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[t.dtype])
+    if _UNCHECKED and _DESCRIPTOR_DEFAULTS is not None:
+        return _unchecked(t, block, layout)
+    checked = GluonDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+    if _UNCHECKED is None:  # (a Triton whose descriptor is not a plain dataclass keeps the checked way)
+        try:
+            _UNCHECKED = _unchecked(t, list(block), layout) == checked
+        except Exception:
+            _UNCHECKED = False
+    return checked
