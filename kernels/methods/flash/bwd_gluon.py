@@ -28,7 +28,7 @@ consumer warpgroups have read them.
   forward), ds = p * (dp - delta), dq += ds k.
 
 Rows past Tq get lse = +inf (p = 0). dk, dv, dq (dk and dq times scale) go out in the tensors' own
-strides (the (B, T, H, d) memory layout). Takes what the Gluon forward takes (``fwd_gluon.supported``):
+strides (the (B, T, H, d) memory layout). Takes what the Gluon forward takes (``gluon_common.supported``):
 capability 9.0, 16-bit, d = dv in {64, 128}, inputs TMA can read; plus do.
 """
 
@@ -329,7 +329,7 @@ if gluon is not None:
 def launch_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
               delta: torch.Tensor, dq: torch.Tensor, scale: float, causal: bool, block_m: int, block_n: int,
               stages: int) -> None:
-    """dq (allocated by the caller, any strides) for inputs ``fwd_gluon.supported`` takes and do; block_m:
+    """dq (allocated by the caller, any strides) for inputs ``gluon_common.supported`` takes and do; block_m:
     queries per program (two consumers of block_m / 2), block_n: keys per tile, stages: ring slots."""
     B, H, TQ, D = q.shape
     TK = k.shape[2]
@@ -350,7 +350,7 @@ def launch_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 def launch_dkdv(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
                 delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, scale: float, causal: bool, block_n: int,
                 block_m: int, stages: int, dq_acc: Optional[torch.Tensor] = None) -> None:
-    """dk and dv (allocated by the caller, any strides) for inputs ``fwd_gluon.supported`` takes and do;
+    """dk and dv (allocated by the caller, any strides) for inputs ``gluon_common.supported`` takes and do;
     block_n: keys per program (two consumers of block_n / 2), block_m: queries per tile, stages: slots.
     dq_acc: a zeroed contiguous fp32 (B, H, Tq, d) tensor to add dq * scale into (dq by TMA reductions,
     64-query tiles), or None (no dq)."""
