@@ -76,6 +76,17 @@ def budget_reason(d: int, plan, add_dq: Optional[bool] = None) -> Optional[str]:
 if gluon is not None:
 
     @gluon.jit
+    def _pass_buffers(desc_a, desc_b, desc_x, desc_y, STAGES: gl.constexpr):
+        """Either pass's shared buffers, in ``_producer``'s names: each consumer's tile of a and of b (one box
+        of desc_a / desc_b each), STAGES ring slots of x and y tiles, and the barriers (``_ring_barriers``)."""
+        a_bufs = gl.allocate_shared_memory(desc_a.dtype, [2] + desc_a.block_type.shape, desc_a.layout)
+        b_bufs = gl.allocate_shared_memory(desc_b.dtype, [2] + desc_b.block_type.shape, desc_b.layout)
+        x_bufs = gl.allocate_shared_memory(desc_x.dtype, [STAGES] + desc_x.block_type.shape, desc_x.layout)
+        y_bufs = gl.allocate_shared_memory(desc_y.dtype, [STAGES] + desc_y.block_type.shape, desc_y.layout)
+        fixed, ready, empty = _ring_barriers(STAGES)
+        return a_bufs, b_bufs, x_bufs, y_bufs, fixed, ready, empty
+
+    @gluon.jit
     def _producer(desc_a, desc_b, desc_x, desc_y, a_bufs, b_bufs, x_bufs, y_bufs, fixed_bar, ready, empty, b, h,
                   fixed0, lo, n_tiles, FIXED_ROWS: gl.constexpr, TILE_ROWS: gl.constexpr, STAGES: gl.constexpr):
         """Both passes' producer: each consumer's tiles of a and b (rows fixed0 + c * FIXED_ROWS), once,
@@ -231,11 +242,7 @@ if gluon is not None:
             lo = 0
         n_tiles = gl.maximum(TQ - lo + BLOCK_M - 1, 0) // BLOCK_M
         dtype: gl.constexpr = desc_q.dtype
-        k_bufs = gl.allocate_shared_memory(dtype, [2, 1, 1, BLOCK_N, D], desc_k.layout)
-        v_bufs = gl.allocate_shared_memory(dtype, [2, 1, 1, BLOCK_N, D], desc_v.layout)
-        q_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, D], desc_q.layout)
-        do_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, D], desc_do.layout)
-        kv_bar, ready, empty = _ring_barriers(STAGES)
+        k_bufs, v_bufs, q_bufs, do_bufs, kv_bar, ready, empty = _pass_buffers(desc_k, desc_v, desc_q, desc_do, STAGES)
         if DQ:  # two tiles' ds^T of both consumers, each consumer's dq tile, the ds^T slots' barriers
             ds_bufs = gl.allocate_shared_memory(dtype, [4, BLOCK_N, BLOCK_M],
                                                 gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
@@ -307,12 +314,7 @@ if gluon is not None:
         """One program: dq of 2 x BLOCK_M queries of (batch, head); the producer loads q and do once per
         consumer and streams the k and v tiles up to the program's last visible key, heaviest first."""
         b, h, m0, n_tiles = _query_program(TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
-        dtype: gl.constexpr = desc_q.dtype
-        q_bufs = gl.allocate_shared_memory(dtype, [2, 1, 1, BLOCK_M, D], desc_q.layout)
-        do_bufs = gl.allocate_shared_memory(dtype, [2, 1, 1, BLOCK_M, D], desc_do.layout)
-        k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], desc_k.layout)
-        v_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], desc_v.layout)
-        qd_bar, ready, empty = _ring_barriers(STAGES)
+        q_bufs, do_bufs, k_bufs, v_bufs, qd_bar, ready, empty = _pass_buffers(desc_q, desc_do, desc_k, desc_v, STAGES)
         fence_async_shared()
         gl.warp_specialize(
             [(_producer, (desc_q, desc_do, desc_k, desc_v, q_bufs, do_bufs, k_bufs, v_bufs, qd_bar, ready, empty, b,
