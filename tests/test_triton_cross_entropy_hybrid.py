@@ -99,7 +99,7 @@ def test_hybrid_unusable_reasons(cg, monkeypatch):
     monkeypatch.setattr(cg, "interpreter_enabled", lambda: False)
     assert "GPU only" in cg.hybrid_unusable(x, None)
     props = SimpleNamespace(major=9, minor=0, shared_memory_per_block_optin=227 * 1024, multi_processor_count=132)
-    monkeypatch.setattr(tp, "_device_props", lambda device: props)
+    monkeypatch.setattr(tp, "device_props", lambda device: props)
     for v in (50304, 16392, 32768, 40000, 65536):
         assert cg.hybrid_unusable(_FakeRows(v), _FakeRows(v)) is None, v
         assert cg.hybrid_unusable(_FakeRows(v), None, num_warps=8) is None, v

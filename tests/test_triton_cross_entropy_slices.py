@@ -123,7 +123,7 @@ def test_slices_unusable_reasons(cs, monkeypatch):
     from types import SimpleNamespace
 
     props = SimpleNamespace(major=9, minor=0, shared_memory_per_block_optin=227 * 1024, multi_processor_count=132)
-    monkeypatch.setattr(tp, "_device_props", lambda device: props)
+    monkeypatch.setattr(tp, "device_props", lambda device: props)
     for v in (65544, 128256, 262144, 300000, 1 << 20):
         for w in (8, 16):
             assert cs.slices_unusable(_FakeRows(v), _FakeRows(v), w) is None, (v, w)

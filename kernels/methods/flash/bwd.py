@@ -288,8 +288,8 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if tma == "device":
         ensure_allocator()
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *dk.stride(), *dv.stride())
-    dq_sums = dq_acc if atomic else delta  # what the kernel adds into: the buffer, or (tma_add, where TMA is)
-    # its descriptor; else a dummy pointer
+    # what the dk/dv programs add dq into: the buffer, or (tma_add, where TMA is) its descriptor; else a dummy
+    dq_sums = dq_acc if atomic else delta
     if atomic and plan.dq_mode == "tma_add" and not interpreter_enabled():
         if resolve_tma("host", q.device, dq_acc) == "host":
             atomic, dq_sums = 2, host_descriptor(dq_acc, bm1, d_pad)

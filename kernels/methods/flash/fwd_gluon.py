@@ -47,6 +47,7 @@ from kernels.methods.flash.gluon_common import (GLUON_ERROR, SHARED_LIMIT, _desc
                                                 warpgroup_mma_wait)
 from kernels.methods.flash.tiles import LOG2E, empty_bthd
 from kernels.methods.triton import fastlaunch
+from kernels.methods.triton.plan import device_props
 
 __all__ = ["GLUON_ERROR", "budget_reason", "launch_fwd", "shared_bytes", "supported"]
 
@@ -319,9 +320,6 @@ if gluon is not None:
                 [4, 4], [240, 240])  # (CONSUMER_REGS)
 
 
-_SMS: dict = {}
-
-
 def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, block_m: int,
                block_n: int, stages: int, pingpong: bool = True, persistent: bool = False,
                programs: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -348,9 +346,7 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
         cap = programs
         if cap is None:
             idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
-            if idx not in _SMS:
-                _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-            cap = _SMS[idx]
+            cap = device_props(torch.device("cuda", idx)).multi_processor_count
         if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
             raise ValueError(f"programs={programs!r}: the persistent programs' count, an int >= 1")
         programs = min(tiles, cap)

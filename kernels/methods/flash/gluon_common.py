@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 
 from kernels.methods.flash.tiles import interpreter_enabled, tma_eligible
+from kernels.methods.triton.plan import device_props
 
 try:
     from triton.experimental import gluon
@@ -112,9 +113,6 @@ if gluon is not None:
         return z
 
 
-_CAPS: dict = {}
-
-
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
     """Why the Gluon forward cannot take these inputs (None: it can)."""
     if GLUON_ERROR:
@@ -122,10 +120,10 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str
     if interpreter_enabled() or not q.is_cuda:
         return "the Gluon forward runs on a GPU only (not in Triton's interpreter)"
     idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    if idx not in _CAPS:
-        _CAPS[idx] = torch.cuda.get_device_capability(idx)
-    if _CAPS[idx] != (9, 0):
-        return f"the Gluon forward uses Hopper's wgmma (compute capability 9.0; this GPU has {_CAPS[idx]})"
+    props = device_props(torch.device("cuda", idx))
+    if (props.major, props.minor) != (9, 0):
+        return (f"the Gluon forward uses Hopper's wgmma (compute capability 9.0; this GPU has "
+                f"{(props.major, props.minor)})")
     if q.dtype not in (torch.bfloat16, torch.float16):
         return f"the Gluon forward takes bfloat16 or float16 (got {q.dtype})"
     d, dv = q.shape[-1], v.shape[-1]

@@ -155,7 +155,7 @@ def plan(n_cols: int, elem_bytes: int, backward: bool = False, causal: bool = Fa
 _DEVICE_PROPS: dict = {}
 
 
-def _device_props(device: torch.device):
+def device_props(device: torch.device):
     """The GPU's properties (SM count, shared memory per block), asked once per device."""
     if device not in _DEVICE_PROPS:
         _DEVICE_PROPS[device] = torch.cuda.get_device_properties(device)
@@ -164,13 +164,13 @@ def _device_props(device: torch.device):
 
 def _smem_per_block(device: torch.device) -> int:
     """Shared memory one program may opt in to on this GPU (48 KB where the property is missing)."""
-    return getattr(_device_props(device), "shared_memory_per_block_optin", 0) or 48 * 1024
+    return getattr(device_props(device), "shared_memory_per_block_optin", 0) or 48 * 1024
 
 
 def _persistent_grid(n_rows: int, device: torch.device, p: Plan) -> int:
     if device.type != "cuda":
         return min(n_rows, 4)  # the interpreter: a few programs, each looping over rows
-    return max(1, min(n_rows, _device_props(device).multi_processor_count * p.programs_per_sm))
+    return max(1, min(n_rows, device_props(device).multi_processor_count * p.programs_per_sm))
 
 
 def fill_scale_ok(c: float) -> bool:
@@ -219,7 +219,7 @@ def gluon_unusable(x2: torch.Tensor, causal: bool, p: Plan, dy2: Optional[torch.
         return _GLUON_ERROR
     if not x2.is_cuda:
         return f"{name} runs on a GPU only (not in Triton's interpreter)"
-    props = _device_props(x2.device)  # (asked once per device, not every call)
+    props = device_props(x2.device)  # (asked once per device, not every call)
     if (props.major, props.minor) < (8, 0):
         return f"{name} needs cp.async (compute capability 8.0 or newer)"
     vec = 16 // x2.element_size()
