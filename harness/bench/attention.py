@@ -5,8 +5,8 @@ default every one that can run here): the materialized methods by composition (q
 softmax -> v; skipped where the T x T scores would exceed ``MAX_SCORES_GIB``), the fused ones natively
 (sdpa's backends, flex, flash). TFLOP/s counts 4 * B * H * T^2 * d / 2 for a causal forward (half the
 square) and 3.5x that for forward + backward (the backward's five matmuls against the forward's two,
-the causal half likewise), whatever a method really computes. Eager and graph-replay timings as in
-the softmax table; the extra memory is the peak allocated during forward + backward above the
+the causal half likewise), whatever a method really computes. Eager and graph-replay timings and the
+host's issue time as in the softmax table; the extra memory is the peak allocated during forward + backward above the
 inputs. Each method's output is checked against float64 on one head first; a wrong result is marked.
 """
 
@@ -19,7 +19,8 @@ from typing import Optional
 import torch
 
 import kernels
-from harness.bench.common import eager_and_graph_ms, error_text, fmt, free_memory, peak_extra_gib, write_rows_csv
+from harness.bench.common import (eager_and_graph_ms, error_text, fmt, free_memory, issue_us, peak_extra_gib,
+                                  write_rows_csv)
 from harness.results import atomic_write_text, write_json
 
 MAX_SCORES_GIB = 4.0
@@ -37,6 +38,8 @@ class AttentionRow:
     fwd_graph_ms: Optional[float] = None
     fwd_bwd_ms: Optional[float] = None
     fwd_bwd_graph_ms: Optional[float] = None
+    fwd_host_us: Optional[float] = None  # host time to issue one call (common.issue_us)
+    fwd_bwd_host_us: Optional[float] = None
     fwd_tflops: Optional[float] = None
     fwd_bwd_tflops: Optional[float] = None
     fwd_graph_tflops: Optional[float] = None
@@ -96,6 +99,7 @@ def measure_attention(method: str, shape: tuple, device: str, rep_ms: int, optio
 
         row.fwd_ms, row.fwd_graph_ms = eager_and_graph_ms(forward, rep_ms)
         row.fwd_bwd_ms, row.fwd_bwd_graph_ms = eager_and_graph_ms(forward_backward, rep_ms)
+        row.fwd_host_us, row.fwd_bwd_host_us = issue_us(forward), issue_us(forward_backward)
         f = causal_flops(b, h, t, d)
         tf = lambda flops, ms: None if ms is None else flops / (ms * 1e-3) / 1e12  # noqa: E731
         row.fwd_tflops, row.fwd_graph_tflops = tf(f, row.fwd_ms), tf(f, row.fwd_graph_ms)
@@ -120,18 +124,22 @@ def run_attention_bench(methods: Optional[list[str]], shapes: list[tuple], out: 
                 rows.append(r)
                 print(f"  {label:24s} {shape}: fwd {fmt(r.fwd_tflops)} (graph {fmt(r.fwd_graph_tflops)}) TFLOP/s, fwd+bwd "
                       f"{fmt(r.fwd_bwd_tflops)} (graph {fmt(r.fwd_bwd_graph_tflops)}), extra {fmt(r.extra_gib, '.2f')} "
-                      f"GiB {'ok' if r.correct else r.error or 'WRONG'}", flush=True)
+                      f"GiB, host {fmt(r.fwd_host_us)}/{fmt(r.fwd_bwd_host_us)} us "
+                      f"{'ok' if r.correct else r.error or 'WRONG'}", flush=True)
     env = environment()
     lines = [f"## Causal attention on {env['device_name']} (torch {env['torch']}, triton {env['triton']}), bf16", "",
              "TFLOP/s: forward 4*B*H*T^2*d/2, forward + backward 3.5x that. Eager (launch cost included) and graph "
-             "replay (kernels alone).", "",
+             "replay (kernels alone). Host us: the host's time to issue one forward / forward + backward; where it nears the "
+             "eager ms, the GPU waited on the host.", "",
              "| method | provided | B, H, T, d | fwd TFLOP/s eager | fwd graph | fwd+bwd TFLOP/s eager | fwd+bwd graph "
-             "| fwd ms | fwd+bwd ms | extra GiB | correct |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| fwd ms | fwd+bwd ms | host us fwd / fwd+bwd | extra GiB | correct |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ok = "yes" if r.correct else ("**NO**" if r.correct is False else r.error)
         lines.append(f"| {r.method} | {r.provided} | {r.b}, {r.h}, {r.t}, {r.d} | {fmt(r.fwd_tflops)} "
                      f"| {fmt(r.fwd_graph_tflops)} | {fmt(r.fwd_bwd_tflops)} | {fmt(r.fwd_bwd_graph_tflops)} "
-                     f"| {fmt(r.fwd_ms, '.3f')} | {fmt(r.fwd_bwd_ms, '.3f')} | {fmt(r.extra_gib, '.2f')} | {ok} |")
+                     f"| {fmt(r.fwd_ms, '.3f')} | {fmt(r.fwd_bwd_ms, '.3f')} | {fmt(r.fwd_host_us)} / "
+                     f"{fmt(r.fwd_bwd_host_us)} | {fmt(r.extra_gib, '.2f')} | {ok} |")
     md = "\n".join(lines) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "attention.md", md)

@@ -7,6 +7,8 @@ import csv
 import gc
 import io
 import re
+import statistics
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
@@ -40,6 +42,38 @@ def eager_and_graph_ms(fn: Callable[[], object], rep_ms: int, key: Optional[str]
     if not captured and key is not None:
         _UNCAPTURABLE.add(key)
     return eager, graph if captured else None
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def host_us(fn: Callable[[], object], calls: int = 200, repeats: int = 7, warmup: int = 20) -> tuple[float, float]:
+    """(median, p90/p50) of the host microseconds per call of ``fn`` over ``repeats`` runs of ``calls``:
+    the wall time of the calls in a row, the device synchronized only before and after each run. Kept
+    short enough that the launch queue never fills, it is the host's cost of issuing a call whatever the
+    kernels take; where it nears the eager time of a call, the GPU waited on the host."""
+    for _ in range(warmup):
+        fn()
+    _sync()
+    per_call = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.perf_counter() - t0) * 1e6 / calls)
+        _sync()
+    per_call.sort()
+    p50 = statistics.median(per_call)
+    p90 = per_call[min(len(per_call) - 1, int(round(0.9 * (len(per_call) - 1))))]
+    return p50, p90 / p50
+
+
+def issue_us(fn: Callable[[], object]) -> float:
+    """The host microseconds to issue one call of a benchmark-sized ``fn`` (``host_us`` over a few short
+    runs: ten calls in flight at most)."""
+    return host_us(fn, calls=10, repeats=5, warmup=2)[0]
 
 
 def free_memory() -> None:

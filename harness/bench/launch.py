@@ -22,16 +22,14 @@ flash eager routes are). No method's forward + backward can cost less than that 
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
 import kernels
-from harness.bench.common import error_text
+from harness.bench.common import error_text, host_us
 from harness.results import write_json
 
 #: op -> tiny inputs (built on the device), the one-shot call, the bound call's arguments
@@ -54,29 +52,6 @@ class LaunchRow:
     spread: Optional[float] = None  # p90 / p50 of the bound forward's repeats
     launch: str = ""  # triton: the launch path (direct, plain)
     error: str = ""
-
-
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def host_us(fn: Callable[[], object], calls: int = 200, repeats: int = 7) -> tuple[float, float]:
-    """(median, p90/p50) of the host microseconds per call of ``fn`` over ``repeats`` runs of ``calls``."""
-    for _ in range(20):
-        fn()
-    _sync()
-    per_call = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        per_call.append((time.perf_counter() - t0) * 1e6 / calls)
-        _sync()
-    per_call.sort()
-    p50 = statistics.median(per_call)
-    p90 = per_call[min(len(per_call) - 1, int(round(0.9 * (len(per_call) - 1))))]
-    return p50, p90 / p50
 
 
 def _softmax_inputs(device: str) -> tuple[torch.Tensor, torch.Tensor]:

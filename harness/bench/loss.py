@@ -23,7 +23,8 @@ from typing import Optional
 import torch
 
 import kernels
-from harness.bench.common import eager_and_graph_ms, error_text, fmt, free_memory, peak_extra_gib, write_rows_csv
+from harness.bench.common import (eager_and_graph_ms, error_text, fmt, free_memory, issue_us, peak_extra_gib,
+                                  write_rows_csv)
 from harness.results import atomic_write_text, write_json
 from kernels.timing import copy_bandwidth
 
@@ -41,6 +42,7 @@ class LossRow:
     fwd_bwd_ms: Optional[float] = None  # eager
     fwd_bwd_graph_ms: Optional[float] = None
     fwd_ms: Optional[float] = None
+    fwd_bwd_host_us: Optional[float] = None  # host time to issue one forward + backward (common.issue_us)
     ideal_ms: Optional[float] = None
     frac_ideal: Optional[float] = None  # ideal / eager forward + backward
     extra_gib: Optional[float] = None
@@ -92,6 +94,7 @@ def measure_ce(method: str, tokens: int, vocab: int, device: str, rep_ms: int, a
         key = f"cross_entropy:{method}:{autocast}"
         row.fwd_bwd_ms, row.fwd_bwd_graph_ms = eager_and_graph_ms(forward_backward, rep_ms, key)
         row.fwd_ms, _ = eager_and_graph_ms(forward, rep_ms, key)
+        row.fwd_bwd_host_us = issue_us(forward_backward)
         row.extra_gib = peak_extra_gib(forward_backward)
     except Exception as exc:
         row.error = error_text(exc)
@@ -133,6 +136,7 @@ def measure_linear(method: str, tokens: int, hidden: int, vocab: int, device: st
 
         row.fwd_bwd_ms, row.fwd_bwd_graph_ms = eager_and_graph_ms(forward_backward, rep_ms,
                                                                   f"linear_cross_entropy:{method}")
+        row.fwd_bwd_host_us = issue_us(forward_backward)
         row.extra_gib = peak_extra_gib(forward_backward)
     except Exception as exc:
         row.error = error_text(exc)
@@ -227,15 +231,17 @@ def run_loss_bench(methods: Optional[list[str]], vocabs: list[int], tokens: int,
               f"{r.error or ('ok' if r.correct else 'WRONG')}", flush=True)
     env = environment()
     lines = [f"## Cross-entropy on {env['device_name']} (torch {env['torch']}, triton {env['triton']}), bf16 logits", "",
-             f"Copy ceiling {copy_gbs:.0f} GB/s; ideal = one read of the logits + one write of their gradient at it.", "",
+             f"Copy ceiling {copy_gbs:.0f} GB/s; ideal = one read of the logits + one write of their gradient at it. "
+             "Host us: the host's time to issue one forward + backward; where it nears the eager ms, the GPU waited "
+             "on the host.", "",
              "| method | op | tokens x V (C) | fwd+bwd ms eager | fwd+bwd ms graph | fwd ms | ideal ms | ideal / eager "
-             "| extra GiB | left on the GPU GiB | correct |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| host us | extra GiB | left on the GPU GiB | correct |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         shape = f"{r.tokens} x {r.vocab}" + (f" ({r.hidden})" if r.hidden else "")
         ok = f"error: {r.error}" if r.error else ("yes" if r.correct else "**NO**")
         lines.append(f"| {r.method}{' (autocast)' if r.autocast else ''} | {r.op} | {shape} | {fmt(r.fwd_bwd_ms, '.3f')} "
                      f"| {fmt(r.fwd_bwd_graph_ms, '.3f')} | {fmt(r.fwd_ms, '.3f')} | {fmt(r.ideal_ms, '.3f')} "
-                     f"| {fmt(r.frac_ideal, '.2f')} | {fmt(r.extra_gib, '.2f')} | {fmt(r.held_gib, '.2f')} | {ok} |")
+                     f"| {fmt(r.frac_ideal, '.2f')} | {fmt(r.fwd_bwd_host_us)} | {fmt(r.extra_gib, '.2f')} | {fmt(r.held_gib, '.2f')} | {ok} |")
     md = "\n".join(lines) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "loss.md", md)

@@ -6,7 +6,9 @@ counts 2 x tensor bytes forward (read x, write y) and 3 x backward (read y and d
 a method really moves, so a method that moves more bytes shows as a lower effective bandwidth. Two
 timings side by side: **eager**, as a training loop calls the method (``triton.testing.do_bench``:
 CUDA events, L2 flushed between repetitions, medians; host launch cost included), and **graph**, one
-CUDA-graph capture replayed (the kernels alone). Targets are read off the eager column. Backward =
+CUDA-graph capture replayed (the kernels alone); beside them, the host's time to issue one call
+(``common.issue_us``: where it nears the eager time, the GPU waited on the host). Targets are read off
+the eager column. Backward =
 (forward + backward) - forward, each timed the same way, through ``torch.autograd.grad``. Each
 method's forward is checked against float64 on the benchmark input first; a wrong result is marked
 and gets no ratio. The attention-shaped case (causal scores B x H x T x T, scale 1/8) is timed too,
@@ -22,7 +24,8 @@ from typing import Optional
 import torch
 
 import kernels
-from harness.bench.common import DTYPES, dtype_name, eager_and_graph_ms, error_text, fmt, free_memory, write_rows_csv
+from harness.bench.common import (DTYPES, dtype_name, eager_and_graph_ms, error_text, fmt, free_memory, issue_us,
+                                  write_rows_csv)
 from harness.results import atomic_write_text, write_json
 from kernels.timing import copy_bandwidth, error_on_device, write_bandwidth
 
@@ -41,6 +44,8 @@ class KernelRow:
     bwd_ms: Optional[float] = None
     fwd_graph_ms: Optional[float] = None  # CUDA-graph replay
     bwd_graph_ms: Optional[float] = None
+    fwd_host_us: Optional[float] = None  # host time to issue one call (common.issue_us)
+    fwd_bwd_host_us: Optional[float] = None
     fwd_gbs: Optional[float] = None
     bwd_gbs: Optional[float] = None
     fwd_graph_gbs: Optional[float] = None
@@ -92,6 +97,7 @@ def measure_method(method: str, shape: tuple, dtype: torch.dtype, scale: float, 
         row.fwd_ms, row.fwd_graph_ms = eager_and_graph_ms(forward, rep_ms)
         fb_ms, fb_graph_ms = eager_and_graph_ms(forward_backward, rep_ms)
         row.bwd_ms = max(fb_ms - row.fwd_ms, 1e-6)
+        row.fwd_host_us, row.fwd_bwd_host_us = issue_us(forward), issue_us(forward_backward)
         if fb_graph_ms is not None and row.fwd_graph_ms is not None:
             row.bwd_graph_ms = max(fb_graph_ms - row.fwd_graph_ms, 1e-6)
         nbytes = x.numel() * x.element_size()
@@ -130,10 +136,13 @@ def markdown_table(rows: list[KernelRow], copy_gbs: float, header: str, baseline
         header, "",
         f"Copy ceiling (device-to-device, read + write): **{copy_gbs:.0f} GB/s**. Eager: as a training loop calls "
         "the method (launch cost included); graph: one CUDA-graph capture replayed (the kernels alone). Backward = "
-        f"(forward + backward) - forward. Ratios to the faster correct of {peers}, eager.", "",
+        f"(forward + backward) - forward. Ratios to the faster correct of {peers}, eager. Host us: the host's time to "
+        "issue one forward / forward + backward; where it nears the eager time (fwd ms, or fwd + bwd ms), the GPU "
+        "waited on the host.", "",
         f"| method | dtype | N | rows | causal | fwd GB/s eager | fwd / copy | fwd GB/s graph | fwd vs best({peers}) "
-        f"| bwd GB/s eager | bwd / copy | bwd GB/s graph | bwd vs best({peers}) | correct |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| bwd GB/s eager | bwd / copy | bwd GB/s graph | bwd vs best({peers}) | fwd / fwd+bwd ms eager "
+        "| host us fwd / fwd+bwd | correct |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ok = "yes" if r.correct else ("**NO**" if r.correct is False else f"error: {r.error}")
@@ -141,9 +150,14 @@ def markdown_table(rows: list[KernelRow], copy_gbs: float, header: str, baseline
             f"| {r.method} | {r.dtype} | {r.n} | {r.rows} | {'yes' if r.causal else 'no'} | {fmt(r.fwd_gbs)} "
             f"| {fmt(r.fwd_frac_copy, '.2f')} | {fmt(r.fwd_graph_gbs)} | {fmt(r.fwd_vs_best_baseline, '.2f')} "
             f"| {fmt(r.bwd_gbs)} | {fmt(r.bwd_frac_copy, '.2f')} | {fmt(r.bwd_graph_gbs)} "
-            f"| {fmt(r.bwd_vs_best_baseline, '.2f')} | {ok} |"
+            f"| {fmt(r.bwd_vs_best_baseline, '.2f')} | {fmt(r.fwd_ms, '.3f')} / {fmt(_sum(r.fwd_ms, r.bwd_ms), '.3f')} "
+            f"| {fmt(r.fwd_host_us)} / {fmt(r.fwd_bwd_host_us)} | {ok} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _sum(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return None if a is None or b is None else a + b
 
 
 def plot(rows: list[KernelRow], copy_gbs: float, path: Path, dtype: str) -> None:
@@ -210,6 +224,7 @@ def run_kernel_bench(methods: Optional[list[str]], sizes: list[int], elements: i
             res.rows.append(row)
             print(f"  {m:8s} {row.dtype:9s} N={n:<7d} fwd {fmt(row.fwd_gbs):>6s} (graph {fmt(row.fwd_graph_gbs):>6s}) GB/s"
                   f"  bwd {fmt(row.bwd_gbs):>6s} (graph {fmt(row.bwd_graph_gbs):>6s}) GB/s"
+                  f"  host {fmt(row.fwd_host_us)}/{fmt(row.fwd_bwd_host_us)} us"
                   f"  {'ok' if row.correct else row.error or 'WRONG'}", flush=True)
     if attention_shape:
         att_rows = []
@@ -235,15 +250,16 @@ def run_kernel_bench(methods: Optional[list[str]], sizes: list[int], elements: i
     if res.attention:
         md += (f"\n### Attention-shaped causal scores {tuple(attention_shape)}, {dtype}, scale 1/8\n\n"
                "| method | fwd ms eager | fwd ms graph | fwd time / compile | bwd ms eager | bwd ms graph "
-               "| bwd time / compile | correct |\n|---|---|---|---|---|---|---|---|\n")
+               "| bwd time / compile | host us fwd / fwd+bwd | correct |\n|---|---|---|---|---|---|---|---|---|\n")
         for a in res.attention:
             md += (f"| {a['method']} | {fmt(a['fwd_ms'], '.4f')} | {fmt(a['fwd_graph_ms'], '.4f')} "
                    f"| {fmt(a['fwd_vs_compile_time'], '.2f')} | {fmt(a['bwd_ms'], '.4f')} | {fmt(a['bwd_graph_ms'], '.4f')} "
-                   f"| {fmt(a['bwd_vs_compile_time'], '.2f')} | {'yes' if a['correct'] else 'NO ' + a['error']} |\n")
+                   f"| {fmt(a['bwd_vs_compile_time'], '.2f')} | {fmt(a['fwd_host_us'])} / {fmt(a['fwd_bwd_host_us'])} "
+                   f"| {'yes' if a['correct'] else 'NO ' + a['error']} |\n")
         comp_ms = next((a["fwd_ms"] for a in res.attention if a["method"] == "compile" and a["correct"]), None)
         if res.causal_floor_ms:
             md += (f"| memory floor (forward bytes, no math; graph) | | {res.causal_floor_ms:.4f} | "
-                   f"{fmt(res.causal_floor_ms / comp_ms if comp_ms else None, '.2f')} | | | | |\n")
+                   f"{fmt(res.causal_floor_ms / comp_ms if comp_ms else None, '.2f')} | | | | | |\n")
     atomic_write_text(out / "kernels.md", md)
     write_rows_csv(res.rows, out / "kernels.csv")
     write_json(out / "kernels.json", {"env": env, "copy_gbs": copy_gbs, "write_gbs": res.write_gbs,
