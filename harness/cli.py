@@ -10,6 +10,7 @@ under ``--hydra-help``.
 
 from __future__ import annotations
 
+import difflib
 import re
 import sys
 from pathlib import Path
@@ -60,19 +61,40 @@ def _groups(conf_dir: str) -> set[str]:
 
 
 def unknown_key_message(cfg: DictConfig, key: str) -> str | None:
-    """None when ``key`` (dotted) exists in ``cfg``; else a message listing the valid keys there."""
+    """None when ``key`` (dotted) exists in ``cfg``; else a message listing the valid keys there (and the
+    closest one, for a typo)."""
     parts = key.split(".")
     node = cfg
     for i, part in enumerate(parts):
         if not isinstance(node, DictConfig) or part not in node:
             where = ".".join(parts[:i]) or "the top level"
-            valid = ", ".join(sorted(str(k) for k in node.keys())) if isinstance(node, DictConfig) else ""
+            names = sorted(str(k) for k in node.keys()) if isinstance(node, DictConfig) else []
             return (
-                f"unknown config key '{key}': '{part}' is not a key of {where}. "
-                f"Valid keys there: {valid}. (Prefix with '+' to add a new key on purpose.)"
+                f"unknown config key '{key}': '{part}' is not a key of {where}.{_did_you_mean(part, names, parts[:i])} "
+                f"Valid keys there: {', '.join(names)}. (A '+' prefix adds a key that nothing in the harness reads: "
+                "only for code of your own that reads it.)"
             )
         node = node[part] if OmegaConf.is_dict(node) else None
     return None
+
+
+def _did_you_mean(part: str, names: list[str], prefix: list[str]) -> str:
+    close = difflib.get_close_matches(part, names, n=1, cutoff=0.75)
+    return f" Did you mean '{'.'.join([*prefix, close[0]])}'?" if close else ""
+
+
+def added_key_message(cfg: DictConfig, key: str) -> str | None:
+    """For a '+key=value' override: a message when the new key is a near-miss of a key the harness has
+    (``trainer.max_step`` for ``trainer.max_steps``: added, it would be silently unread); None otherwise."""
+    parent_key, _, last = key.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+    if not isinstance(parent, DictConfig) or last in parent:
+        return None
+    hint = _did_you_mean(last, sorted(str(k) for k in parent.keys()), parent_key.split(".") if parent_key else [])
+    if not hint:
+        return None
+    return (f"'+{key}' adds a key nothing in the harness reads, so it would change nothing.{hint} "
+            f"(To add it anyway, for code of your own: '++{key}=...'.)")
 
 
 def expected_type(cfg: DictConfig, key: str) -> Optional[str]:
@@ -126,9 +148,11 @@ def precheck_overrides(
     except HydraException as exc:
         fail(f"cannot read the command line: {_first_paragraph(exc)}")
     groups = _groups(conf_dir)
-    choices, keys = [], []
+    choices, keys, added = [], [], []
     for o in overrides:
         key = o.key_or_group
+        if o.is_add() and not o.package and key.split(".")[0] != "hydra":
+            added.append(key)
         if o.package or o.is_add() or o.is_force_add() or o.is_delete() or key.split(".")[0] == "hydra":
             continue
         if key in groups:
@@ -149,6 +173,10 @@ def precheck_overrides(
         fail(_first_paragraph(exc))
     for key in keys:
         msg = unknown_key_message(cfg, key)
+        if msg:
+            fail(msg)
+    for key in added:
+        msg = added_key_message(cfg, key)
         if msg:
             fail(msg)
     if any(o.is_sweep_override() for o in overrides) or is_multirun(flags):
@@ -289,7 +317,8 @@ def help_text(app: str, conf_dir: str, config_name: str) -> str:
         lines += ["usage: python -m harness.train [group=option ...] [key=value ...]   (or harness-train)", "",
                   "Trains a small GPT whose softmaxes are computed by the chosen method, checked against float64",
                   "first, and writes throughput (tokens/s, step time, MFU, memory) to results.json and W&B.", ""]
-    lines.append(f"accel= (the method; default: {defaults.get('accel')}; yes/no: whether it runs on this machine)")
+    lines.append("accel configs (study.methods picks among them; yes/no: whether each runs on this machine)" if app == "study"
+                 else f"accel= (the method; default: {defaults.get('accel')}; yes/no: whether it runs on this machine)")
     choices = accel_choices(conf_dir)
     width = max(len(c["name"]) for c in choices)
     for c in choices:

@@ -26,7 +26,10 @@ def _precheck(capsys, *argv, config="config", validate=validate_with_data) -> tu
     (["compile_model=maybe"], ["compile_model=maybe", "true or false"]),
     (["model.dropout=much"], ["model.dropout=much", "a number"]),
     (["data.seq_len=long"], ["data.seq_len=long", "an integer or null"]),
-    (["trainer.max_stepz=3"], ["unknown config key 'trainer.max_stepz'", "max_steps"]),
+    (["trainer.max_stepz=3"], ["unknown config key 'trainer.max_stepz'", "Did you mean 'trainer.max_steps'?"]),
+    (["+trainer.max_step=3"], ["'+trainer.max_step' adds a key nothing in the harness reads",
+                               "Did you mean 'trainer.max_steps'?", "'++trainer.max_step=...'"]),
+    (["+seeds=3"], ["Did you mean 'seed'?"]),
     (["model=tiny", "trainer.max_steps=0"], ["trainer.max_steps=0 is not accepted"]),
     (["accel=[a"], ["cannot read the command line"]),
 ])
@@ -39,6 +42,12 @@ def test_user_errors_are_one_paragraph_with_exit_status_2(capsys, argv, words):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only behaviour")
+@pytest.mark.parametrize("argv", [["++trainer.max_step=3"], ["+trainer.my_own_key=1"]])
+def test_added_keys_pass_unless_they_are_a_near_miss(argv):
+    # '++' says "on purpose"; a '+' key near no key of the harness is code of the user's own
+    precheck_overrides(["model=tiny", *argv], CONF_DIR, "config", validate=validate_with_data)  # no SystemExit
+
+
 def test_an_unavailable_method_lists_every_choice_that_runs_here(capsys):
     runnable = runnable_accel_names()
     assert {"naive", "torch", "compile", "sdpa", "floor"} <= set(runnable) and "cuda" not in runnable
