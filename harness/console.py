@@ -14,6 +14,8 @@ import warnings
 from typing import Any, Optional
 
 from lightning.pytorch.callbacks import TQDMProgressBar
+from rich.console import Console
+from rich.text import Text
 
 #: Lightning's INFO lines (logger lightning.pytorch.utilities.rank_zero) that say nothing about this run
 _LIGHTNING_NOISE = ("💡 Tip:", "TPU available:", "HPU available:")
@@ -29,6 +31,26 @@ class _DropLines(logging.Filter):
 
 
 _FILTER = _DropLines(_LIGHTNING_NOISE)
+
+
+class RunConsole(Console):
+    """The harness's own lines: Rich on stderr, never wrapped mid-phrase when stderr is a pipe or a file
+    (soft wrap: the terminal wraps, if anything), and each one also written as plain text to the run's
+    log file (the root logger's file handler: Hydra's train.log), so the log holds the checks, the
+    method and where the results went, not only Lightning's lines."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(stderr=True, soft_wrap=True, **kwargs)
+        self._log_files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:  # noqa: A003 (Console's own name)
+        super().print(*objects, **kwargs)
+        if self.quiet or not self._log_files:
+            return
+        text = " ".join(Text.from_markup(o).plain if isinstance(o, str) else str(o) for o in objects)
+        record = logging.LogRecord("harness", logging.INFO, __file__, 0, text, None, None)
+        for handler in self._log_files:
+            handler.handle(record)
 
 
 def quiet_third_party(resuming: bool = False) -> None:

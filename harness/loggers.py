@@ -114,14 +114,19 @@ def make_logger(logger_cfg, run_dir: Path, run_name: str, group: Optional[str], 
         return None
     if name == "csv":
         return ResumableCSVLogger(save_dir=str(run_dir), name="csv", version="", resuming=resuming)
+    import wandb
+
     mode = wandb_mode(logger_cfg.mode)
     extra: dict = {}
+    settings: dict = {}
+    if not {"WANDB_QUIET", "WANDB_SILENT"} & set(os.environ):  # (a user's own choice stands)
+        settings["quiet"] = True  # no end-of-run panel of sparklines: the harness's done line says what counts
     if wandb_id:
         extra = {"id": wandb_id, "resume": "allow"}
         if mode == "offline":  # no server to say so: the record itself says it continues the run
-            import wandb
-
-            extra["settings"] = wandb.Settings(resumed=True)
+            settings["resumed"] = True
+    if settings:
+        extra["settings"] = wandb.Settings(**settings)
     return ResumableWandbLogger(
         progress_dir=run_dir,
         skip_through_step=last_logged_step(run_dir) if wandb_id else None,

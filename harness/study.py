@@ -290,7 +290,7 @@ def run_study(cfg: DictConfig, out_dir: Path) -> list[StudyRow]:
     out = unique_study_dir(Path(out_dir))
     out.mkdir(parents=True, exist_ok=True)
     group = f"study-{out.name}"
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)  # (no mid-phrase wraps when piped)
     plan = study_plan(cfg)
     points = sweep_points(cfg)
     repeats = int(cfg.study.repeats)

@@ -97,12 +97,11 @@ def run_training(
     import lightning as L
     import torch
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
-    from rich.console import Console
 
     import kernels
     from harness.build import build, data_seed, on_gpu, resolve_precision, seq_len, tokens_per_step
     from harness.config import DEFAULT_PATCH, accel_methods, patch_words, to_container
-    from harness.console import quiet_third_party
+    from harness.console import RunConsole, quiet_third_party
     from harness.env import environment
     from harness.loggers import make_logger, wandb_mode
     from harness.reliability import NonFiniteLossError
@@ -113,7 +112,7 @@ def run_training(
     validate(cfg)
     _quiet_lightning_handlers()
     quiet_third_party(resuming=previous is not None)
-    console = Console(stderr=True, quiet=rank_zero_only.rank != 0)  # one voice in a distributed run
+    console = RunConsole(quiet=rank_zero_only.rank != 0)  # one voice in a distributed run
     run_dir = prepare_run_dir(run_dir)
     gpu = on_gpu(cfg)
     precision = resolve_precision(str(cfg.trainer.precision), gpu)
@@ -224,7 +223,7 @@ def run_training(
     if graceful.requested:
         console.print(f"[bold]harness[/]: stopped at step {trainer.global_step} ({graceful.requested}); "
                       f"continue with: python -m harness.train resume={run_dir}")
-    console.print(done_message(results, label, device, summary, run_dir, cfg.logger.name), soft_wrap=True)
+    console.print(done_message(results, label, device, summary, run_dir, cfg.logger.name))
     return results
 
 
@@ -243,14 +242,23 @@ def done_message(results: dict, label: str, device: str, summary, run_dir: Path,
     metrics (the offline W&B run's ``wandb sync`` command, or the CSV file)."""
     from rich.markup import escape
 
+    from harness.stats import NOISY_SPREAD
+
     tps = f"{summary.tokens_per_s:,.0f}" if summary.tokens_per_s else "n/a"
     windows = f"{summary.windows} window" + ("" if summary.windows == 1 else "s")
     loss = results.get("final_train_loss")
     loss_text = f"{loss:.4f}" if isinstance(loss, float) else str(loss)
-    noisy = f", NOISY: step p90/p50 {summary.step_ms_spread:.2f}" if getattr(summary, "noisy", False) else ""
+    noisy = (f", NOISY: step p90/p50 {summary.step_ms_spread:.2f} > {NOISY_SPREAD:.2f}, something else ran on the "
+             "machine or the clocks moved" if getattr(summary, "noisy", False) else "")
     lines = [f"[bold]harness[/]: done: accel={escape(label)} on {escape(device)}: {tps} tokens/s (median of "
              f"{windows}{noisy}), warm-up {summary.warmup_s or 0:.1f}s, final loss {loss_text}",
              f"  results: {escape(str(run_dir / 'results.json'))}"]
+    trainer = (results.get("config") or {}).get("trainer") or {}
+    if not summary.tokens_per_s and {"warmup_steps", "window"} <= set(trainer):
+        need = max(1, trainer["window"] // 2)  # (throughput.py: a last window of fewer steps is not counted)
+        lines.insert(1, f"  no throughput: {results.get('steps_done', '?')} steps, the first {trainer['warmup_steps']} "
+                        f"of them warm-up, and a window counts from {need} timed steps (trainer.window="
+                        f"{trainer['window']}): run trainer.max_steps >= {trainer['warmup_steps'] + need}")
     wb = results.get("wandb") or {}
     if logger_name == "wandb" and wb:
         runs = sorted(Path(run_dir, "wandb").glob(f"offline-run-*-{wb.get('id')}")) if wb.get("mode") == "offline" else []

@@ -38,6 +38,18 @@ def test_end_of_run_lines_round_the_loss_and_say_where_things_are(tmp_path):
     assert f"wandb sync {tmp_path / 'wandb' / 'offline-run-20261204_000000-abc'}" in text
     assert str(tmp_path / "results.json") in text
     assert "metrics.csv" in done_message(results, "torch", "CPU", summary, tmp_path, "csv")
+    assert "no throughput" not in text and "NOISY" not in text
+
+
+def test_end_of_run_lines_say_why_a_run_has_no_throughput_or_is_noisy(tmp_path):
+    results = {"final_train_loss": 3.0, "steps_done": 3, "config": {"trainer": {"warmup_steps": 2, "window": 5}}}
+    short = SimpleNamespace(tokens_per_s=None, windows=0, warmup_s=1.0)
+    text = done_message(results, "flash", "CPU", short, tmp_path, "none")
+    assert "n/a tokens/s" in text and "no throughput: 3 steps, the first 2 of them warm-up" in text
+    assert "trainer.max_steps >= 4" in text  # 2 warm-up + half of a 5-step window
+    noisy = SimpleNamespace(tokens_per_s=1000.0, windows=3, warmup_s=1.0, noisy=True, step_ms_spread=1.23)
+    text = done_message(results, "torch", "CPU", noisy, tmp_path, "none")
+    assert "NOISY: step p90/p50 1.23 > 1.10, something else ran on the machine" in text and "no throughput" not in text
 
 
 def test_third_party_noise_is_filtered_and_nothing_else(caplog):
@@ -85,3 +97,40 @@ def test_no_tracked_file_is_gitignored():
     if r.returncode:
         pytest.skip("git is not usable here")
     assert r.stdout.split() == []
+
+
+def test_the_harness_lines_go_to_the_run_log_as_plain_text_unwrapped(tmp_path, capsys):
+    import logging
+
+    from harness.console import RunConsole
+
+    handler = logging.FileHandler(tmp_path / "train.log")
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logging.getLogger().addHandler(handler)
+    try:
+        console = RunConsole()
+        line = "[bold]harness[/]: accel=[cyan]triton[/] " + "word " * 40 + "-> outputs/runs/x"
+        console.print(line)
+        RunConsole(quiet=True).print("[bold]harness[/]: from another rank")
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+    plain = "harness: accel=triton " + "word " * 40 + "-> outputs/runs/x"
+    assert (tmp_path / "train.log").read_text() == plain + "\n"  # markup gone; a quiet console writes nothing
+    assert capsys.readouterr().err.strip() == plain  # one line on stderr, not wrapped at 80 columns
+
+
+def test_wandb_runs_end_without_their_panel_unless_the_user_chose(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from harness.loggers import make_logger
+
+    cfg = OmegaConf.create({"name": "wandb", "mode": "offline", "project": "p", "tags": []})
+    monkeypatch.delenv("WANDB_QUIET", raising=False)
+    monkeypatch.delenv("WANDB_SILENT", raising=False)
+    settings = make_logger(cfg, tmp_path, "run", None, {})._wandb_init["settings"]
+    assert settings.quiet is True and not settings.resumed
+    resumed = make_logger(cfg, tmp_path, "run", None, {}, wandb_id="abc")._wandb_init["settings"]
+    assert resumed.quiet is True and resumed.resumed is True  # both settings kept
+    monkeypatch.setenv("WANDB_QUIET", "false")  # the user's own choice: left to W&B
+    assert "settings" not in make_logger(cfg, tmp_path, "run", None, {})._wandb_init
