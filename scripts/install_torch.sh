@@ -33,5 +33,5 @@ else
   "$py" -m pip install -q "$spec"
 fi
 # numpy comes with the project, after torch: torch's warning about it means nothing here
-"$py" -W ignore::UserWarning -c "import sys, torch; b = ('CUDA ' + torch.version.cuda) if torch.version.cuda else 'CPU-only'; print(f'make: installed torch {torch.__version__} ({b} build), asked of {sys.argv[1]}')" "$from"
+"$py" -W ignore::UserWarning -c "import sys, torch; b = ('CUDA ' + torch.version.cuda) if torch.version.cuda else 'CPU-only'; print(f'make: installed torch {torch.__version__} ({b} build), from {sys.argv[1]}')" "$from"
 echo "$wanted" > "$stamp"

@@ -166,3 +166,14 @@ def test_the_floor_has_a_loss_floor_that_reads_the_logits_once():
     assert torch.equal(fn(x, t, -100, "sum"), rows.sum()) and torch.equal(fn(x, t, -100, "mean"), rows.mean())
     fn(x, t, -100, "mean").backward(torch.tensor(5.0))  # (grad_output ignored: timing only)
     assert torch.allclose(x.grad, x.detach() / 6)
+
+
+@pytest.mark.parametrize("module", ["kernels.methods.triton.availability", "kernels.methods.flash.ops"])
+def test_triton_methods_without_a_gpu_say_how_to_run_the_interpreter(module, monkeypatch):
+    import importlib
+
+    mod = importlib.import_module(module)
+    monkeypatch.setattr(mod.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(mod, "interpreter_enabled", lambda: False)
+    reason = mod.unavailable_reason()
+    assert reason.startswith("it needs a CUDA GPU") and "`TRITON_INTERPRET=1 python ...`" in reason

@@ -62,7 +62,9 @@ def _runnable(methods: Optional[list[str]], op: str) -> Optional[list[str]]:
 def main(argv: Optional[list[str]] = None) -> None:
     from harness.bench.softmax import DEFAULT_BASELINES, DEFAULT_SIZES
 
-    p = argparse.ArgumentParser(prog="python -m harness.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m harness.bench", description=__doc__.split("\n\n")[0].replace("``", "`")
+                                + " The tables (kernels, loss, attention, launch) also run without a GPU, as a check: their times "
+                                "are then the CPU's.")
     sub = p.add_subparsers(dest="cmd", required=True)
     k = sub.add_parser("kernels", help="softmax GB/s vs N per method (eager and graph), with the copy ceiling")
     k.add_argument("--methods", default="", help="comma-separated methods (default: every softmax method here)")

@@ -11,6 +11,7 @@ import torch
 from kernels.methods.flash.bwd import launch_bwd
 from kernels.methods.flash.fwd import launch_fwd
 from kernels.methods.flash.tiles import TRITON_ERROR, interpreter_enabled
+from kernels.methods.triton.availability import NO_GPU_REASON
 
 #: The dtypes the kernels take (fp32 runs full-precision dots: correct, far from tensor-core speed).
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -22,10 +23,7 @@ def unavailable_reason() -> Optional[str]:
         return TRITON_ERROR
     if torch.cuda.is_available() or interpreter_enabled():
         return None
-    return (
-        "it needs a CUDA GPU and none was found (TRITON_INTERPRET=1, set before triton is imported, "
-        "runs Triton's CPU interpreter instead: slow, for tests)"
-    )
+    return NO_GPU_REASON
 
 
 def validate(q: torch.Tensor) -> None:

@@ -37,15 +37,17 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+#: why a Triton method cannot run on a machine without a GPU, and how to run it there anyway
+NO_GPU_REASON = ("it needs a CUDA GPU and none was found (or Triton's CPU interpreter, slow, for tests: "
+                 "TRITON_INTERPRET=1 in the environment before Python starts, e.g. `TRITON_INTERPRET=1 python ...`)")
+
+
 def unavailable_reason() -> Optional[str]:
     if _TRITON_ERROR:
         return _TRITON_ERROR
     if torch.cuda.is_available() or interpreter_enabled():
         return None
-    return (
-        "it needs a CUDA GPU and none was found (TRITON_INTERPRET=1, set before triton is imported, "
-        "runs Triton's CPU interpreter instead: slow, for tests)"
-    )
+    return NO_GPU_REASON
 
 
 def validate(x: torch.Tensor) -> None:
