@@ -14,6 +14,7 @@ import torch
 import kernels
 from kernels.methods.flash import plan as plans
 from kernels.methods.flash.fwd import launch_fwd
+from tests.mismatch import where
 
 pytestmark = pytest.mark.skipif("flash" not in kernels.runnable_methods(op="attention"),
                                 reason="flash cannot run here")
@@ -62,8 +63,8 @@ def run_and_compare(q, k, v, causal=True, scale=None, plan=SMALL):
     # the attention tolerances, or 3x the error of merely rounding the exact result (long fp16 rows)
     tols = [max(kernels.ATTN_FWD_TOL[q.dtype], 3 * kernels.rounding_floor(want[0].detach(), q.dtype))]
     tols += [max(kernels.ATTN_BWD_TOL[q.dtype], 3 * kernels.rounding_floor(w, q.dtype)) for w in want[1:]]
-    for name, e, t in zip(("out", "dq", "dk", "dv"), errs, tols):
-        assert e <= t, f"{name}: relative error {e:.2e} > {t:.2e}"
+    for name, e, t, g, w in zip(("out", "dq", "dk", "dv"), errs, tols, got, want):
+        assert e <= t, f"{name}: relative error {e:.2e} > {t:.2e}; " + where(g, w, t * w.abs().max().item(), t)
     return errs, got
 
 

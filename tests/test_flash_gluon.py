@@ -17,6 +17,7 @@ from kernels.methods.flash import bwd_gluon, fwd_gluon, gluon_common
 from kernels.methods.flash import plan as plans
 from kernels.methods.flash.bwd import launch_bwd
 from kernels.methods.flash.fwd import launch_fwd
+from tests.mismatch import where
 from tests.test_flash_attention import make_qkv, run_and_compare
 
 pytestmark = pytest.mark.skipif("flash" not in kernels.runnable_methods(op="attention"),
@@ -227,7 +228,7 @@ def test_gluon_forward_and_gradients_on_the_gpu(case, gplan, monkeypatch):
     out, lse = launch_fwd(qd, kd, vd, s, causal, plan)
     out_t, lse_t = launch_fwd(qd, kd, vd, s, causal, plans.FwdPlan(block_m=64, block_n=64))
     tol = 2e-2 if dtype == torch.bfloat16 else 3e-3  # (summation orders differ: a rounding or two)
-    torch.testing.assert_close(out, out_t, atol=tol, rtol=tol)
+    torch.testing.assert_close(out, out_t, atol=tol, rtol=tol, msg=lambda m: f"{m}\n{where(out, out_t, tol, tol, 128)}")
     assert out.stride() == out_t.stride()
     assert torch.equal(torch.isinf(lse), torch.isinf(lse_t))
     fin = torch.isfinite(lse_t)
@@ -280,7 +281,8 @@ def test_gluon_backward_on_the_gpu(case, bplan, monkeypatch):
     tol = 2e-2 if dtype == torch.bfloat16 else 3e-3
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         assert g.stride() == w.stride(), name
-        torch.testing.assert_close(g, w, atol=tol * max(1.0, w.abs().max().item()), rtol=tol, msg=name)
+        atol = tol * max(1.0, w.abs().max().item())
+        torch.testing.assert_close(g, w, atol=atol, rtol=tol, msg=lambda m: f"{name}: {m}\n{where(g, w, atol, tol)}")
 
 
 @pytest.mark.gpu
@@ -325,7 +327,8 @@ def test_gluon_backward_adding_dq_ignores_keys_past_tk_when_every_score_is_very_
     want = launch_bwd(do, q, k, v, out, lse, 0.125, False, GLUON_BWD)
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         assert torch.isfinite(g).all(), name
-        torch.testing.assert_close(g, w, atol=2e-2 * w.abs().max().item(), rtol=2e-2, msg=name)
+        atol = 2e-2 * w.abs().max().item()
+        torch.testing.assert_close(g, w, atol=atol, rtol=2e-2, msg=lambda m: f"{name}: {m}\n{where(g, w, atol, 2e-2)}")
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
@@ -389,7 +392,7 @@ def test_gluon_persistent_forward_with_few_programs_on_the_gpu(case, pingpong):
     out, lse = fwd_gluon.launch_fwd(q, k, v, s, causal, 128, 128, 2, pingpong=pingpong, persistent=True, programs=3)
     out_t, lse_t = launch_fwd(q, k, v, s, causal, plans.FwdPlan(block_m=64, block_n=64))
     tol = 2e-2 if dtype == torch.bfloat16 else 3e-3
-    torch.testing.assert_close(out, out_t, atol=tol, rtol=tol)
+    torch.testing.assert_close(out, out_t, atol=tol, rtol=tol, msg=lambda m: f"{m}\n{where(out, out_t, tol, tol, 128)}")
     assert torch.equal(torch.isinf(lse), torch.isinf(lse_t))
     fin = torch.isfinite(lse_t)
     torch.testing.assert_close(lse[fin], lse_t[fin], atol=1e-3, rtol=1e-4)
