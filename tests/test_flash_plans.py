@@ -24,9 +24,12 @@ pytestmark = pytest.mark.skipif("flash" not in kernels.runnable_methods(op="atte
 
 
 @pytest.mark.parametrize("variant", ["tma-host", "tma-device", "fused", "fused-tma-host", "mixed-blocks", "atomic-dq",
-                                     "atomic-dq-tma-host", "tma_add-dq"])
+                                     "atomic-dq-tma-host", "tma_add-dq", "delta-in-dq", "delta-in-dq-tma-host"])
 def test_plan_variants(variant):
     f, b = SMALL
+    if variant.startswith("delta-in-dq"):  # delta formed by the dq pass (o read by pointers beside TMA tiles)
+        tma = "host" if variant.endswith("host") else "off"
+        f, b = dataclasses.replace(f, tma=tma), dataclasses.replace(b, delta_in_dq=True, tma=tma)
     if variant.startswith(("atomic-dq", "tma_add")):  # dq added by the dk/dv programs (a 37 x 30 causal block pattern)
         b = dataclasses.replace(b, dq_mode=variant.split("-")[0], block_n1=32 if variant.endswith("host") else 16,
                                 tma="host" if variant.endswith("host") else "off")
@@ -187,10 +190,11 @@ def test_sweep_checks_and_times_both_dq_modes(tmp_path):
     sweep.main(["--shapes", "1,2,40,16", "--device", DEVICE, "--no-baselines", "--rep-ms", "1", "--out", str(out),
                 "--fwd-phases", "block_m=16 block_n=16",
                 "--bwd-phases", "block_m1=16 block_n1=16 block_m2=16 block_n2=16 pre_block=16 | fused=1 | "
-                                "fused=0 dq_mode=atomic | fused=1 dq_mode=atomic"])
+                                "fused=0 dq_mode=atomic | fused=1 dq_mode=atomic | fused=0 dq_mode=pass delta_in_dq=1"])
     recs = json.loads(out.read_text())
     bwd = [r for r in recs["results"] if r["direction"] == "fwd+bwd"]
     assert {r["plan"]["dq_mode"] for r in bwd} == {"pass", "atomic"}
+    assert [r["plan"]["fused"] for r in bwd if r["plan"]["delta_in_dq"]] == [False]  # checked and timed
     assert all(r["status"] == "ok" and r["error"] <= kernels.ATTN_BWD_TOL[torch.bfloat16] for r in bwd)
     assert not any(r["plan"]["fused"] and r["plan"]["dq_mode"] == "atomic" for r in bwd)  # invalid: skipped
     assert set(recs["best"]) == {"1,2,40,40,16/causal/bfloat16"}
@@ -310,6 +314,7 @@ def test_every_flash_launch_takes_the_direct_path_shape(monkeypatch, fused):
 
     seen = _recorded_launches(monkeypatch, (SMALL_FWD, dataclasses.replace(SMALL_BWD, fused=fused)))
     assert len(seen) == (3 if fused else 4)
+    assert not any(meta.get("DELTA_IN_DQ") for _, _, meta in seen)
     for kernel, args, meta in seen:
         fn = getattr(kernel, "fn", kernel)
         params = list(inspect.signature(fn).parameters.values())
@@ -326,8 +331,34 @@ def test_every_flash_launch_takes_the_direct_path_shape(monkeypatch, fused):
             assert not kernel.kwargs.get("do_not_specialize"), fn.__name__
 
 
+def test_delta_in_the_dq_pass_runs_dq_first_and_no_delta_kernel(monkeypatch):
+    """BwdPlan.delta_in_dq: forward, then the dq programs (forming delta), then the dk/dv programs reading
+    it: three launches, no delta kernel; and the same dq, dk, dv as the plan with the delta kernel."""
+    plan = (SMALL_FWD, dataclasses.replace(SMALL_BWD, delta_in_dq=True))
+    seen = _recorded_launches(monkeypatch, plan)
+    names = [getattr(k, "fn", k).__name__ for k, _, _ in seen]
+    assert names == ["_fwd_kernel", "_bwd_kernel", "_bwd_kernel"]
+    assert [(m["DO_KV"], m["DO_Q"], m["DELTA_IN_DQ"]) for _, _, m in seen[1:]] == [(False, True, True),
+                                                                                  (True, False, False)]
+    q, k, v = make_qkv(1, 2, 37, 37, 16, torch.float16, layout="bthd")
+    out, lse = launch_fwd(q, k, v, 0.25, True, SMALL_FWD)
+    do = torch.randn_like(out)
+    got = launch_bwd(do, q, k, v, out, lse, 0.25, True, plan[1])
+    want = launch_bwd(do, q, k, v, out, lse, 0.25, True, SMALL_BWD)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=2e-3, rtol=2e-3)  # (delta summed in another order)
+
+
+def test_delta_in_dq_plan_limits():
+    for bad in (dict(fused=True), dict(dq_mode="atomic"), dict(dq_mode="tma_add"),
+                dict(gluon=2, block_n1=128, block_m1=32, block_m2=128, block_n2=64, num_stages=2, dq_stages=2)):
+        with pytest.raises(ValueError, match="delta_in_dq=True"):
+            plans.BwdPlan(delta_in_dq=True, **bad)
+    assert plans.BwdPlan(delta_in_dq=True, gluon=1, block_n1=128, num_stages=2).delta_in_dq  # the Triton dq pass
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("fused", [False, True, "delta_in_dq"])
 def test_gpu_direct_launches_match_plain_ones(fused):
     """Forward and backward launched directly (after the first, compiling call) give bit for bit what
     Triton's launcher gives, and direct entries were made for the flash kernels."""
@@ -337,7 +368,7 @@ def test_gpu_direct_launches_match_plain_ones(fused):
     if fl.unsupported_reason() is not None:
         pytest.skip(f"no direct launches with this Triton: {fl.unsupported_reason()}")
     f, b = plans.default_plans(64, torch.bfloat16, True)
-    b = dataclasses.replace(b, fused=fused)
+    b = dataclasses.replace(b, delta_in_dq=True) if fused == "delta_in_dq" else dataclasses.replace(b, fused=fused)
     q, k, v = make_qkv(2, 4, 1000, 1000, 64, torch.bfloat16, layout="bthd", device="cuda")
     do = torch.randn(2, 4, 1000, 64, device="cuda", dtype=torch.bfloat16)
     results = {}
@@ -351,7 +382,7 @@ def test_gpu_direct_launches_match_plain_ones(fused):
             results[direct] = (out, lse, *grads)
             if direct:
                 made = {getattr(e[0], "__name__", "") or e[0].fn.__name__ for e in fl._kernels.values() if e[1]}
-                assert {"_fwd_kernel", "_delta_kernel", "_bwd_kernel"} <= made, made
+                assert {"_fwd_kernel", "_bwd_kernel"} | ({"_delta_kernel"} if fused != "delta_in_dq" else set()) <= made, made
     finally:
         fl.configure()
     assert all(torch.equal(a, c) for a, c in zip(results[False], results[True]))

@@ -143,7 +143,23 @@ def _flash_cases():
     return out
 
 
-def test_flash_sites_reuse_only_what_their_key_fixes(standin):
+@pytest.fixture(params=[False, True], ids=["delta-kernel", "delta-in-dq"])
+def delta_in_dq(request, monkeypatch):
+    """The default flash plans, or the same with BwdPlan.delta_in_dq (no delta kernel: dq first)."""
+    import dataclasses
+
+    from kernels.methods.flash import plan as plans
+
+    if request.param:
+        real = plans.default_plans
+        monkeypatch.setattr(plans, "default_plans",
+                            lambda *a: (real(*a)[0], dataclasses.replace(real(*a)[1], delta_in_dq=True)))
+    plans.forget()
+    yield request.param
+    plans.forget()
+
+
+def test_flash_sites_reuse_only_what_their_key_fixes(standin, delta_in_dq):
     if "flash" not in kernels.runnable_methods(op="attention"):
         pytest.skip("flash cannot run here")
     from kernels.methods.flash.bwd import launch_bwd as flash_bwd
@@ -161,14 +177,15 @@ def test_flash_sites_reuse_only_what_their_key_fixes(standin):
             got = (out, lse, *flash_bwd(do, q, k, v, out, lse, scale, causal))
             for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, w):
                 assert _same(a, b), (name, tuple(q.shape), q.stride(), scale, causal)
-    # the second round, all prepared: forward, delta, and dk/dv then dq (the default plans at d <= 32: unfused)
-    assert len(standin) - before == 4 * len(cases)
+    # the second round, all prepared: forward, delta, and dk/dv then dq (the default plans at d <= 32: unfused);
+    # with delta in the dq pass: forward, dq, dk/dv
+    assert len(standin) - before == (3 if delta_in_dq else 4) * len(cases)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape,causal,layout", [((2, 4, 256, 64), True, "bthd"), ((2, 4, 300, 128), False, "bhtd"),
                                                  ((1, 2, 1000, 64), True, "qkv")])
-def test_flash_prepared_launches_match_plain_ones_on_the_gpu(shape, causal, layout):
+def test_flash_prepared_launches_match_plain_ones_on_the_gpu(shape, causal, layout, delta_in_dq):
     """flash's forward and backward through the real prepared launches (the direct path, second and third
     calls) give bit for bit what the plain kernel[grid] launches give."""
     from kernels.methods.flash import bwd as fb, fwd as ff

@@ -37,7 +37,8 @@ Code paths (each module opens with its own details):
   program per BLOCK_M2 queries, looping over their keys); both recompute P = exp2(s * c - lse *
   log2(e)) from q, k and lse; dS = P * (dP - delta) with dP = do v^T; dv = P^T do, dk = scale *
   dS^T q, dq = scale * dS k. No Tq x Tk tensor. The two run as two launches or one fused launch
-  (plan ``fused``). With plan ``dq_mode="atomic"`` (FA2's structure) there is no dq pass: the dk/dv
+  (plan ``fused``); with plan ``delta_in_dq`` the dq pass forms delta for its rows (it reads do anyway,
+  and o once) and runs first, and there is no delta kernel (not yet timed). With plan ``dq_mode="atomic"`` (FA2's structure) there is no dq pass: the dk/dv
   programs add each tile's scale * dS k into an fp32 dq buffer by atomic adds (five matmuls per tile
   pair instead of seven; dq's summation order then varies from run to run), cast once at the end.
   Measured slower than the dq pass at every swept shape (docs/perf.md, run S: the atomics cost more

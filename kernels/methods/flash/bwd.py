@@ -1,7 +1,8 @@
 """The flash backward kernels and their launcher (the algorithm is in the package docstring).
 
 delta = rowsum(o * do) first (one small kernel, which also zeroes the fp32 dq sums of the modes that add
-dq, below), then dk/dv (a program per BLOCK_N1 keys, looping
+dq, below; or, ``BwdPlan.delta_in_dq``, formed by the dq pass, which then runs first), then dk/dv (a
+program per BLOCK_N1 keys, looping
 over the queries that see them) and dq (a program per BLOCK_M2 queries, looping over the keys they
 see), each recomputing P = exp(scale * q k^T - lse) tile by tile; two launches, or one when the plan
 fuses them (the first programs of the grid do dk/dv, the rest dq). No T x T tensor.
@@ -149,12 +150,14 @@ if triton is not None:
         return dq
 
     @triton.jit
-    def _dq_program(pid_m, b, h, Q, K, V, DO, DQ, LSE, DELTA,
+    def _dq_program(pid_m, b, h, Q, K, V, DO, DQ, LSE, DELTA, O,
                     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdm, sdd,
-                    s_dqb, s_dqh, s_dqm, s_dqd, B, H, TQ, TK, qk_scale, scale,
+                    s_dqb, s_dqh, s_dqm, s_dqd, sob, soh, som, sod, B, H, TQ, TK, qk_scale, scale,
                     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                    TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr):
+                    TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr, DELTA_IN_DQ: tl.constexpr):
+        """dq of BLOCK_M queries. DELTA_IN_DQ: delta = rowsum(o * do) of those rows formed here (o read by
+        pointers) and stored for the dk/dv pass, which runs after this one (no delta kernel)."""
         if TMA == 2:
             Q = device_descriptor(Q, B, H, TQ, sqb, sqh, sqm, BLOCK_M, D, D_PAD)
             DO = device_descriptor(DO, B, H, TQ, sdb, sdh, sdm, BLOCK_M, DV, DV_PAD)
@@ -167,7 +170,12 @@ if triton is not None:
         q = load_rows(Q, b, h, m0, TQ, sqb, sqh, sqm, sqd, BLOCK_M, D, D_PAD, TMA, True)
         do = load_rows(DO, b, h, m0, TQ, sdb, sdh, sdm, sdd, BLOCK_M, DV, DV_PAD, TMA, True)
         lse2 = tl.load(LSE + row + offs_m, mask=offs_m < TQ, other=float("inf")) * 1.4426950408889634
-        delta = tl.load(DELTA + row + offs_m, mask=offs_m < TQ, other=0.0)
+        if DELTA_IN_DQ:
+            o = load_rows(O, b, h, m0, TQ, sob, soh, som, sod, BLOCK_M, DV, DV_PAD, 0, True)
+            delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+            tl.store(DELTA + row + offs_m, delta, mask=offs_m < TQ)
+        else:
+            delta = tl.load(DELTA + row + offs_m, mask=offs_m < TQ, other=0.0)
         dq = tl.zeros([BLOCK_M, D_PAD], tl.float32)
         full, hi = key_bounds(m0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
         dq = _dq_inner(dq, q, do, lse2, delta, K, V, b, h, 0, full, offs_m, TQ, TK, qk_scale,
@@ -179,20 +187,21 @@ if triton is not None:
         store_rows(DQ, (dq * scale).to(q.dtype), b, h, m0, TQ, s_dqb, s_dqh, s_dqm, s_dqd, BLOCK_M, D, D_PAD, TMA)
 
     @triton.jit
-    def _bwd_kernel(Q, K, V, DO, Q2, K2, V2, DO2, DQ, DK, DV_, LSE, DELTA, DQA,
+    def _bwd_kernel(Q, K, V, DO, Q2, K2, V2, DO2, DQ, DK, DV_, LSE, DELTA, DQA, O,
                     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdm, sdd,
                     s_dqb, s_dqh, s_dqm, s_dqd, s_dkb, s_dkh, s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd,
-                    B, H, TQ, TK, qk_scale, scale, N_KV_PROGRAMS,
+                    sob, soh, som, sod, B, H, TQ, TK, qk_scale, scale, N_KV_PROGRAMS,
                     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
                     BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_M2: tl.constexpr,
                     BLOCK_N2: tl.constexpr, CAUSAL: tl.constexpr, DO_KV: tl.constexpr, DO_Q: tl.constexpr,
-                    TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr, DQ_ATOMIC: tl.constexpr):
+                    TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+                    DELTA_IN_DQ: tl.constexpr):
         """Programs [0, N_KV_PROGRAMS) compute dk/dv (when DO_KV), the others dq (when DO_Q); a
         launch with both is the fused backward. Q, K, V, DO are the dk/dv programs' inputs, Q2 .. DO2
         the dq programs' (the same tensors; with host descriptors, boxes of their tile shapes).
         Causal dq programs run heaviest first (the last queries see the most keys). DQ_ATOMIC (1:
         element atomics, 2: TMA reductions): the dk/dv programs also add dq into DQA (fp32), and no
-        program does the dq pass."""
+        program does the dq pass. DELTA_IN_DQ (a dq-only launch): the dq programs form delta from O."""
         pid = tl.program_id(0)
         h = tl.program_id(1)
         b = tl.program_id(2)
@@ -208,10 +217,10 @@ if triton is not None:
                 pid_m = pid - N_KV_PROGRAMS
                 if CAUSAL:
                     pid_m = tl.num_programs(0) - 1 - pid
-                _dq_program(pid_m, b, h, Q2, K2, V2, DO2, DQ, LSE, DELTA,
+                _dq_program(pid_m, b, h, Q2, K2, V2, DO2, DQ, LSE, DELTA, O,
                             sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdm, sdd,
-                            s_dqb, s_dqh, s_dqm, s_dqd, B, H, TQ, TK, qk_scale, scale,
-                            D, DV, D_PAD, DV_PAD, BLOCK_M2, BLOCK_N2, CAUSAL, TMA, WARP_SPEC, PREC)
+                            s_dqb, s_dqh, s_dqm, s_dqd, sob, soh, som, sod, B, H, TQ, TK, qk_scale, scale,
+                            D, DV, D_PAD, DV_PAD, BLOCK_M2, BLOCK_N2, CAUSAL, TMA, WARP_SPEC, PREC, DELTA_IN_DQ)
 
 
 # Prepared launches (fastlaunch.prepare) of the dq-pass backward with pointer tiles, by what fixes every
@@ -219,17 +228,22 @@ if triton is not None:
 _SITES = fastlaunch.SiteCache()
 
 
-def _site(preps: list, delta_size: tuple, grads: tuple, device):
-    """The backward from prepared launches: delta's, then the dk/dv and dq ones (or the fused one)."""
-    pre, *rest = preps
+def _site(preps: list, delta_kernel: bool, delta_size: tuple, grads: tuple, device):
+    """The backward from prepared launches: delta's (where the plan has a delta kernel), then the dk/dv
+    and dq ones (or the fused one; or dq's, forming delta, then dk/dv's)."""
 
     def bwd(do, q, k, v, out, lse):
         delta = torch.empty(delta_size, dtype=torch.float32, device=device)
         dq, dk, dv = (torch.empty_strided(size, stride, dtype=dtype, device=device) for size, stride, dtype in grads)
-        if not pre(out, do, delta, delta):
-            return None
-        for prep in rest:  # (on the device the first one checked: each launches)
-            if not prep(q, k, v, do, q, k, v, do, dq, dk, dv, lse, delta, delta):
+        rest = preps
+        if delta_kernel:
+            if not preps[0](out, do, delta, delta):
+                return None
+            rest = preps[1:]
+        for i, prep in enumerate(rest):  # (a prepared launch declines only on another current device)
+            if not prep(q, k, v, do, q, k, v, do, dq, dk, dv, lse, delta, delta, out):
+                if i == 0 and not delta_kernel:  # (nothing launched yet)
+                    return None
                 raise RuntimeError("a prepared flash backward launch found another current device mid-call")
         return dq, dk, dv
 
@@ -272,10 +286,15 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     acc_d = D if add_dq else d_pad if atomic else 0
     dq_acc = torch.empty((B, H, TQ, acc_d), dtype=torch.float32, device=q.device) if acc_d else None
     delta = torch.empty((B, H, TQ), dtype=torch.float32, device=q.device)
-    launches = [(_delta_kernel, (fastlaunch.cdiv(TQ, plan.pre_block), H, B),
-                 (out, do, delta, delta if dq_acc is None else dq_acc, *out.stride(), *do.stride(), H, TQ),
-                 dict(DV=DV, DV_PAD=dv_pad, BLOCK=plan.pre_block, ACC_D=acc_d))]
-    fastlaunch.launch(*launches[0])
+    # delta in the dq pass (the plan's switch; dq_mode "pass", unfused, the Triton dq pass): that pass
+    # first, then dk/dv, and no delta kernel
+    delta_in_dq = plan.delta_in_dq and not atomic and not add_dq
+    launches = []
+    if not delta_in_dq:
+        launches.append((_delta_kernel, (fastlaunch.cdiv(TQ, plan.pre_block), H, B),
+                         (out, do, delta, delta if dq_acc is None else dq_acc, *out.stride(), *do.stride(), H, TQ),
+                         dict(DV=DV, DV_PAD=dv_pad, BLOCK=plan.pre_block, ACC_D=acc_d)))
+        fastlaunch.launch(*launches[0])
     # the gradients in the layout of the model's q/k/v views (tiles.empty_bthd)
     dq = empty_bthd(B, H, TQ, D, q.dtype, q.device)
     dk, dv = empty_bthd(B, H, TK, D, k.dtype, k.device), empty_bthd(B, H, TK, DV, v.dtype, v.device)
@@ -287,7 +306,8 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                   PREC=precision(q.dtype))
     if tma == "device":
         ensure_allocator()
-    strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *dk.stride(), *dv.stride())
+    strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *dk.stride(), *dv.stride(),
+               *out.stride())
     # what the dk/dv programs add dq into: the buffer, or (tma_add, where TMA is) its descriptor; else a dummy
     dq_sums = dq_acc if atomic else delta
     if atomic and plan.dq_mode == "tma_add" and not interpreter_enabled():
@@ -308,12 +328,15 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     sizes = (B, H, TQ, TK, scale * LOG2E, scale)
 
     def launch(n_programs: int, n_kv: int, do_kv: bool, do_q: bool, warps: int, stages: int) -> None:
-        one = (_bwd_kernel, (n_programs, H, B), (*ins, *outs, lse, delta, dq_sums, *strides, *sizes, n_kv),
-               dict(common, DO_KV=do_kv, DO_Q=do_q, DQ_ATOMIC=atomic, num_warps=warps, num_stages=stages))
+        one = (_bwd_kernel, (n_programs, H, B), (*ins, *outs, lse, delta, dq_sums, out, *strides, *sizes, n_kv),
+               dict(common, DO_KV=do_kv, DO_Q=do_q, DQ_ATOMIC=atomic, DELTA_IN_DQ=delta_in_dq and not do_kv,
+                    num_warps=warps, num_stages=stages))
         fastlaunch.launch(*one)
         launches.append(one)
 
     if plan.gluon:  # dk/dv by the Gluon kernel; dq by it too (tma_add), the Triton pass (1) or the Gluon one (2)
+        if delta_in_dq:  # (the Triton dq pass first: it forms delta)
+            launch(n_q, 0, False, True, plan.dq_warps, plan.dq_stages)
         bwd_gluon.launch_dkdv(do, q, k, v, lse, delta, dk, dv, scale, causal, plan.block_n1, plan.block_m1,
                               plan.num_stages, dq_acc)
         if add_dq:
@@ -321,7 +344,7 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         elif plan.gluon == 2:
             bwd_gluon.launch_dq(do, q, k, v, lse, delta, dq, scale, causal, plan.block_m2, plan.block_n2,
                                 plan.dq_stages)
-        else:
+        elif not delta_in_dq:
             launch(n_q, 0, False, True, plan.dq_warps, plan.dq_stages)
         return dq, dk, dv
     if atomic:
@@ -329,6 +352,9 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         dq.copy_(dq_acc[..., :D])
     elif plan.fused:
         launch(n_kv + n_q, n_kv, True, True, plan.num_warps, plan.num_stages)
+    elif delta_in_dq:
+        launch(n_q, 0, False, True, plan.dq_warps, plan.dq_stages)
+        launch(n_kv, n_kv, True, False, plan.num_warps, plan.num_stages)
     else:
         launch(n_kv, n_kv, True, False, plan.num_warps, plan.num_stages)
         launch(n_q, 0, False, True, plan.dq_warps, plan.dq_stages)
@@ -336,5 +362,5 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         preps = [fastlaunch.prepare(*one) for one in launches]
         if None not in preps:
             grads = tuple((tuple(t.shape), t.stride(), t.dtype) for t in (dq, dk, dv))
-            _SITES.put(site_key, _site(preps, tuple(delta.shape), grads, q.device))
+            _SITES.put(site_key, _site(preps, not delta_in_dq, tuple(delta.shape), grads, q.device))
     return dq, dk, dv

@@ -93,6 +93,8 @@ class BwdPlan:
     gluon: int = 0  # 1: the dk/dv pass in Gluon (bwd_gluon): block_n1 = 128, block_m1 32 or 64, num_stages slots,
     # with dq_mode "pass" the Triton dq pass after it, "tma_add" dq added by it (TMA reductions, block_m1 = 64);
     # 2: the dq pass in Gluon too: block_m2 = 128, block_n2 64 or 128, dq_stages slots
+    delta_in_dq: bool = False  # the Triton dq pass forms delta = rowsum(o * do) for its rows and runs first, the
+    # dk/dv pass reading it: no delta kernel (one launch and one read of do fewer); dq_mode "pass", unfused
 
     def __post_init__(self) -> None:
         _check_blocks(self, ("block_m1", "block_n1", "block_m2", "block_n2", "pre_block"))
@@ -113,6 +115,10 @@ class BwdPlan:
             raise ValueError(f"BwdPlan(gluon={self.gluon}, dq_mode='tma_add'): dq added by the Gluon dk/dv kernel "
                              f"takes gluon=1 (no dq pass) and block_m1=64 (a warpgroup's 64-query dq tile); got "
                              f"block_m1={self.block_m1}")
+        if self.delta_in_dq and (self.dq_mode != "pass" or self.fused or self.gluon == 2):
+            raise ValueError(f"BwdPlan(delta_in_dq=True): the Triton dq pass forms delta and runs before dk/dv, so "
+                             f"dq_mode='pass', fused=False and gluon 0 or 1; got dq_mode={self.dq_mode!r}, "
+                             f"fused={self.fused}, gluon={self.gluon}")
         if self.gluon == 2 and (self.block_m2 != 128 or self.block_n2 not in (64, 128) or self.dq_stages < 2):
             raise ValueError(f"BwdPlan(gluon=2) takes block_m2=128 (two consumer warpgroups of 64 queries), "
                              f"block_n2 64 or 128 and dq_stages >= 2; got block_m2={self.block_m2}, "
