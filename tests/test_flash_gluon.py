@@ -396,3 +396,30 @@ def test_gluon_persistent_forward_with_few_programs_on_the_gpu(case, pingpong):
     assert torch.equal(torch.isinf(lse), torch.isinf(lse_t))
     fin = torch.isfinite(lse_t)
     torch.testing.assert_close(lse[fin], lse_t[fin], atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_gluon_dkdv_after_the_dq_pass_that_forms_delta(monkeypatch):
+    """BwdPlan(gluon=1, delta_in_dq=True): the Triton dq pass first (forming delta), then the Gluon dk/dv
+    pass reading it, no delta kernel; the same gradients as with the delta kernel (to its summation order)."""
+    from kernels.methods.flash import bwd as fb
+
+    q, k, v = (t.detach() for t in make_qkv(2, 3, 300, 300, 64, torch.bfloat16, layout="bthd", device="cuda"))
+    why = fwd_gluon.supported(q, k, v)
+    if why and "compute capability" in why:
+        pytest.skip(why)
+    out, lse = launch_fwd(q, k, v, 0.125, True, plans.FwdPlan(block_m=64, block_n=64))
+    do = torch.randn_like(out)
+    order = []
+    real_dkdv, real_launch = bwd_gluon.launch_dkdv, fb.fastlaunch.launch
+    monkeypatch.setattr(bwd_gluon, "launch_dkdv", lambda *a: (order.append("gluon dk/dv"), real_dkdv(*a))[1])
+    monkeypatch.setattr(fb.fastlaunch, "launch", lambda kernel, grid, args, meta, *r: (
+        order.append(getattr(kernel, "fn", kernel).__name__), real_launch(kernel, grid, args, meta, *r))[1])
+    got = launch_bwd(do, q, k, v, out, lse, 0.125, True, dataclasses.replace(GLUON_BWD, delta_in_dq=True))
+    # the Triton dq pass, then the Gluon dk/dv pass (and its kernel's own launch); no delta kernel
+    assert order[:2] == ["_bwd_kernel", "gluon dk/dv"] and order.count("_bwd_kernel") == 1, order
+    assert "_delta_kernel" not in order, order
+    want = launch_bwd(do, q, k, v, out, lse, 0.125, True, GLUON_BWD)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        atol = 1e-2 * w.abs().max().item()
+        torch.testing.assert_close(g, w, atol=atol, rtol=1e-2, msg=lambda m: f"{name}: {m}\n{where(g, w, atol, 1e-2)}")
