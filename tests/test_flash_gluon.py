@@ -29,6 +29,22 @@ GLUON_BWD2 = plans.BwdPlan(block_n1=128, block_m1=64, num_stages=2, block_m2=128
 GLUON_BWD_ADD = plans.BwdPlan(block_n1=128, block_m1=64, num_stages=2, gluon=1, dq_mode="tma_add")
 
 
+def _need_gluon(q, k, v) -> None:
+    """Skip on a GPU the Gluon kernels are not for (compute capability); else the inputs must be theirs."""
+    why = fwd_gluon.supported(q, k, v)
+    if why and "compute capability" in why:
+        pytest.skip(why)
+    assert why is None, why
+
+
+def _backward_inputs():
+    """q, k, v (2, 3, 300, 64) bf16 in the model's layout, the Triton forward's out and lse, and a random do."""
+    q, k, v = (t.detach() for t in make_qkv(2, 3, 300, 300, 64, torch.bfloat16, layout="bthd", device="cuda"))
+    _need_gluon(q, k, v)
+    out, lse = launch_fwd(q, k, v, 0.125, True, plans.FwdPlan(block_m=64, block_n=64))
+    return q, k, v, out, lse, torch.randn_like(out)
+
+
 def test_gluon_plan_limits():
     assert plans.FwdPlan(block_m=128, block_n=64, num_stages=3, gluon=1).gluon
     for bad in (dict(block_m=64), dict(block_n=32), dict(block_n=256), dict(num_stages=1)):
@@ -212,10 +228,7 @@ def test_gluon_forward_and_gradients_on_the_gpu(case, gplan, monkeypatch):
     at most one in the others)."""
     B, H, tq, tk, d, dtype, causal, layout, scale = case
     q, k, v = make_qkv(B, H, tq, tk, d, dtype, layout=layout, device="cuda")
-    why = fwd_gluon.supported(q, k, v)
-    if why and "compute capability" in why:
-        pytest.skip(why)
-    assert why is None, why
+    _need_gluon(q, k, v)
     plan = plans.FwdPlan(block_m=128, block_n=gplan[1], num_stages=gplan[2], gluon=gplan[0], persistent=gplan[3])
     launches = []
     real = fwd_gluon.launch_fwd
@@ -257,10 +270,7 @@ def test_gluon_backward_on_the_gpu(case, bplan, monkeypatch):
     if d == 128 and bplan[5] == "tma_add" and (bplan[2] > 2 or (tq, layout) != (2048, "bthd")):
         pytest.skip("adding dq at d = 128 (2 slots at most; it spills 128 bytes a thread): the long case only")
     q, k, v = make_qkv(B, H, tq, tk, d, dtype, layout=layout, device="cuda")
-    why = fwd_gluon.supported(q, k, v)
-    if why and "compute capability" in why:
-        pytest.skip(why)
-    assert why is None, why
+    _need_gluon(q, k, v)
     gluon, block_m1, stages, block_n2, dq_stages, dq_mode = bplan
     plan = plans.BwdPlan(block_n1=128, block_m1=block_m1, num_stages=stages, gluon=gluon, dq_mode=dq_mode,
                          **(dict(block_m2=128, block_n2=block_n2, dq_stages=dq_stages) if gluon == 2 else {}))
@@ -289,12 +299,7 @@ def test_gluon_backward_on_the_gpu(case, bplan, monkeypatch):
 def test_gluon_backward_adding_dq_runs_the_dq_pass_when_deterministic(monkeypatch):
     """Under torch.use_deterministic_algorithms the tma_add plan's dq comes from the Triton dq pass (TMA
     reductions add in a varying order): the same dq, dk, dv bit for bit as the plan with that pass."""
-    q, k, v = (t.detach() for t in make_qkv(2, 3, 300, 300, 64, torch.bfloat16, layout="bthd", device="cuda"))
-    why = fwd_gluon.supported(q, k, v)
-    if why and "compute capability" in why:
-        pytest.skip(why)
-    out, lse = launch_fwd(q, k, v, 0.125, True, plans.FwdPlan(block_m=64, block_n=64))
-    do = torch.randn_like(out)
+    q, k, v, out, lse, do = _backward_inputs()
     seen = []
     real = bwd_gluon.launch_dkdv
     monkeypatch.setattr(bwd_gluon, "launch_dkdv", lambda *a: (seen.append(a[13]), real(*a))[1])
@@ -316,9 +321,7 @@ def test_gluon_backward_adding_dq_ignores_keys_past_tk_when_every_score_is_very_
     zero: exp(0 - lse) of the keys TMA read as zeros overflows, and must not reach dq. Against the same
     dk/dv kernel with the Triton dq pass (which masks those keys)."""
     q, k, v = (t.detach() for t in make_qkv(1, 2, 100, 333, 64, torch.bfloat16, device="cuda"))
-    why = fwd_gluon.supported(q, k, v)
-    if why and "compute capability" in why:
-        pytest.skip(why)
+    _need_gluon(q, k, v)
     q, k = (q.abs() + 1).mul_(4), (k.abs() + 1).mul_(-4)
     out, lse = launch_fwd(q, k, v, 0.125, False, plans.FwdPlan(block_m=64, block_n=64))
     assert lse.max() < -100
@@ -384,10 +387,7 @@ def test_gluon_persistent_forward_with_few_programs_on_the_gpu(case, pingpong):
     element by element as the Triton forward's."""
     B, H, tq, tk, d, dtype, causal, layout, scale = case
     q, k, v = (t.detach() for t in make_qkv(B, H, tq, tk, d, dtype, layout=layout, device="cuda"))
-    why = fwd_gluon.supported(q, k, v)
-    if why and "compute capability" in why:
-        pytest.skip(why)
-    assert why is None, why
+    _need_gluon(q, k, v)
     s = d ** -0.5 if scale is None else scale
     out, lse = fwd_gluon.launch_fwd(q, k, v, s, causal, 128, 128, 2, pingpong=pingpong, persistent=True, programs=3)
     out_t, lse_t = launch_fwd(q, k, v, s, causal, plans.FwdPlan(block_m=64, block_n=64))
@@ -404,12 +404,7 @@ def test_gluon_dkdv_after_the_dq_pass_that_forms_delta(monkeypatch):
     pass reading it, no delta kernel; the same gradients as with the delta kernel (to its summation order)."""
     from kernels.methods.flash import bwd as fb
 
-    q, k, v = (t.detach() for t in make_qkv(2, 3, 300, 300, 64, torch.bfloat16, layout="bthd", device="cuda"))
-    why = fwd_gluon.supported(q, k, v)
-    if why and "compute capability" in why:
-        pytest.skip(why)
-    out, lse = launch_fwd(q, k, v, 0.125, True, plans.FwdPlan(block_m=64, block_n=64))
-    do = torch.randn_like(out)
+    q, k, v, out, lse, do = _backward_inputs()
     order = []
     real_dkdv, real_launch = bwd_gluon.launch_dkdv, fb.fastlaunch.launch
     monkeypatch.setattr(bwd_gluon, "launch_dkdv", lambda *a: (order.append("gluon dk/dv"), real_dkdv(*a))[1])
