@@ -151,9 +151,10 @@ def precheck_overrides(
     choices, keys, added = [], [], []
     for o in overrides:
         key = o.key_or_group
-        if o.is_add() and not o.package and key.split(".")[0] != "hydra":
+        hydra_key = re.split(r"[./]", key)[0] == "hydra"  # (hydra.run.dir, hydra/launcher=...: Hydra's own)
+        if o.is_add() and not o.package and not hydra_key:
             added.append(key)
-        if o.package or o.is_add() or o.is_force_add() or o.is_delete() or key.split(".")[0] == "hydra":
+        if o.package or o.is_add() or o.is_force_add() or o.is_delete() or hydra_key:
             continue
         if key in groups:
             values = list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]

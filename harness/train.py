@@ -101,6 +101,8 @@ def run_training(
     import kernels
     from harness.build import build, data_seed, on_gpu, resolve_precision, seq_len, tokens_per_step
     from harness.config import DEFAULT_PATCH, accel_methods, patch_words, to_container
+    from rich.markup import escape
+
     from harness.console import RunConsole, quiet_third_party
     from harness.env import environment
     from harness.loggers import make_logger, wandb_mode
@@ -142,7 +144,7 @@ def run_training(
     console.print(
         f"[bold]harness[/]: accel=[cyan]{label}[/] ({applied.describe()}) model={cfg.model.name} "
         f"({model.matmul_params() / 1e6:.1f}M matmul params) data={cfg.data.name} on [green]{device}[/] "
-        f"precision={precision} -> {run_dir}"
+        f"precision={precision} -> {escape(str(run_dir))}"
     )
     if not gpu and cfg.model.name != "tiny":
         console.print("[yellow]no CUDA GPU here: this model will train slowly on the CPU; for a quick CPU run use "
@@ -222,7 +224,7 @@ def run_training(
         raise failure
     if graceful.requested:
         console.print(f"[bold]harness[/]: stopped at step {trainer.global_step} ({graceful.requested}); "
-                      f"continue with: python -m harness.train resume={run_dir}")
+                      f"continue with: python -m harness.train resume={escape(str(run_dir))}")
     console.print(done_message(results, label, device, summary, run_dir, cfg.logger.name))
     return results
 
@@ -254,7 +256,7 @@ def done_message(results: dict, label: str, device: str, summary, run_dir: Path,
              f"{windows}{noisy}), warm-up {summary.warmup_s or 0:.1f}s, final loss {loss_text}",
              f"  results: {escape(str(run_dir / 'results.json'))}"]
     trainer = (results.get("config") or {}).get("trainer") or {}
-    if not summary.tokens_per_s and {"warmup_steps", "window"} <= set(trainer):
+    if not summary.tokens_per_s and not results.get("stopped_by") and {"warmup_steps", "window"} <= set(trainer):
         need = max(1, trainer["window"] // 2)  # (throughput.py: a last window of fewer steps is not counted)
         lines.insert(1, f"  no throughput: {results.get('steps_done', '?')} steps, the first {trainer['warmup_steps']} "
                         f"of them warm-up, and a window counts from {need} timed steps (trainer.window="

@@ -31,8 +31,11 @@ def where(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float, tile:
     if g.dim() == 3:
         g, w = g.unsqueeze(0), w.unsqueeze(0)
     bad = ~torch.isclose(g, w, atol=atol, rtol=rtol) | ~torch.isfinite(g)
-    if not bad.any():
-        return "no element differs beyond the tolerance"
+    if not bad.any():  # (a comparison of norms can fail on many small differences: say where they peak)
+        diff = (g - w).abs()
+        top = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape))
+        return (f"no element beyond atol {atol:.3g} + rtol {rtol:.3g} |want|; the largest difference, "
+                f"{diff[top].item():.3g}, at {top}: got {g[top].item():.4g}, want {w[top].item():.4g}")
     B, H, T, _ = bad.shape
     rows = bad.any(-1)  # (B, H, T)
     heads = [tuple(x) for x in rows.any(-1).nonzero().tolist()]

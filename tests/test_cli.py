@@ -42,7 +42,8 @@ def test_user_errors_are_one_paragraph_with_exit_status_2(capsys, argv, words):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only behaviour")
-@pytest.mark.parametrize("argv", [["++trainer.max_step=3"], ["+trainer.my_own_key=1"]])
+@pytest.mark.parametrize("argv", [["++trainer.max_step=3"], ["+trainer.my_own_key=1"], ["hydra/launcher=basic"],
+                                  ["+hydra.job.env_set.X=1"]])
 def test_added_keys_pass_unless_they_are_a_near_miss(argv):
     # '++' says "on purpose"; a '+' key near no key of the harness is code of the user's own
     precheck_overrides(["model=tiny", *argv], CONF_DIR, "config", validate=validate_with_data)  # no SystemExit

@@ -10,7 +10,11 @@ from tests.mismatch import where
 def test_where_names_the_heads_rows_tile_offsets_and_columns_that_differ():
     want = torch.randn(2, 3, 300, 64, generator=torch.Generator().manual_seed(0))
     got = want.clone()
-    assert where(got, want, 1e-3, 1e-3) == "no element differs beyond the tolerance"
+    assert where(got, want, 1e-3, 1e-3).startswith("no element beyond atol 0.001 + rtol 0.001 |want|; the largest "
+                                                    "difference, 0, at (0, 0, 0, 0)")
+    scaled = want * 1.003  # a small error everywhere (fails a comparison of norms, no element's bound)
+    assert f"at {tuple(int(i) for i in torch.unravel_index(want.abs().argmax(), want.shape))}" in where(
+        scaled, want, 1e-2, 1e-2)
     got[1, 2, 64:128, :8] += 1.0  # the second consumer's rows of one 128-row tile, 8 columns
     got[0, 0, 299, 5] = float("nan")  # the last, partial tile
     text = where(got, want, 1e-3, 1e-3, tile=128)

@@ -47,6 +47,8 @@ def test_end_of_run_lines_say_why_a_run_has_no_throughput_or_is_noisy(tmp_path):
     text = done_message(results, "flash", "CPU", short, tmp_path, "none")
     assert "n/a tokens/s" in text and "no throughput: 3 steps, the first 2 of them warm-up" in text
     assert "trainer.max_steps >= 4" in text  # 2 warm-up + half of a 5-step window
+    stopped = {**results, "stopped_by": "SIGTERM"}  # (stopped early: more steps would not have been the answer)
+    assert "no throughput" not in done_message(stopped, "flash", "CPU", short, tmp_path, "none")
     noisy = SimpleNamespace(tokens_per_s=1000.0, windows=3, warmup_s=1.0, noisy=True, step_ms_spread=1.23)
     text = done_message(results, "torch", "CPU", noisy, tmp_path, "none")
     assert "NOISY: step p90/p50 1.23 > 1.10, something else ran on the machine" in text and "no throughput" not in text

@@ -70,9 +70,12 @@ def host_us(fn: Callable[[], object], calls: int = 200, repeats: int = 7, warmup
     return p50, p90 / p50
 
 
-def issue_us(fn: Callable[[], object]) -> float:
+def issue_us(fn: Callable[[], object]) -> Optional[float]:
     """The host microseconds to issue one call of a benchmark-sized ``fn`` (``host_us`` over a few short
-    runs: ten calls in flight at most)."""
+    runs: ten calls in flight at most); None without a GPU (nothing runs asynchronously there: it would
+    time the work itself again)."""
+    if not torch.cuda.is_available():
+        return None
     return host_us(fn, calls=10, repeats=5, warmup=2)[0]
 
 
