@@ -145,7 +145,8 @@ def _flash_cases():
 
 @pytest.fixture(params=[False, True], ids=["delta-kernel", "delta-in-dq"])
 def delta_in_dq(request, monkeypatch):
-    """The default flash plans, or the same with BwdPlan.delta_in_dq (no delta kernel: dq first)."""
+    """The flash plans as they are, or every shape on the default plans with BwdPlan.delta_in_dq (no delta
+    kernel: dq first; the table's entries set aside, so the GPU shapes it covers take the switch too)."""
     import dataclasses
 
     from kernels.methods.flash import plan as plans
@@ -154,6 +155,7 @@ def delta_in_dq(request, monkeypatch):
         real = plans.default_plans
         monkeypatch.setattr(plans, "default_plans",
                             lambda *a: (real(*a)[0], dataclasses.replace(real(*a)[1], delta_in_dq=True)))
+        monkeypatch.setattr(plans, "table_plans", lambda *a: None)
     plans.forget()
     yield request.param
     plans.forget()
