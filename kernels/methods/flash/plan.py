@@ -165,25 +165,29 @@ def default_plans(d_pad: int, dtype: torch.dtype, causal: bool) -> tuple[FwdPlan
 #: first entry whose max T >= max(Tq, Tk) is used (the last one beyond). Filled from the H200 sweep
 #: (``python -m kernels.methods.flash.sweep``, which prints entries in this form); empty until then.
 TABLE: dict[tuple[int, str, bool], tuple[tuple[int, FwdPlan, BwdPlan], ...]] = {
-    # H200 sweeps, causal bf16 (docs/perf.md, runs B, S and V). T <= 1024, at (16, 12, 1024, 64): forward 282
-    # TFLOP/s (the tutorial's 128 x 64 tiles: 244), forward + backward 248 with the fused backward. Longer
-    # rows, at (4, 12, 4096, 64): forward 381 (default 344); forward + backward 322 (run V; default 267)
-    # with 4-warp 32 x 64 dk/dv tiles and 8-warp 128 x 64 dq tiles; applied beyond 4096 too (the tiles'
-    # work is the same, there are more of them). dq by atomic adds lost at every swept shape, by element
-    # (246 against 267 at 4096, run S) and by TMA tile reductions (252 against 310, run V).
+    # H200 sweeps, causal bf16 (docs/perf.md, runs B, S, V and Y). T <= 1024, at (16, 12, 1024, 64): forward
+    # 280 TFLOP/s (the tutorial's 128 x 64 tiles: 244; the Gluon forward 238 at best, run Y), forward +
+    # backward 251 with the fused backward (the Gluon dk/dv: 238). Longer rows, at (4, 12, 4096, 64): forward
+    # 383 (default 344; Gluon 340 at best); forward + backward 336 (run Y) with the Gluon dk/dv kernel adding
+    # dq by TMA tile reductions (128 keys a program, 64-query steps), against 316 for run V's Triton plan
+    # (4-warp 32 x 64 dk/dv and 8-warp 128 x 64 dq tiles; 325 with delta_in_dq) and 323 for the Gluon dk/dv
+    # beside the Triton dq pass; applied beyond 4096 too (the tiles' work is the same, there are more of
+    # them). The Triton kernels' dq by atomic adds lost at every swept shape (runs S and V).
     (64, "bfloat16", True): (
         (1024, FwdPlan(block_m=64, block_n=64, num_warps=4, num_stages=3),
          BwdPlan(block_m1=32, block_n1=64, block_m2=64, block_n2=64, num_warps=4, num_stages=3, dq_warps=4,
                  dq_stages=3, fused=True)),
         (1 << 30, FwdPlan(block_m=64, block_n=64, num_warps=4, num_stages=3),
-         BwdPlan(block_m1=32, block_n1=64, block_m2=128, block_n2=64, num_warps=4, num_stages=3, dq_warps=8,
-                 dq_stages=4)),
+         BwdPlan(block_m1=64, block_n1=128, block_m2=128, block_n2=64, num_warps=4, num_stages=3, dq_warps=8,
+                 dq_stages=4, dq_mode="tma_add", gluon=1)),
     ),
-    # at (8, 16, 2048, 128): forward 396 (default 8-warp 128 x 64: 342), forward + backward 335 (run V; default 205)
+    # at (8, 16, 2048, 128), run Y: forward 402 by the persistent Gluon kernel, 128-key steps (the Triton
+    # kernel's 64 x 64 tiles: 374; default 8-warp 128 x 64: 342); forward + backward 345 by the Gluon dk/dv
+    # (128 keys) and Gluon dq passes, against 329 for run V's Triton plan (default 205)
     (128, "bfloat16", True): (
-        (1 << 30, FwdPlan(block_m=64, block_n=64, num_warps=4, num_stages=3),
-         BwdPlan(block_m1=64, block_n1=64, block_m2=128, block_n2=64, num_warps=4, num_stages=2, dq_warps=8,
-                 dq_stages=4)),
+        (1 << 30, FwdPlan(block_m=128, block_n=128, num_warps=4, num_stages=2, gluon=1, persistent=True),
+         BwdPlan(block_m1=64, block_n1=128, block_m2=128, block_n2=64, num_warps=4, num_stages=2, dq_warps=8,
+                 dq_stages=3, gluon=2)),
     ),
 }
 
