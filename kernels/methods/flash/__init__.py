@@ -19,8 +19,9 @@ Code paths (each module opens with its own details):
   tensor cores (FA3's ping-pong), so one's softmax overlaps the other's wgmma, with ``gluon=1`` they
   run free; with ``persistent`` a program per SM loops over the work tiles, loading the next one's q
   and key tiles under this one's math. An explicit plan it cannot take refuses with the reason; a table
-  plan falls back to the Triton kernel. Compiled for sm_90 (tests, no GPU needed); not yet timed, so no table
-  entry uses it (the sweep's last forward phase tries it).
+  plan falls back to the Triton kernel's default plan. On the H200 (docs/perf.md, run Y) it wins only at
+  d = 128 (persistent, 128-key steps: +7% over the Triton kernel, the table's entry there); at d = 64 it
+  runs 11-33% below the Triton kernel, ping-pong below free-running everywhere.
 * ``gluon_common``: what the Gluon kernels share (wgmma layouts, program prologues, ring barriers, masks,
   which inputs they take, their TMA descriptors).
 * The backward in Gluon (``bwd_gluon``, plan ``BwdPlan.gluon``; what the Gluon forward takes): the
@@ -30,15 +31,17 @@ Code paths (each module opens with its own details):
   the dq pass with ``gluon=1``). With ``gluon=1, dq_mode="tma_add"`` there is no dq pass: FA3's
   backward, the dk/dv kernel adds dq itself (the consumers take turns forming each query tile's share
   over the program's 128 keys from their ds^T in shared memory, one TMA reduction per tile into an
-  fp32 buffer the delta kernel zeroed; the dq pass instead under deterministic algorithms). Compiled
-  for sm_90; not yet timed, in no table entry.
+  fp32 buffer the delta kernel zeroed; the dq pass instead under deterministic algorithms). In the
+  table (run Y): ``gluon=1, dq_mode="tma_add"`` for d = 64 beyond T = 1024 (+6% forward + backward at
+  (4, 12, 4096, 64) over the Triton passes), ``gluon=2`` at d = 128 (+5%).
 * Backward (``bwd``): delta = rowsum(o * do) (a small kernel); a dk/dv kernel (a program per
   BLOCK_N1 keys, looping over the queries that see them, diagonal blocks masked) and a dq kernel (a
   program per BLOCK_M2 queries, looping over their keys); both recompute P = exp2(s * c - lse *
   log2(e)) from q, k and lse; dS = P * (dP - delta) with dP = do v^T; dv = P^T do, dk = scale *
   dS^T q, dq = scale * dS k. No Tq x Tk tensor. The two run as two launches or one fused launch
   (plan ``fused``); with plan ``delta_in_dq`` the dq pass forms delta for its rows (it reads do anyway,
-  and o once) and runs first, and there is no delta kernel (not yet timed). With plan ``dq_mode="atomic"`` (FA2's structure) there is no dq pass: the dk/dv
+  and o once) and runs first, and there is no delta kernel (run Y: +2.7% forward + backward at
+  (4, 12, 4096, 64), -0.5% at d = 128; in no table entry: the table's plans are fused or Gluon ones). With plan ``dq_mode="atomic"`` (FA2's structure) there is no dq pass: the dk/dv
   programs add each tile's scale * dS k into an fp32 dq buffer by atomic adds (five matmuls per tile
   pair instead of seven; dq's summation order then varies from run to run), cast once at the end.
   Measured slower than the dq pass at every swept shape (docs/perf.md, run S: the atomics cost more
