@@ -97,6 +97,76 @@ def test_persistent_path_matches_reference(shape, causal, seeded):
     assert kernels.relative_error(dx, dref) <= BWD_TOL[torch.bfloat16]
 
 
+@pytest.mark.parametrize("shape,causal,rows", [((9, 37), False, 2), ((2, 20, 20), True, 1), ((2, 9, 30), True, 4),
+                                              ((2, 30, 9), True, 2)])
+def test_backward_tile_reload_gives_the_held_rows_result(shape, causal, rows, seeded):
+    """The backward tile path reading y and dy again for dx (``Plan.reload``) computes what the plan that
+    holds them does, bit for bit (the same operations on the same values), masked columns and rows past the
+    end included, and matches the reference."""
+    y = launch_fwd(random_scores(shape, torch.bfloat16, DEVICE, gen=seeded), 0.5, causal, tp.Plan(False, 64, 1, 1))
+    dy = random_scores(shape, torch.bfloat16, DEVICE, gen=seeded)
+    held = launch_bwd(y, dy, 0.5, causal, tp.Plan(False, 64, rows, 1))
+    again = launch_bwd(y, dy, 0.5, causal, tp.Plan(False, 64, rows, 1, reload=True))
+    assert torch.equal(again, held)
+    assert kernels.relative_error(again, kernels.reference_softmax_backward(y, dy, scale=0.5)) <= BWD_TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("n,warps,causal", [(16384, 16, False), (32768, 32, False), (1000, 4, False), (1024, 4, True)])
+def test_backward_tile_reload_on_the_gpu(n, warps, causal, seeded):
+    """On the GPU (the second loads with their own cache modifier): reload gives the held rows' gradient
+    bit for bit at the lengths the sweep tries it."""
+    shape = (2, n, n) if causal else (64, n)
+    y = torch.softmax(random_scores(shape, torch.float32, "cuda", gen=seeded), -1).to(torch.bfloat16)
+    dy = random_scores(shape, torch.bfloat16, "cuda", gen=seeded)
+    block = tp._next_pow2(n)
+    held = launch_bwd(y, dy, 0.5, causal, tp.Plan(False, block, 1, warps))
+    again = launch_bwd(y, dy, 0.5, causal, tp.Plan(False, block, 1, warps, reload=True))
+    assert torch.equal(again, held)
+
+
+_RELOAD_REGS = """
+import re, subprocess, sys, tempfile, os
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+from kernels.methods.flash.compile_check import _signature
+from kernels.methods.triton import tile
+n, warps = 16384, 16
+y = torch.empty(16, dtype=torch.bfloat16)
+target = GPUTarget("cuda", 90, 32)
+tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+for reload in (False, True):
+    kw = dict(BLOCK_N=n, ROWS=1, CAUSAL=False, ROUND_MASK=True, RELOAD=reload, num_warps=warps)
+    sig, attrs, consts = _signature(tile._bwd_tile_kernel, (y, y, y, 8192, n, n, 1, 1, 0, 1.0), kw)
+    opts = make_backend(target).parse_options({"num_warps": warps, "num_stages": 3})
+    k = triton.compile(ASTSource(fn=tile._bwd_tile_kernel, signature=sig, constexprs=consts, attrs=attrs),
+                       target=target, options=opts.__dict__)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"]); f.flush()
+        usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    loads = len(re.findall(r"\\bld\\.global", k.asm["ptx"]))
+    print(reload, re.search(r"REG:(\\d+)", usage).group(1), loads)
+"""
+
+
+def test_backward_tile_reload_compiles_to_fewer_registers_for_sm90():
+    """Compiled for sm_90 (no GPU; a subprocess without the interpreter) at 16384 columns on 16 warps: with
+    ``reload`` the kernel issues its row's loads twice (the compiler did not merge them) and fits two
+    programs of 512 threads in an SM's 65536 registers (at most 64 a thread), where the kernel that holds
+    the widened row does not."""
+    from tests.compiled_report import compile_run
+
+    run = compile_run(["-c", _RELOAD_REGS], 600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = {line.split()[0]: (int(line.split()[1]), int(line.split()[2])) for line in run.stdout.splitlines()
+           if line.split() and line.split()[0] in ("False", "True")}
+    (held_regs, held_loads), (again_regs, again_loads) = got["False"], got["True"]
+    assert again_loads == 2 * held_loads, got
+    assert again_regs <= 64 < held_regs, got
+
+
 @pytest.mark.parametrize("variant", ["whole-vector loads", "exact loads", "fill", "fill, 2 warps"])
 @pytest.mark.parametrize("shape", [(2, 20, 20), (2, 9, 30), (2, 30, 9), (3, 7, 13)])
 def test_causal_tile_variants_match_reference(shape, variant, seeded):

@@ -14,7 +14,11 @@ For causal scores of shape (..., Tq, Tk), row r is query i = r mod Tq and keeps 
   one long row an SM holds does not leave its memory pipe idle between rows. Causal forward rows take
   the fill variant (``_fwd_fill_kernel``): masked columns are read as -inf keys, so the max, the
   exponentials, the sum and the stores need no per-element mask (about 30% fewer instructions; the
-  tile kernel still takes scales the fill cannot, 0 and non-finite ones).
+  tile kernel still takes scales the fill cannot, 0 and non-finite ones). The backward tile's
+  ``Plan.reload`` reads y and dy a second time (from L1) for dx instead of holding the widened row across
+  the row's reduction: at 16384 columns on 16 warps 44 registers a thread instead of 87 (Triton 3.6,
+  sm_90), two programs per SM instead of one, as Liger's kernel (16-bit registers) gets. In the sweep's
+  candidates; in no table entry until timed on the GPU.
 * Hybrid path (forward, 16-bit rows of ``HYBRID_MIN_N`` + 1 up to ``RING_MAX_N`` columns, not causal,
   on a GPU): a Gluon kernel (Triton's lower-level dialect: explicit layouts and shared memory), one
   program per row, keeps the row's first ``HYBRID_MIN_N`` columns in registers as packed 32-bit words

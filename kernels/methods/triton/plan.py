@@ -57,6 +57,7 @@ class Plan:
     ring: bool = False  # ring path (backward; Gluon, GPU only; see _bwd_pair_ring_kernel): a program per SM
     slots: int = 0  # ring path: chunk slots in shared memory (at most; fewer where the GPU has less)
     hybrid: bool = False  # hybrid path (forward; Gluon, GPU only; see _fwd_hybrid_kernel): a program per row
+    reload: bool = False  # backward tile path: y and dy read again for dx instead of held (see _bwd_tile_kernel)
 
 
 def _next_pow2(n: int) -> int:
