@@ -146,6 +146,9 @@ def test_where_it_cannot_run_an_explicit_plan_refuses_and_a_table_plan_falls_bac
     key = (64, "bfloat16", True)
     monkeypatch.setitem(plans.TABLE, key, ((1 << 30, GLUON, GLUON_BWD2),))
     plans.forget()
+    taken = []  # the Triton plans the launchers fell back to
+    real = plans.triton_plans
+    monkeypatch.setattr(plans, "triton_plans", lambda *a: taken.append(real(*a)) or taken[-1])
     try:
         fp, bp = plans.plans_for(64, 64, torch.bfloat16, True, 37, 37)
         assert fp.gluon and bp.gluon
@@ -153,6 +156,7 @@ def test_where_it_cannot_run_an_explicit_plan_refuses_and_a_table_plan_falls_bac
         out = kernels.attention(qg, kg, vg, causal=True, method="flash")  # (the table's plans: no override)
         do = torch.randn_like(out)
         out.backward(do)
+        assert len(taken) == 2 and not taken[0][0].gluon and not taken[1][1].gluon  # forward, then backward
         ref_in = [t.double().requires_grad_(True) for t in (q, k, v)]
         ref = kernels.reference_attention(*ref_in, causal=True)
         ref.backward(do.double())

@@ -228,6 +228,33 @@ def test_tma_falls_back_to_pointers_where_it_cannot_read():
                     plan=(dataclasses.replace(SMALL_FWD, tma="host"), dataclasses.replace(SMALL_BWD, tma="host")))
 
 
+def test_a_gluon_table_plan_falls_back_to_the_measured_triton_plans(monkeypatch):
+    """Where a Gluon entry of the table cannot run (e.g. d = 96, padded to 128, which the Gluon kernels do not
+    take), each direction gets the Triton kernels' measured plan: the table's own where it is a Triton one,
+    else TRITON_TABLE's, else the defaults; clamped to the sequences like any plan."""
+    tf, tb = plans.FwdPlan(block_m=64, block_n=32), plans.BwdPlan(block_m1=64, block_n1=32)
+    gf = plans.FwdPlan(block_m=128, block_n=128, num_stages=2, gluon=1)
+    gb = plans.BwdPlan(block_m1=64, block_n1=128, block_n2=64, num_stages=2, gluon=2)
+    monkeypatch.setitem(plans.TABLE, (128, "bfloat16", True), ((1 << 30, gf, gb),))
+    monkeypatch.setitem(plans.TABLE, (64, "bfloat16", True), ((1 << 30, tf, gb),))
+    monkeypatch.setitem(plans.TRITON_TABLE, (128, "bfloat16", True), ((1 << 30, tf, tb),))
+    monkeypatch.delitem(plans.TRITON_TABLE, (64, "bfloat16", True), raising=False)
+    plans.forget()
+    try:
+        assert plans.plans_for(96, 96, torch.bfloat16, True, 2048, 2048) == (gf, gb)
+        assert plans.triton_plans(96, 96, torch.bfloat16, True, 2048, 2048) == (tf, tb)
+        # the table's forward is a Triton one: kept; its backward has no measured Triton plan: the default
+        f, b = plans.triton_plans(64, 64, torch.bfloat16, True, 2048, 2048)
+        assert f == tf and b == plans.default_plans(64, torch.bfloat16, True)[1]
+        f, b = plans.triton_plans(96, 96, torch.bfloat16, True, 20, 20)
+        assert (f.block_m, f.block_n, b.block_m1, b.block_n1) == (32, 32, 32, 32)
+    finally:
+        plans.forget()
+    for key, rows in plans.TRITON_TABLE.items():  # the real fallbacks: Triton plans, for keys whose entry is Gluon
+        assert all(not f.gluon and not b.gluon for _, f, b in rows), key
+        assert any(f.gluon or b.gluon for _, f, b in plans.TABLE[key]), key
+
+
 def test_launch_plan_table_lookup(monkeypatch):
     f1, b1 = plans.FwdPlan(block_m=64, block_n=32), plans.BwdPlan(block_m1=64)
     f2, b2 = plans.FwdPlan(block_m=128, block_n=128, num_warps=8, tma="host"), plans.BwdPlan(fused=True)

@@ -277,9 +277,8 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                or bwd_gluon.budget_reason(D, plan, plan.dq_mode == "tma_add" and not deterministic))
         if why is not None and chosen:
             raise ValueError(f"{plan} cannot run here: {why}")
-        if why is not None:  # a table plan for GPUs the Gluon kernel takes: elsewhere, the Triton default
-            plan = plans.clamp(plans.FwdPlan(), plans.default_plans(plans.head_pad(max(D, DV)), q.dtype, causal)[1],
-                               TQ, TK)[1]
+        if why is not None:  # a table plan for inputs the Gluon kernels take: elsewhere, the Triton kernels'
+            plan = plans.triton_plans(D, DV, q.dtype, causal, TQ, TK)[1]  # measured plan
     d_pad, dv_pad = plans.head_pad(D), plans.head_pad(DV)
     atomic = 0 if plan.dq_mode == "pass" or plan.gluon or deterministic else 1
     add_dq = plan.gluon == 1 and plan.dq_mode == "tma_add" and not deterministic  # (the Gluon dk/dv kernel adds dq)

@@ -169,9 +169,8 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
                                         pingpong=plan.gluon == 2, persistent=plan.persistent)
         if chosen:
             raise ValueError(f"{plan} cannot run here: {why}")
-        # a table plan for GPUs the Gluon kernel takes: elsewhere, the Triton kernel's default plan
-        plan = plans.clamp(plans.default_plans(plans.head_pad(max(D, DV)), q.dtype, causal)[0],
-                           plans.BwdPlan(), TQ, TK)[0]
+        # a table plan for inputs the Gluon kernel takes: elsewhere, the Triton kernel's measured plan
+        plan = plans.triton_plans(D, DV, q.dtype, causal, TQ, TK)[0]
     out = empty_bthd(B, H, TQ, DV, q.dtype, q.device)
     lse = torch.empty((B, H, TQ), dtype=torch.float32, device=q.device)
     d_pad, dv_pad = plans.head_pad(D), plans.head_pad(DV)

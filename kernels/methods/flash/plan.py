@@ -2,7 +2,8 @@
 
 A plan is chosen once per (head dim, value head dim, dtype, causal, Tq, Tk) and cached, so the hot
 path pays one dict lookup. ``TABLE`` holds measured entries; shapes it does not cover get
-``default_plans`` (the Triton fused-attention tutorial's Hopper starting points). Blocks are clamped
+``default_plans`` (the Triton fused-attention tutorial's Hopper starting points). Where a Gluon entry
+cannot run, ``triton_plans`` gives the Triton kernels' measured plans (``TRITON_TABLE``). Blocks are clamped
 to the sequence lengths (a block never exceeds the next power of two of its T, minimum 16, the
 smallest ``tl.dot`` tile), so T = 1 does not run 128-row tiles. ``override`` forces plans (tests,
 the sweep).
@@ -191,7 +192,25 @@ TABLE: dict[tuple[int, str, bool], tuple[tuple[int, FwdPlan, BwdPlan], ...]] = {
     ),
 }
 
+#: The Triton kernels' measured plans for keys whose TABLE entry is a Gluon plan: what such an entry falls back to
+#: where the Gluon kernels cannot take the inputs (head dims other than 64 and 128, padded to them here; strides TMA
+#: cannot read; GPUs other than Hopper). Run V's sweep (docs/perf.md): (4, 12, 4096, 64) forward + backward 322
+#: TFLOP/s (the defaults: 267), (8, 16, 2048, 128) 335 (defaults: 205); run Y: 316 and 329.
+TRITON_TABLE: dict[tuple[int, str, bool], tuple[tuple[int, FwdPlan, BwdPlan], ...]] = {
+    (64, "bfloat16", True): (
+        (1 << 30, FwdPlan(block_m=64, block_n=64, num_warps=4, num_stages=3),
+         BwdPlan(block_m1=32, block_n1=64, block_m2=128, block_n2=64, num_warps=4, num_stages=3, dq_warps=8,
+                 dq_stages=4)),
+    ),
+    (128, "bfloat16", True): (
+        (1 << 30, FwdPlan(block_m=64, block_n=64, num_warps=4, num_stages=3),
+         BwdPlan(block_m1=64, block_n1=64, block_m2=128, block_n2=64, num_warps=4, num_stages=2, dq_warps=8,
+                 dq_stages=4)),
+    ),
+}
+
 _CACHE: dict[tuple, tuple[FwdPlan, BwdPlan]] = {}
+_TRITON_CACHE: dict[tuple, tuple[FwdPlan, BwdPlan]] = {}
 _CACHE_MAX = 4096
 _OVERRIDE: list[tuple[Optional[FwdPlan], Optional[BwdPlan]]] = []
 
@@ -200,9 +219,10 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def table_plans(d_pad: int, dtype: torch.dtype, causal: bool, t: int) -> Optional[tuple[FwdPlan, BwdPlan]]:
-    """The table's entry for these settings, or None when the table has none."""
-    rows = TABLE.get((d_pad, _dtype_name(dtype), causal))
+def table_plans(d_pad: int, dtype: torch.dtype, causal: bool, t: int,
+                table: Optional[dict] = None) -> Optional[tuple[FwdPlan, BwdPlan]]:
+    """The table's entry for these settings (``TABLE`` unless another is given), or None when it has none."""
+    rows = (TABLE if table is None else table).get((d_pad, _dtype_name(dtype), causal))
     if not rows:
         return None
     for max_t, fwd, bwd in rows:
@@ -250,6 +270,24 @@ def plans_for(d: int, dv: int, dtype: torch.dtype, causal: bool, tq: int, tk: in
     return hit
 
 
+def triton_plans(d: int, dv: int, dtype: torch.dtype, causal: bool, tq: int, tk: int) -> tuple[FwdPlan, BwdPlan]:
+    """The Triton kernels' plans for a problem whose plan is a Gluon one the Gluon kernels cannot take: per
+    direction, the table's plan where it is a Triton one, else ``TRITON_TABLE``'s, else the defaults (cached)."""
+    key = (d, dv, dtype, causal, tq, tk)
+    hit = _TRITON_CACHE.get(key)
+    if hit is None:
+        d_pad = head_pad(max(d, dv))
+        base = default_plans(d_pad, dtype, causal)
+        measured = table_plans(d_pad, dtype, causal, max(tq, tk), TRITON_TABLE) or base
+        first = table_plans(d_pad, dtype, causal, max(tq, tk)) or base
+        hit = clamp(first[0] if not first[0].gluon else measured[0], first[1] if not first[1].gluon else measured[1],
+                    tq, tk)
+        if len(_TRITON_CACHE) >= _CACHE_MAX:
+            _TRITON_CACHE.clear()
+        _TRITON_CACHE[key] = hit
+    return hit
+
+
 @contextlib.contextmanager
 def override(fwd: Optional[FwdPlan] = None, bwd: Optional[BwdPlan] = None) -> Iterator[None]:
     """Use these plans (None: the defaults) for every call inside the block (tests, the sweep)."""
@@ -266,6 +304,8 @@ def overridden() -> bool:
 
 
 def forget() -> None:
-    """Drop the cached lookups (after editing TABLE at run time), and the launches prepared from them."""
+    """Drop the cached lookups (after editing TABLE or TRITON_TABLE at run time), and the launches prepared from
+    them."""
     _CACHE.clear()
+    _TRITON_CACHE.clear()
     fastlaunch.clear_sites()
