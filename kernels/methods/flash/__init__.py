@@ -19,7 +19,7 @@ Code paths (each module opens with its own details):
   tensor cores (FA3's ping-pong), so one's softmax overlaps the other's wgmma, with ``gluon=1`` they
   run free; with ``persistent`` a program per SM loops over the work tiles, loading the next one's q
   and key tiles under this one's math. An explicit plan it cannot take refuses with the reason; a table
-  plan falls back to the Triton kernel's default plan. On the H200 (docs/perf.md, run Y) it wins only at
+  plan falls back to the Triton kernel's measured plan (``plan.triton_plans``). On the H200 (docs/perf.md, run Y) it wins only at
   d = 128 (persistent, 128-key steps: +7% over the Triton kernel, the table's entry there); at d = 64 it
   runs 11-33% below the Triton kernel, ping-pong below free-running everywhere.
 * ``gluon_common``: what the Gluon kernels share (wgmma layouts, program prologues, ring barriers, masks,
