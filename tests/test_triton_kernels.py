@@ -127,27 +127,15 @@ def test_backward_tile_reload_on_the_gpu(n, warps, causal, seeded):
 
 
 _RELOAD_REGS = """
-import re, subprocess, sys, tempfile, os
-import torch, triton
+import torch
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource, make_backend
-from kernels.methods.flash.compile_check import _signature
+from kernels.methods.flash.compile_check import compile_call
 from kernels.methods.triton import tile
-n, warps = 16384, 16
-y = torch.empty(16, dtype=torch.bfloat16)
-target = GPUTarget("cuda", 90, 32)
-tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+n, y = 16384, torch.empty(16, dtype=torch.bfloat16)
 for reload in (False, True):
-    kw = dict(BLOCK_N=n, ROWS=1, CAUSAL=False, ROUND_MASK=True, RELOAD=reload, num_warps=warps)
-    sig, attrs, consts = _signature(tile._bwd_tile_kernel, (y, y, y, 8192, n, n, 1, 1, 0, 1.0), kw)
-    opts = make_backend(target).parse_options({"num_warps": warps, "num_stages": 3})
-    k = triton.compile(ASTSource(fn=tile._bwd_tile_kernel, signature=sig, constexprs=consts, attrs=attrs),
-                       target=target, options=opts.__dict__)
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"]); f.flush()
-        usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-    loads = len(re.findall(r"\\bld\\.global", k.asm["ptx"]))
-    print(reload, re.search(r"REG:(\\d+)", usage).group(1), loads)
+    kw = dict(BLOCK_N=n, ROWS=1, CAUSAL=False, ROUND_MASK=True, RELOAD=reload, num_warps=16)
+    r = compile_call(tile._bwd_tile_kernel, (y, y, y, 8192, n, n, 1, 1, 0, 1.0), kw, GPUTarget("cuda", 90, 32))
+    print(reload, r["regs"], r["global_loads"])
 """
 
 

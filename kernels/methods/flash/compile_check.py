@@ -103,7 +103,8 @@ def compile_call(fn, args, kw, target: GPUTarget) -> dict:
     bulk = re.findall(r"\bcp\.reduce\.async\.bulk\.tensor[.\w:]*", k.asm["ptx"])  # tma_add's reductions
     return {"regs": int(regs.group(1)) if regs else -1, "stack": int(stack.group(1)) if stack else -1,
             "smem": k.metadata.shared, "wgmma": "warp_group_dot" in g, "tma": g.count("async_tma_copy"),
-            "ws": "ttg.warp_specialize" in g, "atomics": sorted(set(reds + bulk)), "n_atomics": len(reds) + len(bulk)}
+            "ws": "ttg.warp_specialize" in g, "atomics": sorted(set(reds + bulk)), "n_atomics": len(reds) + len(bulk),
+            "global_loads": len(re.findall(r"\bld\.global", k.asm["ptx"]))}
 
 
 def record(d: int, dtype: torch.dtype, causal: bool, fplan: plans.FwdPlan, bplan: plans.BwdPlan,
