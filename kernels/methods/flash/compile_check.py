@@ -22,6 +22,7 @@ import os
 import re
 import subprocess
 import tempfile
+import types
 
 import torch
 
@@ -116,7 +117,10 @@ def record(d: int, dtype: torch.dtype, causal: bool, fplan: plans.FwdPlan, bplan
              (fwd, "tma_supported", lambda device: True)]  # compiling for sm_90: TMA exists there
     if fwd_gluon.GLUON_ERROR is None:  # (the Gluon kernels' checks of the tensors are for the GPU they run on)
         kernels += [(fwd_gluon, "_fwd_ws_kernel"), (bwd_gluon, "_dkdv_ws_kernel"), (bwd_gluon, "_dq_ws_kernel")]
-        stubs += [(gluon_common, "supported", lambda *tensors: None), (bwd, "tma_eligible", lambda *tensors: True)]
+        stubs += [(gluon_common, "supported", lambda *tensors: None), (bwd, "tma_eligible", lambda *tensors: True),
+                  # persistent plans: programs as on an H100 / H200 (132 SMs), asked of no GPU here
+                  (fwd_gluon, "device_props", lambda device: types.SimpleNamespace(multi_processor_count=132)),
+                  (torch.cuda, "current_device", lambda: 0)]
     stubs += [(m, n, _Recorder(getattr(m, n), calls)) for m, n in kernels]
     saved = [(m, n, getattr(m, n)) for m, n, _ in stubs]
     for m, n, stub in stubs:
@@ -160,8 +164,11 @@ def main(argv=None) -> None:
         f0, b0 = plans.plans_for(d, d, dtype, causal, 4096, 4096)
         fo = parse_phases(a.fwd, plans.FwdPlan)
         bo = parse_phases(a.bwd, plans.BwdPlan)
-        fp = dataclasses.replace(f0, **{k: v[0] for k, v in (fo[0] if fo else {}).items()})
-        bp = dataclasses.replace(b0, **{k: v[0] for k, v in (bo[0] if bo else {}).items()})
+        try:
+            fp = dataclasses.replace(f0, **{k: v[0] for k, v in (fo[0] if fo else {}).items()})
+            bp = dataclasses.replace(b0, **{k: v[0] for k, v in (bo[0] if bo else {}).items()})
+        except ValueError as exc:  # (knobs that make no plan over d's table plan)
+            p.error(f"d={d}: {exc}")
         print(f"d={d}: {fp}\n      {bp}")
         for fn, args, kw in record(d, dtype, causal, fp, bp):
             part = part_name(fn, kw)
