@@ -55,6 +55,9 @@ def test_gluon_plan_limits():
     assert dataclasses.replace(GLUON, persistent=True).persistent
     with pytest.raises(ValueError, match="persistent=True. is the Gluon forward's"):
         plans.FwdPlan(persistent=True)
+    assert dataclasses.replace(GLUON, overlap=True).overlap and dataclasses.replace(GLUON, gluon=1, overlap=True).overlap
+    with pytest.raises(ValueError, match="overlap=True. is the Gluon forward's"):
+        plans.FwdPlan(overlap=True)
     assert fwd_gluon.shared_bytes(128, 128, 3) <= fwd_gluon.SHARED_LIMIT < fwd_gluon.shared_bytes(128, 128, 4)
     # persistent programs hold a second pair of q tiles (the next work tile's)
     assert fwd_gluon.shared_bytes(64, 128, 2, persistent=True) == fwd_gluon.shared_bytes(64, 128, 2) + 2 * 64 * 64 * 2
@@ -75,6 +78,26 @@ def test_gluon_forward_programs_are_for_persistent_launches_only():
     for bad in (0, 2.0, True):
         with pytest.raises(ValueError, match="an int >= 1"):
             fwd_gluon.launch_fwd(q, q, q, 0.125, True, 128, 128, 2, persistent=True, programs=bad)
+
+
+def test_the_forward_plan_picks_the_consumers_and_the_scale_fold(monkeypatch):
+    """A Gluon plan's ping-pong and overlap reach the kernel as PINGPONG / OVERLAP (the lagged consumers where
+    either is set), and the one-FMA scores (SCALE_NONNEG) only where the scale is >= 0 (max(s * c) = max(s) * c
+    needs c >= 0)."""
+    if fwd_gluon.GLUON_ERROR:
+        pytest.skip(fwd_gluon.GLUON_ERROR)
+    from kernels.methods.triton import fastlaunch
+
+    seen = []
+    monkeypatch.setattr(fastlaunch, "launch", lambda kernel, grid, args, meta, device=None: seen.append((grid, meta)))
+    monkeypatch.setattr(gluon_common, "supported", lambda *t: None)  # (the Gluon kernel's checks are the GPU's)
+    q = torch.zeros(1, 2, 300, 64, dtype=torch.bfloat16)
+    for gluon, overlap, scale in ((1, False, 0.125), (1, True, 0.125), (2, False, -0.3), (2, True, 0.0)):
+        plan = dataclasses.replace(GLUON, gluon=gluon, overlap=overlap)
+        launch_fwd(q, q, q, scale, True, plan)
+        grid, meta = seen[-1]
+        assert (meta["PINGPONG"], meta["OVERLAP"], meta["SCALE_NONNEG"]) == (gluon == 2, overlap, scale >= 0)
+        assert grid == (3 * 2,) and meta["BLOCK_M"] == 64  # (a program a work tile of 128 queries: 2 consumers)
 
 
 def test_gluon_descriptors_skip_the_checks_only_where_they_come_out_the_same(monkeypatch):
@@ -217,29 +240,32 @@ _GPU_CASES = [  # (B, H, Tq, Tk, d, dtype, causal, layout, scale)
     (1, 4, 2048, 2048, 128, torch.float16, True, "bthd", None),
     (4, 12, 1024, 1024, 64, torch.bfloat16, True, "bthd", None),  # more work tiles than SMs (persistent: ~3 each)
 ]
-_GPU_PLANS = [(2, 128, 2, False), (2, 64, 3, False), (1, 128, 2, False), (2, 128, 2, True), (1, 64, 3, True)]
-# (gluon, block_n, num_stages, persistent)
+_GPU_PLANS = [(2, 128, 2, False, False), (2, 64, 3, False, True), (1, 128, 2, False, False), (2, 128, 2, True, True),
+              (1, 64, 3, True, False), (1, 128, 2, True, True), (1, 64, 3, False, True)]
+# (gluon, block_n, num_stages, persistent, overlap)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", _GPU_CASES,
                          ids=lambda c: f"{c[2]}x{c[3]}-d{c[4]}-{str(c[5])[6:]}-{c[6]}-{c[7]}-s{c[8]}")
-@pytest.mark.parametrize("gplan", _GPU_PLANS, ids=lambda p: f"gluon{p[0]}-n{p[1]}-s{p[2]}" + "-persistent" * p[3])
+@pytest.mark.parametrize("gplan", _GPU_PLANS,
+                         ids=lambda p: f"gluon{p[0]}-n{p[1]}-s{p[2]}" + "-persistent" * p[3] + "-overlap" * p[4])
 def test_gluon_forward_and_gradients_on_the_gpu(case, gplan, monkeypatch):
     """The Gluon forward (and the backward from its lse) against float64, and element by element against
-    the Triton forward (out and lse), ping-pong and free-running, both tile widths, a program a work tile
-    and persistent (the GPU's SM count of programs: several tiles a program in the (4, 12, 1024) case,
-    at most one in the others)."""
+    the Triton forward (out and lse), ping-pong and free-running, with and without the overlap, both tile
+    widths, a program a work tile and persistent (the GPU's SM count of programs: several tiles a program in
+    the (4, 12, 1024) case, at most one in the others)."""
     B, H, tq, tk, d, dtype, causal, layout, scale = case
     q, k, v = make_qkv(B, H, tq, tk, d, dtype, layout=layout, device="cuda")
     _need_gluon(q, k, v)
-    plan = plans.FwdPlan(block_m=128, block_n=gplan[1], num_stages=gplan[2], gluon=gplan[0], persistent=gplan[3])
+    plan = plans.FwdPlan(block_m=128, block_n=gplan[1], num_stages=gplan[2], gluon=gplan[0], persistent=gplan[3],
+                         overlap=gplan[4])
     launches = []
     real = fwd_gluon.launch_fwd
     monkeypatch.setattr(fwd_gluon, "launch_fwd", lambda *a, **kw: (launches.append(kw), real(*a, **kw))[1])
     run_and_compare(q, k, v, causal=causal, scale=scale, plan=(plan, None))
     assert len(launches) == 1 and launches[0]["pingpong"] == (gplan[0] == 2)  # the Gluon kernel ran
-    assert launches[0]["persistent"] == gplan[3]
+    assert launches[0]["persistent"] == gplan[3] and launches[0]["overlap"] == gplan[4]
     s = d ** -0.5 if scale is None else scale
     qd, kd, vd = (t.detach() for t in (q, k, v))
     out, lse = launch_fwd(qd, kd, vd, s, causal, plan)
@@ -384,8 +410,9 @@ def test_launch_bwd_wires_the_gluon_dkdv_adding_dq(monkeypatch, deterministic):
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [_GPU_CASES[i] for i in (0, 2, 3, 5, 6, 11)],  # (ragged, Tq <> Tk, T = 1, long)
                          ids=lambda c: f"{c[2]}x{c[3]}-d{c[4]}-{str(c[5])[6:]}-{c[6]}-{c[7]}-s{c[8]}")
-@pytest.mark.parametrize("pingpong", [True, False], ids=["pingpong", "free"])
-def test_gluon_persistent_forward_with_few_programs_on_the_gpu(case, pingpong):
+@pytest.mark.parametrize("pingpong,overlap", [(True, False), (False, False), (True, True), (False, True)],
+                         ids=["pingpong", "free", "pingpong-overlap", "free-overlap"])
+def test_gluon_persistent_forward_with_few_programs_on_the_gpu(case, pingpong, overlap):
     """Three persistent programs take every case's work tiles (one to dozens each, of different weights):
     the q buffers, ring slots and ping-pong turns carried from one work tile to the next give out and lse
     element by element as the Triton forward's."""
@@ -393,7 +420,8 @@ def test_gluon_persistent_forward_with_few_programs_on_the_gpu(case, pingpong):
     q, k, v = (t.detach() for t in make_qkv(B, H, tq, tk, d, dtype, layout=layout, device="cuda"))
     _need_gluon(q, k, v)
     s = d ** -0.5 if scale is None else scale
-    out, lse = fwd_gluon.launch_fwd(q, k, v, s, causal, 128, 128, 2, pingpong=pingpong, persistent=True, programs=3)
+    out, lse = fwd_gluon.launch_fwd(q, k, v, s, causal, 128, 128, 2, pingpong=pingpong, persistent=True, programs=3,
+                                    overlap=overlap)
     out_t, lse_t = launch_fwd(q, k, v, s, causal, plans.FwdPlan(block_m=64, block_n=64))
     tol = 2e-2 if dtype == torch.bfloat16 else 3e-3
     torch.testing.assert_close(out, out_t, atol=tol, rtol=tol, msg=lambda m: f"{m}\n{where(out, out_t, tol, tol, 128)}")

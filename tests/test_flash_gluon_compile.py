@@ -20,11 +20,12 @@ from tests.compiled_report import report
 from kernels.methods.flash import fwd_gluon as G
 
 for case in sys.argv[1:]:
-    D, BN, STAGES, causal, pingpong, persistent = (int(a) for a in case.split(","))
+    D, BN, STAGES, causal, pingpong, persistent, overlap = (int(a) for a in case.split(","))
     lay = lambda rows: gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], gl.bfloat16)  # noqa: E731
     desc = lambda rows: f"tensordesc<bf16[1,1,{rows},{D}],{lay(rows)}>"  # noqa: E731
     const = {"sod": 1, "BLOCK_M": 64, "BLOCK_N": BN, "D": D, "STAGES": STAGES, "CAUSAL": bool(causal),
-             "PINGPONG": bool(pingpong), "Q_BUFS": 2 if persistent else 1, "LEVELS": bool(persistent and causal)}
+             "PINGPONG": bool(pingpong), "Q_BUFS": 2 if persistent else 1, "LEVELS": bool(persistent and causal),
+             "OVERLAP": bool(overlap), "SCALE_NONNEG": True}
     sig = {"desc_q": desc(64), "desc_k": desc(BN), "desc_v": desc(BN), "O": "*bf16", "LSE": "*fp32", "sob": "i32",
            "soh": "i32", "som": "i32", "H": "i32", "TQ": "i32", "TK": "i32", "qk_scale": "fp32", "n_m": "i32",
            "n_bh": "i32", **{k: "constexpr" for k in const}}
@@ -70,8 +71,8 @@ def _assert_released_after_the_warpgroup(ptx: str, case: str) -> None:
 
 def test_gluon_forward_compiles_for_sm90_warp_specialized():
     """Compiled for Hopper without a GPU (tests.compiled_report: a subprocess without TRITON_INTERPRET, the
-    Triton of HARNESS_COMPILE_PYTHON where set), ping-pong and free-running, a program a work tile and
-    persistent, both head dims and tiles:
+    Triton of HARNESS_COMPILE_PYTHON where set), ping-pong and free-running, with and without the overlap, a
+    program a work tile and persistent, both head dims and tiles (``_check_waits``: where the waits are):
     TMA loads of 4-D boxes whose barrier expects exactly a q tile's bytes and a k plus v tile's, wgmma,
     the consumers' 240 registers set (setmaxnreg), every barrier release by one elected thread (the
     slots' barriers count 2 arrivals, one per consumer), no spill, and the buffers within the H200's
@@ -80,11 +81,28 @@ def test_gluon_forward_compiles_for_sm90_warp_specialized():
 
     if fwd_gluon.GLUON_ERROR:
         pytest.skip(fwd_gluon.GLUON_ERROR)
-    cases = ["64,128,3,1,1,0", "128,128,2,0,1,0", "128,64,3,1,0,0", "64,128,2,1,1,1", "128,64,2,1,0,1"]
+    cases = ["64,128,3,1,1,0,1", "128,128,2,0,1,0,0", "128,64,3,1,0,0,0", "64,128,2,1,1,1,1", "128,64,2,1,0,1,0",
+             "64,128,2,1,0,1,1", "128,128,2,1,0,1,1", "128,128,2,1,1,1,1"]
     for case, k in zip(cases, compile_cases(_COMPILE, cases, timeout=900)):
-        d, block_n, stages, _, _, persistent = (int(a) for a in case.split(","))
+        d, block_n, stages, _, _, persistent, overlap = (int(a) for a in case.split(","))
         _check_compiled(k, case, {64 * d * 2, 2 * block_n * d * 2},
                         fwd_gluon.shared_bytes(d, block_n, stages, bool(persistent)))
+        _check_waits(k["ptx"], case, bool(overlap), block_n)
+
+
+def _check_waits(ptx: str, case: str, overlap: bool, block_n: int) -> None:
+    """The forward's wgmma waits: with ``overlap`` the consumers wait once for one product left outstanding (the
+    q k^T issued before the previous tile's p v) and the p v only after the softmax, so a softmax's
+    exponentials come between the two waits; without it every wait is for all products."""
+    import re
+
+    waits = re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+);", ptx)
+    assert waits and set(waits) == ({"0", "1"} if overlap else {"0"}), (case, sorted(set(waits)))
+    if overlap:
+        after = ptx.split("wgmma.wait_group.sync.aligned 1;")[1]
+        between = after.split("wgmma.wait_group.sync.aligned 0;")[0]
+        # (a thread's share of a 64 x block_n tile: block_n / 2)
+        assert between.count("ex2.approx") >= block_n // 2, (case, between.count("ex2.approx"))
 
 
 _COMPILE_BWD = r"""

@@ -166,7 +166,8 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
                                                                      plan.persistent)
         if why is None:
             return fwd_gluon.launch_fwd(q, k, v, scale, causal, plan.block_m, plan.block_n, plan.num_stages,
-                                        pingpong=plan.gluon == 2, persistent=plan.persistent)
+                                        pingpong=plan.gluon == 2, persistent=plan.persistent,
+                                        overlap=plan.overlap)
         if chosen:
             raise ValueError(f"{plan} cannot run here: {why}")
         # a table plan for inputs the Gluon kernel takes: elsewhere, the Triton kernel's measured plan

@@ -9,11 +9,21 @@ warps: a producer (the default partition, 4 warps) loads
 the two q tiles once and streams the key and value tiles through a ring of ``STAGES`` shared-memory
 slots by TMA (4-D descriptors over (B, H, T, d) with the tensors' own strides: rows past T come back
 as zeros); two consumer warpgroups (workers, 240 registers each) each own BLOCK_M queries and run
-q k^T, the online softmax and p v for every key tile, releasing a slot when both have read it. With
-``PINGPONG`` (plan ``gluon=2``) the consumers take turns on the tensor cores, each turn issuing one
-tile's q k^T with the previous tile's p v, so one consumer's softmax runs during the other's wgmmas
-(FA3's schedule); without it (``gluon=1``) they run free and the warp schedulers interleave them as
-their timing allows.
+q k^T, the online softmax and p v for every key tile, releasing a slot when both have read it.
+
+How the consumers order their products (plan ``gluon`` and ``overlap``):
+- ``gluon=1`` (``_consumer``): each runs free, q k^T, softmax, p v, each product waited for at once; the warp
+  schedulers interleave the two consumers as their timing allows (they wait on the same ring slots, so their
+  softmaxes tend to run at the same time).
+- ``overlap`` (``_consumer_lagged``): p v lags a tile behind, issued right after the next tile's q k^T; the
+  consumer waits for the q k^T alone and runs that tile's softmax while its p v runs (FA3's intra-warpgroup
+  overlap).
+- ``gluon=2`` (``_consumer_lagged``, ping-pong): the consumers also take turns at issuing, each passing the turn
+  as soon as its products are issued (FA3's warp-scheduler barrier), so the tensor cores run one consumer's
+  products queued behind the other's while the other's softmax runs. (Before this design, run Y measured a
+  ping-pong that passed the turn only once its products had finished: slower than free-running everywhere.)
+Scores of tiles every query sees whole take one FMA each before the exponential (scale and max folded; the
+Triton forward's SCALE_NONNEG).
 
 Per consumer, key tiles before its first diagonal key need no mask; the diagonal tiles and a ragged
 last tile get the causal / boundary mask (-inf before the exponential); tiles past its last visible
@@ -146,15 +156,29 @@ if gluon is not None:
 
     @gluon.jit
     def _softmax_tile(sc, m_i, l_i, offs_m, n0, full, TQ, TK, qk_scale, BLOCK_N: gl.constexpr,
-                      CAUSAL: gl.constexpr):
-        """One key tile's online-softmax step from its scores sc: (p, alpha, m, l); a row with no key yet
-        keeps m = -inf and adds exactly 0."""
+                      CAUSAL: gl.constexpr, SCALE_NONNEG: gl.constexpr):
+        """One key tile's online-softmax step from its raw scores sc: (p, alpha, m, l); a row with no key yet
+        keeps m = -inf and adds exactly 0. A tile every query sees whole (before `full`) with a scale >= 0 takes
+        the max of the raw scores (max(s * c) = max(s) * c) and one FMA a score (s * c - m) before its
+        exponential, as the Triton forward's SCALE_NONNEG: a multiply a score fewer."""
+        if SCALE_NONNEG:
+            if n0 + BLOCK_N <= full:
+                m_new = gl.maximum(m_i, gl.max(sc, axis=1) * qk_scale)  # (finite: the tile's scores are)
+                p = gl.exp2(sc * qk_scale - m_new[:, None])
+                alpha = gl.exp2(m_i - m_new)
+            else:
+                p, alpha, m_new = _masked_step(sc, m_i, offs_m, n0, full, TQ, TK, qk_scale, BLOCK_N, CAUSAL)
+        else:
+            p, alpha, m_new = _masked_step(sc, m_i, offs_m, n0, full, TQ, TK, qk_scale, BLOCK_N, CAUSAL)
+        return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+
+    @gluon.jit
+    def _masked_step(sc, m_i, offs_m, n0, full, TQ, TK, qk_scale, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """(p, alpha, m) of a tile scaled first, then masked where it needs it (``_mask_tile``)."""
         z = _mask_tile(sc * qk_scale, offs_m, n0, full, TQ, TK, BLOCK_N, CAUSAL)
         m_new = gl.maximum(m_i, gl.max(z, axis=1))
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: exp2(-inf) = 0
-        p = gl.exp2(z - m_ref[:, None])
-        alpha = gl.exp2(m_i - m_ref)
-        return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+        return gl.exp2(z - m_ref[:, None]), gl.exp2(m_i - m_ref), m_new
 
     @gluon.jit
     def _store_rows(acc, m_i, l_i, O, LSE, sob, soh, som, sod, b, h, H, r0, TQ, BLOCK_M: gl.constexpr,
@@ -177,7 +201,7 @@ if gluon is not None:
     def _consumer(q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, O, LSE, sob, soh, som, sod, n_m, n_bh,
                   H, TQ, TK, qk_scale, C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   D: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
-                  LEVELS: gl.constexpr):
+                  LEVELS: gl.constexpr, SCALE_NONNEG: gl.constexpr):
         """A consumer running free: per key tile, q k^T, the softmax, p v, each waited for at once; its q
         buffer handed back once its work tile's key tiles are done, then the tile's rows stored."""
         dtype: gl.constexpr = q_bufs.dtype
@@ -206,7 +230,7 @@ if gluon is not None:
                     sc = warpgroup_mma(q, k.permute((1, 0)), zero_s, use_acc=False, is_async=True)
                     sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
                     p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, offs_m, n0, full, TQ, TK, qk_scale, BLOCK_N,
-                                                       CAUSAL)
+                                                       CAUSAL, SCALE_NONNEG)
                     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
                     acc = warpgroup_mma(gl.convert_layout(p.to(dtype), operand_layout(D)), v, acc, is_async=True)
                     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -216,16 +240,21 @@ if gluon is not None:
             _store_rows(acc, m_i, l_i, O, LSE, sob, soh, som, sod, b, h, H, r0, TQ, BLOCK_M, BLOCK_N, D)
 
     @gluon.jit
-    def _consumer_pingpong(q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh, som,
-                           sod, n_m, n_bh, H, TQ, TK, qk_scale, C: gl.constexpr, BLOCK_M: gl.constexpr,
-                           BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr,
-                           CAUSAL: gl.constexpr, LEVELS: gl.constexpr):
-        """The consumer with FA3's ping-pong: the two consumers take turns on the tensor cores (mbarriers
-        ``turn``: consumer C waits on turn[C], the other arrives on it), and each turn issues this tile's
-        q k^T together with the previous tile's p v, so one consumer's softmax runs while the other's
-        wgmmas do. Every consumer takes n_tiles + 1 turns a work tile (the last one for the last p v), with
-        or without work in them, so the turns alternate to the end (their count g goes on across work
-        tiles); a tile's slot is released in the turn after its q k^T, once its p v has run too."""
+    def _consumer_lagged(q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh, som, sod,
+                         n_m, n_bh, H, TQ, TK, qk_scale, C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                         D: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
+                         LEVELS: gl.constexpr, SCALE_NONNEG: gl.constexpr, PINGPONG: gl.constexpr,
+                         OVERLAP: gl.constexpr):
+        """A consumer whose p v lags a tile behind: step t issues tile t's q k^T and then tile t - 1's p v (FA3's
+        schedule). With OVERLAP it waits for the q k^T alone, runs tile t's softmax while its p v runs on the
+        tensor cores, and only then waits for that p v (FA3's intra-warpgroup overlap; the previous p stays in
+        registers until then); without it, for both before the softmax. With PINGPONG the two consumers take
+        turns at issuing (mbarriers ``turn``: consumer C waits on turn[C] and arrives on the other's as soon as
+        its wgmmas are issued, FA3's warp-scheduler barrier), so the tensor cores run one consumer's products
+        queued behind the other's while the first one's softmax runs. Every consumer takes n_tiles + 1 steps a
+        work tile (the last one for the last p v), with or without work in them, so the turns alternate to the
+        end (their count g goes on across work tiles); a tile's slot is released in the step after its q k^T,
+        once its p v has run too."""
         dtype: gl.constexpr = q_bufs.dtype
         s_layout: gl.constexpr = mma_layout(BLOCK_N)
         o_layout: gl.constexpr = mma_layout(D)
@@ -247,31 +276,54 @@ if gluon is not None:
             q = q_bufs.index(qs).reshape([BLOCK_M, D])
             for t in range(n_tiles + 1):
                 s = (kv + t) % STAGES
+                prev = (kv + t + STAGES - 1) % STAGES
                 if t < n_tiles:
                     mbarrier.wait(kv_ready.index(s), ((kv + t) // STAGES) & 1)
-                mbarrier.wait(turn.index(C), ((g + t) & 1) ^ (1 - C))  # (consumer 0's first turn passes at once)
-                v_prev = v_bufs.index((kv + t + STAGES - 1) % STAGES).reshape([BLOCK_N, D])
-                sc = zero_s
+                if PINGPONG:
+                    mbarrier.wait(turn.index(C), ((g + t) & 1) ^ (1 - C))  # (consumer 0's first turn passes at once)
+                v_prev = v_bufs.index(prev).reshape([BLOCK_N, D])
                 if t < n_mine:
-                    k = k_bufs.index(s).reshape([BLOCK_N, D])
+                    k = k_bufs.index(s).reshape([BLOCK_N, D]).permute((1, 0))
                     if t > 0:
-                        sc = warpgroup_mma(q, k.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-                        acc = warpgroup_mma(p_op, v_prev, acc, is_async=True)
-                        sc, acc = warpgroup_mma_wait(num_outstanding=0, deps=(sc, acc))
+                        s_f = warpgroup_mma(q, k, zero_s, use_acc=False, is_async=True)
+                        acc_f = warpgroup_mma(p_op, v_prev, acc, is_async=True)
+                        if PINGPONG:
+                            mbarrier.arrive(turn.index(1 - C), count=1)
+                        if OVERLAP:  # (q k^T was issued first: the one product left outstanding is p v)
+                            sc = warpgroup_mma_wait(num_outstanding=1, deps=(s_f,))
+                            p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, offs_m, t * BLOCK_N, full, TQ, TK,
+                                                               qk_scale, BLOCK_N, CAUSAL, SCALE_NONNEG)
+                            p_nxt = gl.convert_layout(p.to(dtype), operand_layout(D))
+                            # (l and the new p are the wait's too, so the compiler keeps their sums and
+                            # conversions before it, under the running p v; the old p stays untouched until then)
+                            acc, p_op, l_i, p_nxt = warpgroup_mma_wait(num_outstanding=0, deps=(acc_f, p_op, l_i, p_nxt))
+                            mbarrier.arrive(kv_empty.index(prev), count=1)
+                        else:
+                            sc, acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(s_f, acc_f, p_op))
+                            mbarrier.arrive(kv_empty.index(prev), count=1)
+                            p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, offs_m, t * BLOCK_N, full, TQ, TK,
+                                                               qk_scale, BLOCK_N, CAUSAL, SCALE_NONNEG)
+                            p_nxt = gl.convert_layout(p.to(dtype), operand_layout(D))
                     else:
-                        sc = warpgroup_mma(q, k.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-                        sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
-                elif t == n_mine and t > 0:  # the last tile's p v
-                    acc = warpgroup_mma(p_op, v_prev, acc, is_async=True)
-                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                mbarrier.arrive(turn.index(1 - C), count=1)
-                if t > 0:
-                    mbarrier.arrive(kv_empty.index((kv + t + STAGES - 1) % STAGES), count=1)
-                if t < n_mine:  # this tile's softmax, while the other consumer's turn runs
-                    p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, offs_m, t * BLOCK_N, full, TQ, TK, qk_scale,
-                                                       BLOCK_N, CAUSAL)
+                        s_f = warpgroup_mma(q, k, zero_s, use_acc=False, is_async=True)
+                        if PINGPONG:
+                            mbarrier.arrive(turn.index(1 - C), count=1)
+                        sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_f,))
+                        p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, offs_m, t * BLOCK_N, full, TQ, TK, qk_scale,
+                                                           BLOCK_N, CAUSAL, SCALE_NONNEG)
+                        p_nxt = gl.convert_layout(p.to(dtype), operand_layout(D))
                     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]  # (after the last p v)
-                    p_op = gl.convert_layout(p.to(dtype), operand_layout(D))
+                    p_op = p_nxt
+                else:
+                    if t == n_mine and t > 0:  # the last tile's p v
+                        acc_f = warpgroup_mma(p_op, v_prev, acc, is_async=True)
+                        if PINGPONG:
+                            mbarrier.arrive(turn.index(1 - C), count=1)
+                        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_f, p_op))
+                    elif PINGPONG:
+                        mbarrier.arrive(turn.index(1 - C), count=1)
+                    if t > 0:
+                        mbarrier.arrive(kv_empty.index(prev), count=1)
             mbarrier.arrive(q_empty.index(qs), count=1)
             kv += n_tiles
             g += n_tiles + 1
@@ -280,10 +332,12 @@ if gluon is not None:
     @gluon.jit
     def _fwd_ws_kernel(desc_q, desc_k, desc_v, O, LSE, sob, soh, som, sod, H, TQ, TK, qk_scale, n_m, n_bh,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-                       CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, Q_BUFS: gl.constexpr, LEVELS: gl.constexpr):
+                       CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, Q_BUFS: gl.constexpr, LEVELS: gl.constexpr,
+                       OVERLAP: gl.constexpr = False, SCALE_NONNEG: gl.constexpr = False):
         """Programs over work tiles of 2 x BLOCK_M queries of one (batch, head) (``_work_tile``): one tile a
         program, or (persistent) a tile a round (``_tile_of``), with Q_BUFS = 2 q buffers so the
-        next tile's q loads while this one's run; see the module docstring."""
+        next tile's q loads while this one's run; the consumers ``_consumer`` (free-running, each product
+        waited for at once) or, with PINGPONG or OVERLAP, ``_consumer_lagged``; see the module docstring."""
         dtype: gl.constexpr = desc_q.dtype
         q_bufs = gl.allocate_shared_memory(dtype, [2 * Q_BUFS, 1, 1, BLOCK_M, D], desc_q.layout)
         k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], desc_k.layout)
@@ -296,16 +350,16 @@ if gluon is not None:
         for i in gl.static_range(2):
             mbarrier.init(turn.index(i), count=1)
         fence_async_shared()  # (the barriers initialized before any TMA or wait sees them)
-        if PINGPONG:
+        if PINGPONG or OVERLAP:
             gl.warp_specialize(
                 [(_producer, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty,
                               n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, STAGES, Q_BUFS, CAUSAL, LEVELS)),
-                 (_consumer_pingpong, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob,
-                                       soh, som, sod, n_m, n_bh, H, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D,
-                                       STAGES, Q_BUFS, CAUSAL, LEVELS)),
-                 (_consumer_pingpong, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob,
-                                       soh, som, sod, n_m, n_bh, H, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D,
-                                       STAGES, Q_BUFS, CAUSAL, LEVELS))],
+                 (_consumer_lagged, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh,
+                                     som, sod, n_m, n_bh, H, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS,
+                                     CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP)),
+                 (_consumer_lagged, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh,
+                                     som, sod, n_m, n_bh, H, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS,
+                                     CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP))],
                 [4, 4], [240, 240])  # (CONSUMER_REGS)
         else:
             gl.warp_specialize(
@@ -313,22 +367,24 @@ if gluon is not None:
                               n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, STAGES, Q_BUFS, CAUSAL, LEVELS)),
                  (_consumer, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, O, LSE, sob, soh, som, sod,
                               n_m, n_bh, H, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS, CAUSAL,
-                              LEVELS)),
+                              LEVELS, SCALE_NONNEG)),
                  (_consumer, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, O, LSE, sob, soh, som, sod,
                               n_m, n_bh, H, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS, CAUSAL,
-                              LEVELS))],
+                              LEVELS, SCALE_NONNEG))],
                 [4, 4], [240, 240])  # (CONSUMER_REGS)
 
 
 def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, block_m: int,
                block_n: int, stages: int, pingpong: bool = True, persistent: bool = False,
-               programs: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+               programs: Optional[int] = None, overlap: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """out and lse as ``fwd.launch_fwd`` (inputs ``supported`` takes); block_m: queries per work tile (two
-    consumers of block_m / 2), block_n: keys per tile, stages: ring slots; pingpong: the consumers take
-    turns on the tensor cores (``_consumer_pingpong``), else they run free (``_consumer``); persistent: one
-    program per SM (at most), each taking a work tile a round (``_tile_of``; causal: heaviest blocks of
-    every head first), the next tile's q and first key tiles loading while one runs; else a program a tile.
-    programs: at most this many persistent programs (None: the GPU's SM count)."""
+    consumers of block_m / 2), block_n: keys per tile, stages: ring slots; pingpong: the consumers take turns at
+    issuing their products (``_consumer_lagged``), else they run free; overlap: each consumer's softmax runs
+    while its previous tile's p v does (``_consumer_lagged``), else each product is waited for at once
+    (``_consumer`` where free-running); persistent: one program per SM (at most), each taking a work tile a
+    round (``_tile_of``; causal: heaviest blocks of every head first), the next tile's q and first key tiles
+    loading while one runs; else a program a tile. programs: at most this many persistent programs (None: the
+    GPU's SM count)."""
     why = budget_reason(q.shape[-1], block_n, stages, persistent)
     if why:
         raise ValueError(why)
@@ -359,5 +415,6 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
         (_descriptor(q, half), _descriptor(k, block_n), _descriptor(v, block_n), out, lse, *out.stride(), H, TQ, TK,
          scale * LOG2E, n_m, B * H),
         dict(BLOCK_M=half, BLOCK_N=block_n, D=D, STAGES=stages, CAUSAL=causal, PINGPONG=pingpong,
-             Q_BUFS=2 if persistent else 1, LEVELS=persistent and causal, num_warps=4))
+             Q_BUFS=2 if persistent else 1, LEVELS=persistent and causal, OVERLAP=overlap, SCALE_NONNEG=scale >= 0,
+             num_warps=4))
     return out, lse

@@ -52,6 +52,8 @@ class FwdPlan:
     gluon: int = 0  # the Gluon kernel (fwd_gluon): 1 consumers free-running, 2 ping-pong; block_m = 128, block_n
     # 64 or 128, num_stages = ring slots (0: the Triton kernel)
     persistent: bool = False  # (Gluon) a program per SM looping over work tiles, the next one's loads under this one
+    overlap: bool = False  # (Gluon) a tile's softmax runs while the previous tile's p v does (FA3's intra-warpgroup
+    # overlap: p v issued a tile late, behind the next q k^T)
 
     def __post_init__(self) -> None:
         _check_blocks(self, ("block_m", "block_n"))
@@ -66,6 +68,9 @@ class FwdPlan:
         if self.persistent and not self.gluon:
             raise ValueError("FwdPlan(persistent=True) is the Gluon forward's (gluon=1 or 2); the Triton kernel runs "
                              "a program a tile")
+        if self.overlap and not self.gluon:
+            raise ValueError("FwdPlan(overlap=True) is the Gluon forward's (gluon=1 or 2); the Triton kernel's "
+                             "pipelining is Triton's")
 
 
 @dataclass(frozen=True)
