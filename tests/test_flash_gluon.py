@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import kernels
-from kernels.methods.flash import bwd_gluon, fwd_gluon, gluon_common
+from kernels.methods.flash import bwd, bwd_gluon, fwd_gluon, gluon_common
 from kernels.methods.flash import plan as plans
 from kernels.methods.flash.bwd import launch_bwd
 from kernels.methods.flash.fwd import launch_fwd
@@ -55,7 +55,7 @@ def test_gluon_plan_limits():
     assert dataclasses.replace(GLUON, persistent=True).persistent
     with pytest.raises(ValueError, match="persistent=True. is the Gluon forward's"):
         plans.FwdPlan(persistent=True)
-    assert dataclasses.replace(GLUON, overlap=True).overlap and dataclasses.replace(GLUON, gluon=1, overlap=True).overlap
+    assert all(dataclasses.replace(GLUON, gluon=g, overlap=True).overlap for g in (1, 2))
     with pytest.raises(ValueError, match="overlap=True. is the Gluon forward's"):
         plans.FwdPlan(overlap=True)
     assert fwd_gluon.shared_bytes(128, 128, 3) <= fwd_gluon.SHARED_LIMIT < fwd_gluon.shared_bytes(128, 128, 4)
@@ -80,10 +80,10 @@ def test_gluon_forward_programs_are_for_persistent_launches_only():
             fwd_gluon.launch_fwd(q, q, q, 0.125, True, 128, 128, 2, persistent=True, programs=bad)
 
 
-def test_the_forward_plan_picks_the_consumers_and_the_scale_fold(monkeypatch):
-    """A Gluon plan's ping-pong and overlap reach the kernel as PINGPONG / OVERLAP (the lagged consumers where
-    either is set), and the one-FMA scores (SCALE_NONNEG) only where the scale is >= 0 (max(s * c) = max(s) * c
-    needs c >= 0)."""
+def test_the_plans_pick_the_consumers_and_the_scale_fold(monkeypatch):
+    """A Gluon forward plan's ping-pong and overlap reach the kernel as PINGPONG / OVERLAP (the lagged consumers
+    where either is set), and the one-FMA scores (SCALE_NONNEG) only where the scale is >= 0 (max(s * c) =
+    max(s) * c needs c >= 0); a backward plan's overlap reaches both Gluon passes."""
     if fwd_gluon.GLUON_ERROR:
         pytest.skip(fwd_gluon.GLUON_ERROR)
     from kernels.methods.triton import fastlaunch
@@ -98,6 +98,14 @@ def test_the_forward_plan_picks_the_consumers_and_the_scale_fold(monkeypatch):
         grid, meta = seen[-1]
         assert (meta["PINGPONG"], meta["OVERLAP"], meta["SCALE_NONNEG"]) == (gluon == 2, overlap, scale >= 0)
         assert grid == (3 * 2,) and meta["BLOCK_M"] == 64  # (a program a work tile of 128 queries: 2 consumers)
+    seen.clear()  # the backward's Gluon passes: BwdPlan.overlap reaches both kernels
+    monkeypatch.setattr(bwd, "tma_eligible", lambda *t: True)
+    out, lse = torch.zeros_like(q), torch.zeros(1, 2, 300)
+    for overlap in (False, True):
+        plan = dataclasses.replace(GLUON_BWD2, overlap=overlap)
+        launch_bwd(torch.zeros_like(out), q, q, q, out, lse, 0.125, True, plan)
+    kinds = [(m["OVERLAP"], "DQ" in m) for _, m in seen if "OVERLAP" in m]
+    assert kinds == [(False, True), (False, False), (True, True), (True, False)]  # (dk/dv then dq, each plan)
 
 
 def test_gluon_descriptors_skip_the_checks_only_where_they_come_out_the_same(monkeypatch):
@@ -131,6 +139,9 @@ def test_gluon_backward_plan_limits():
         with pytest.raises(ValueError, match="gluon=2"):
             dataclasses.replace(GLUON_BWD2, **bad)
     assert dataclasses.replace(GLUON_BWD_ADD, num_stages=3).dq_mode == "tma_add"
+    assert all(dataclasses.replace(p, overlap=True).overlap for p in (GLUON_BWD, GLUON_BWD2, GLUON_BWD_ADD))
+    with pytest.raises(ValueError, match="overlap=True. is the Gluon passes'"):
+        plans.BwdPlan(overlap=True)
     for bad in (dict(block_m1=32), dict(gluon=2, block_m2=128, block_n2=64, dq_stages=2)):
         with pytest.raises(ValueError, match="tma_add"):  # (a warpgroup's dq tile is 64 queries; no dq pass to run)
             dataclasses.replace(GLUON_BWD_ADD, **bad)
@@ -280,20 +291,22 @@ def test_gluon_forward_and_gradients_on_the_gpu(case, gplan, monkeypatch):
         assert (out[:, :, :tq - tk] == 0).all()
 
 
-_GPU_BWD_PLANS = [(1, 64, 2, 64, 2, "pass"), (1, 32, 3, 64, 2, "pass"), (2, 64, 2, 128, 2, "pass"),
-                  (2, 32, 3, 64, 3, "pass"), (2, 32, 2, 128, 2, "pass"), (1, 64, 2, 64, 2, "tma_add"),
-                  (1, 64, 3, 64, 2, "tma_add")]
-# (gluon, block_m1, num_stages, block_n2, dq_stages, dq_mode)
+_GPU_BWD_PLANS = [(1, 64, 2, 64, 2, "pass", False), (1, 32, 3, 64, 2, "pass", True), (2, 64, 2, 128, 2, "pass", False),
+                  (2, 32, 3, 64, 3, "pass", True), (2, 32, 2, 128, 2, "pass", False),
+                  (1, 64, 2, 64, 2, "tma_add", False), (1, 64, 3, 64, 2, "tma_add", True)]
+# (gluon, block_m1, num_stages, block_n2, dq_stages, dq_mode, overlap)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", _GPU_CASES,
                          ids=lambda c: f"{c[2]}x{c[3]}-d{c[4]}-{str(c[5])[6:]}-{c[6]}-{c[7]}-s{c[8]}")
 @pytest.mark.parametrize("bplan", _GPU_BWD_PLANS,
-                         ids=lambda p: f"gluon{p[0]}-m{p[1]}-s{p[2]}-n{p[3]}-s{p[4]}" + ("-add" * (p[5] == "tma_add")))
+                         ids=lambda p: f"gluon{p[0]}-m{p[1]}-s{p[2]}-n{p[3]}-s{p[4]}" + ("-add" * (p[5] == "tma_add"))
+                         + "-overlap" * p[6])
 def test_gluon_backward_on_the_gpu(case, bplan, monkeypatch):
     """The Gluon dk/dv pass, with the Triton dq pass (gluon=1), the Gluon one (2) or adding dq itself (tma_add),
-    against float64, and dq, dk, dv element by element against the Triton backward."""
+    each product waited for at once or only where needed next (overlap), against float64, and dq, dk, dv
+    element by element against the Triton backward."""
     B, H, tq, tk, d, dtype, causal, layout, scale = case
     if d == 128 and bplan[1] == 64 and bplan[5] == "pass":
         pytest.skip("d = 128 takes 32-query dk/dv tiles (64 spill 16 bytes a thread: not a plan the sweep keeps)")
@@ -301,17 +314,19 @@ def test_gluon_backward_on_the_gpu(case, bplan, monkeypatch):
         pytest.skip("adding dq at d = 128 (2 slots at most; it spills 128 bytes a thread): the long case only")
     q, k, v = make_qkv(B, H, tq, tk, d, dtype, layout=layout, device="cuda")
     _need_gluon(q, k, v)
-    gluon, block_m1, stages, block_n2, dq_stages, dq_mode = bplan
+    gluon, block_m1, stages, block_n2, dq_stages, dq_mode, overlap = bplan
     plan = plans.BwdPlan(block_n1=128, block_m1=block_m1, num_stages=stages, gluon=gluon, dq_mode=dq_mode,
+                         overlap=overlap,
                          **(dict(block_m2=128, block_n2=block_n2, dq_stages=dq_stages) if gluon == 2 else {}))
     launches = []
     for name in ("launch_dkdv", "launch_dq"):
         real = getattr(bwd_gluon, name)
-        spy = (lambda n, f: lambda *a: (launches.append((n, a[13:])), f(*a))[1])(name, real)  # (a[13:]: dq_acc)
-        monkeypatch.setattr(bwd_gluon, name, spy)
+        spy = (lambda n, f: lambda *a, **kw: (launches.append((n, a[13:], kw)), f(*a, **kw))[1])(name, real)
+        monkeypatch.setattr(bwd_gluon, name, spy)  # (a[13:]: dk/dv's dq_acc)
     run_and_compare(q, k, v, causal=causal, scale=scale, plan=(plans.FwdPlan(block_m=64, block_n=64), plan))
-    assert [n for n, _ in launches] == ["launch_dkdv"] + (["launch_dq"] if gluon == 2 else [])  # the Gluon kernels ran
+    assert [n for n, _, _ in launches] == ["launch_dkdv"] + (["launch_dq"] if gluon == 2 else [])  # the Gluon kernels
     assert (launches[0][1][0] is not None) == (dq_mode == "tma_add")  # (dq_acc: dq added by the dk/dv kernel)
+    assert all(kw["overlap"] == overlap for _, _, kw in launches)
     s = d ** -0.5 if scale is None else scale
     qd, kd, vd = (t.detach() for t in (q, k, v))
     out, lse = launch_fwd(qd, kd, vd, s, causal, plans.FwdPlan(block_m=64, block_n=64))
@@ -370,7 +385,6 @@ def test_launch_bwd_wires_the_gluon_dkdv_adding_dq(monkeypatch, deterministic):
     by float64 math (it adds the true dq into the buffer it is given). The buffer is a zeroed fp32
     (B, H, Tq, d) tensor and dq comes out of it in the model's layout; under deterministic algorithms the
     kernel gets no buffer and the Triton dq pass gives dq. Every gradient against float64."""
-    from kernels.methods.flash import bwd
 
     q, k, v = (t.detach() for t in make_qkv(2, 2, 37, 37, 64, torch.bfloat16, layout="bthd"))
     scale = 0.125
@@ -380,7 +394,8 @@ def test_launch_bwd_wires_the_gluon_dkdv_adding_dq(monkeypatch, deterministic):
     ref.backward(do.double())
     given = []
 
-    def fake_dkdv(do_, q_, k_, v_, lse, delta, dk, dv, scale_, causal, block_n, block_m, stages, dq_acc=None):
+    def fake_dkdv(do_, q_, k_, v_, lse, delta, dk, dv, scale_, causal, block_n, block_m, stages, dq_acc=None,
+                  overlap=False):
         given.append(dq_acc)
         dk.copy_(ref_in[1].grad)
         dv.copy_(ref_in[2].grad)

@@ -115,11 +115,11 @@ from tests.compiled_report import report
 from kernels.methods.flash import bwd_gluon as G
 
 for case in sys.argv[1:]:
-    D, BM, STAGES, causal, dq = (int(a) for a in case.split(","))
+    D, BM, STAGES, causal, dq, *overlap = (int(a) for a in case.split(","))
     lay = lambda rows, ty=gl.bfloat16: gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], ty)  # noqa: E731
     desc = lambda rows: f"tensordesc<bf16[1,1,{rows},{D}],{lay(rows)}>"  # noqa: E731
     const = {"s_dkd": 1, "s_dvd": 1, "BLOCK_N": 64, "BLOCK_M": BM, "D": D, "STAGES": STAGES, "CAUSAL": bool(causal),
-             "DQ": bool(dq)}
+             "DQ": bool(dq), "OVERLAP": bool(overlap and overlap[0])}
     sig = {"desc_k": desc(64), "desc_v": desc(64), "desc_q": desc(BM), "desc_do": desc(BM), "LSE": "*fp32",
            "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16", "s_dkb": "i32", "s_dkh": "i32", "s_dkn": "i32",
            "s_dvb": "i32", "s_dvh": "i32", "s_dvn": "i32", "H": "i32", "TQ": "i32", "TK": "i32", "qk_scale": "fp32",
@@ -224,10 +224,11 @@ from tests.compiled_report import report
 from kernels.methods.flash import bwd_gluon as G
 
 for case in sys.argv[1:]:
-    D, BN, STAGES, causal = (int(a) for a in case.split(","))
+    D, BN, STAGES, causal, *overlap = (int(a) for a in case.split(","))
     lay = lambda rows: gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], gl.bfloat16)  # noqa: E731
     desc = lambda rows: f"tensordesc<bf16[1,1,{rows},{D}],{lay(rows)}>"  # noqa: E731
-    const = {"s_dqd": 1, "BLOCK_M": 64, "BLOCK_N": BN, "D": D, "STAGES": STAGES, "CAUSAL": bool(causal)}
+    const = {"s_dqd": 1, "BLOCK_M": 64, "BLOCK_N": BN, "D": D, "STAGES": STAGES, "CAUSAL": bool(causal),
+             "OVERLAP": bool(overlap and overlap[0])}
     sig = {"desc_q": desc(64), "desc_do": desc(64), "desc_k": desc(BN), "desc_v": desc(BN), "LSE": "*fp32",
            "DELTA": "*fp32", "DQ": "*bf16", "s_dqb": "i32", "s_dqh": "i32", "s_dqm": "i32", "H": "i32", "TQ": "i32",
            "TK": "i32", "qk_scale": "fp32", "scale": "fp32", **{k: "constexpr" for k in const}}
@@ -249,3 +250,32 @@ def test_gluon_dq_compiles_for_sm90_warp_specialized():
     for case, k in zip(cases, compile_cases(_COMPILE_DQ, cases, timeout=900)):
         d, block_n, stages, _ = (int(a) for a in case.split(","))  # q and do; k and v
         _check_compiled(k, case, {2 * 64 * d * 2, 2 * block_n * d * 2}, bwd_gluon.shared_bytes(d, block_n, stages))
+
+
+def test_gluon_backward_overlap_compiles_for_sm90_waiting_for_what_comes_next():
+    """BwdPlan.overlap compiled for Hopper: the dk/dv pass (with and without adding dq) and the dq pass keep the
+    protocol above and spill nothing at the tiles the sweep tries (d = 64 with 64-query tiles, d = 128 with 32;
+    the dq pass at both); their waits leave one product outstanding (dk/dv: dp^T under p^T's exponentials, dv's
+    product under ds^T; dq: dp under p's), and the exponentials of a tile come after such a wait."""
+    import re
+
+    from tests.compiled_report import compile_cases
+
+    if fwd_gluon.GLUON_ERROR:
+        pytest.skip(fwd_gluon.GLUON_ERROR)
+    dkdv = ["64,64,2,1,0,1", "64,64,2,1,1,1", "128,32,2,1,0,1"]
+    dq = ["64,128,2,1,1", "128,64,3,1,1"]
+    for script, cases in ((_COMPILE_BWD, dkdv), (_COMPILE_DQ, dq)):
+        for case, k in zip(cases, compile_cases(script, cases, timeout=900)):
+            f = [int(a) for a in case.split(",")]
+            d, rows, stages = f[:3]
+            if script is _COMPILE_BWD:
+                budget = bwd_gluon.shared_bytes(d, rows, stages, dq=bool(f[4]))
+                expects = {2 * 64 * d * 2, 2 * rows * d * 2}
+            else:
+                budget, expects = bwd_gluon.shared_bytes(d, rows, stages), {2 * 64 * d * 2, 2 * rows * d * 2}
+            _check_compiled(k, case, expects, budget)
+            waits = re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+);", k["ptx"])
+            assert "1" in waits and "0" in waits, (case, sorted(set(waits)))
+            after = k["ptx"].split("wgmma.wait_group.sync.aligned 1;")[1]
+            assert after.split("wgmma.wait_group.sync.aligned")[0].count("ex2.approx") >= 16, case

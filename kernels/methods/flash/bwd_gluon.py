@@ -118,13 +118,30 @@ if gluon is not None:
                                                       src.handle)
 
     @gluon.jit
+    def _scores_t(st, qk_scale, lse2, offs_n, offs_m, m0, k0, off, TK, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                  DQ: gl.constexpr):
+        """The exponent of p^T for a tile's s^T (keys x queries): s^T * scale * log2(e) - lse * log2(e), -inf above
+        the causal diagonal and, adding dq, at keys past Tk."""
+        z = st * qk_scale - lse2[None, :]
+        if CAUSAL:
+            if m0 < k0 + BLOCK_N - off:  # a diagonal tile: -inf above it (exp2 of such a score may overflow)
+                z = gl.where(offs_n[:, None] <= offs_m[None, :] + off, z, float("-inf"))
+        if DQ:  # keys past Tk (read as zeros): p = exp(-lse) may overflow, and inf x 0 would reach dq
+            if k0 + BLOCK_N > TK:
+                z = gl.where(offs_n[:, None] < TK, z, float("-inf"))
+        return z
+
+    @gluon.jit
     def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, kv_bar, ready, empty, LSE, DELTA, DK, DV,
                   s_dkb, s_dkh, s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, b, h, H, n0, lo, n_tiles, TQ, TK,
                   qk_scale, scale, ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, C: gl.constexpr,
                   BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-                  CAUSAL: gl.constexpr, DQ: gl.constexpr):
+                  CAUSAL: gl.constexpr, DQ: gl.constexpr, OVERLAP: gl.constexpr):
         """dk and dv of this consumer's BLOCK_N keys; with DQ also dq's shares (``_dq_turn``; the arguments
-        from ds_bufs to desc_dqa are DQ's buffers, barriers and descriptor, not read without it)."""
+        from ds_bufs to desc_dqa are DQ's buffers, barriers and descriptor, not read without it). Per query
+        tile: s^T, then p^T and dv's product with dp^T, then ds^T and dk's product, each waited for at once;
+        with OVERLAP dp^T is issued with s^T and each wait is for the product needed next (p^T's exponentials
+        run under dp^T, ds^T under dv's product)."""
         dtype: gl.constexpr = k_bufs.dtype
         s_layout: gl.constexpr = mma_layout(BLOCK_M)  # keys x queries
         o_layout: gl.constexpr = mma_layout(D)  # keys x d
@@ -166,22 +183,28 @@ if gluon is not None:
             if j >= j_first:
                 q = q_bufs.index(s).reshape([BLOCK_M, D])
                 do = do_bufs.index(s).reshape([BLOCK_M, D])
-                st = warpgroup_mma(k, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-                st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
-                z = st * qk_scale - lse2[None, :]
-                if CAUSAL:
-                    if m0 < k0 + BLOCK_N - off:  # a diagonal tile: -inf above it (exp2 of such a score may overflow)
-                        z = gl.where(offs_n[:, None] <= offs_m[None, :] + off, z, float("-inf"))
-                if DQ:  # keys past Tk (read as zeros): p = exp(-lse) may overflow, and inf x 0 would reach dq
-                    if k0 + BLOCK_N > TK:
-                        z = gl.where(offs_n[:, None] < TK, z, float("-inf"))
-                pt = gl.exp2(z)
-                dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do, dv, is_async=True)
-                dpt = warpgroup_mma(v, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-                dv, dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dpt))
-                dst = pt * (dpt - delta[None, :])
-                dk = warpgroup_mma(gl.convert_layout(dst.to(dtype), a_layout), q, dk, is_async=True)
-                dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
+                if OVERLAP:  # dp^T issued with s^T: the exponentials run under it, ds^T under dv's product
+                    st_f = warpgroup_mma(k, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                    dpt_f = warpgroup_mma(v, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                    st = warpgroup_mma_wait(num_outstanding=1, deps=(st_f,))
+                    pt = gl.exp2(_scores_t(st, qk_scale, lse2, offs_n, offs_m, m0, k0, off, TK, BLOCK_N, CAUSAL, DQ))
+                    pt_op = gl.convert_layout(pt.to(dtype), a_layout)
+                    dv_f = warpgroup_mma(pt_op, do, dv, is_async=True)
+                    dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt_f,))  # (issued before dv's: done first)
+                    dst = pt * (dpt - delta[None, :])
+                    dst_op = gl.convert_layout(dst.to(dtype), a_layout)
+                    dk_f = warpgroup_mma(dst_op, q, dk, is_async=True)
+                    dv, dk, pt_op, dst_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv_f, dk_f, pt_op, dst_op))
+                else:
+                    st = warpgroup_mma(k, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                    st = warpgroup_mma_wait(num_outstanding=0, deps=(st,))
+                    pt = gl.exp2(_scores_t(st, qk_scale, lse2, offs_n, offs_m, m0, k0, off, TK, BLOCK_N, CAUSAL, DQ))
+                    dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do, dv, is_async=True)
+                    dpt = warpgroup_mma(v, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                    dv, dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dpt))
+                    dst = pt * (dpt - delta[None, :])
+                    dk = warpgroup_mma(gl.convert_layout(dst.to(dtype), a_layout), q, dk, is_async=True)
+                    dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
             mbarrier.arrive(empty.index(s), count=1)
             if DQ:
                 _dq_turn(dst.to(dtype), k_bufs, ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, b, h, m0, j, scale, C,
@@ -229,10 +252,10 @@ if gluon is not None:
     def _dkdv_ws_kernel(desc_k, desc_v, desc_q, desc_do, LSE, DELTA, DK, DV,
                         s_dkb, s_dkh, s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, H, TQ, TK, qk_scale, scale, desc_dqa,
                         BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-                        CAUSAL: gl.constexpr, DQ: gl.constexpr):
+                        CAUSAL: gl.constexpr, DQ: gl.constexpr, OVERLAP: gl.constexpr = False):
         """One program: 2 x BLOCK_N keys of (batch, head); see the module docstring. DQ: dq's shares too,
         added into the fp32 (B, H, Tq, D) rows desc_dqa describes (boxes of BLOCK_M x D); without it
-        desc_dqa is not read."""
+        desc_dqa is not read. OVERLAP: see ``_consumer``."""
         n0 = gl.program_id(0) * (2 * BLOCK_N)
         h = gl.program_id(1)
         b = gl.program_id(2)
@@ -260,18 +283,22 @@ if gluon is not None:
                           h, n0, lo, n_tiles, BLOCK_N, BLOCK_M, STAGES)),
              (_consumer, (k_bufs, v_bufs, q_bufs, do_bufs, kv_bar, ready, empty, LSE, DELTA, DK, DV, s_dkb, s_dkh,
                           s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, b, h, H, n0, lo, n_tiles, TQ, TK, qk_scale, scale,
-                          ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, 0, BLOCK_N, BLOCK_M, D, STAGES, CAUSAL, DQ)),
+                          ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, 0, BLOCK_N, BLOCK_M, D, STAGES, CAUSAL, DQ,
+                          OVERLAP)),
              (_consumer, (k_bufs, v_bufs, q_bufs, do_bufs, kv_bar, ready, empty, LSE, DELTA, DK, DV, s_dkb, s_dkh,
                           s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, b, h, H, n0, lo, n_tiles, TQ, TK, qk_scale, scale,
-                          ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, 1, BLOCK_N, BLOCK_M, D, STAGES, CAUSAL, DQ))],
+                          ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, 1, BLOCK_N, BLOCK_M, D, STAGES, CAUSAL, DQ,
+                          OVERLAP))],
             [4, 4], [240, 240])
 
     @gluon.jit
     def _dq_consumer(q_bufs, do_bufs, k_bufs, v_bufs, qd_bar, ready, empty, LSE, DELTA, DQ, s_dqb, s_dqh, s_dqm,
                      s_dqd, b, h, H, m0, n_tiles, TQ, TK, qk_scale, scale, C: gl.constexpr, BLOCK_M: gl.constexpr,
-                     BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                     BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                     OVERLAP: gl.constexpr):
         """dq of this consumer's BLOCK_M queries: per key tile s = q k^T and dp = do v^T (both issued,
-        then waited for), p = exp2(s * c - lse * log2(e)), ds = p * (dp - delta), dq += ds k."""
+        then waited for; with OVERLAP the wait for dp after p's exponentials), p = exp2(s * c - lse * log2(e)),
+        ds = p * (dp - delta), dq += ds k."""
         dtype: gl.constexpr = q_bufs.dtype
         s_layout: gl.constexpr = mma_layout(BLOCK_N)
         o_layout: gl.constexpr = mma_layout(D)
@@ -293,11 +320,16 @@ if gluon is not None:
             if n0 < hi:
                 k = k_bufs.index(s).reshape([BLOCK_N, D])
                 v = v_bufs.index(s).reshape([BLOCK_N, D])
-                sc = warpgroup_mma(q, k.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-                dp = warpgroup_mma(do, v.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-                sc, dp = warpgroup_mma_wait(num_outstanding=0, deps=(sc, dp))
-                z = _mask_tile(sc * qk_scale - lse2[:, None], offs_m, n0, full, TQ, TK, BLOCK_N, CAUSAL)
-                ds = gl.exp2(z) * (dp - delta[:, None])
+                sc_f = warpgroup_mma(q, k.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                dp_f = warpgroup_mma(do, v.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                if OVERLAP:  # the exponentials under dp's product
+                    sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc_f,))
+                    p = gl.exp2(_mask_tile(sc * qk_scale - lse2[:, None], offs_m, n0, full, TQ, TK, BLOCK_N, CAUSAL))
+                    dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_f,))
+                else:
+                    sc, dp = warpgroup_mma_wait(num_outstanding=0, deps=(sc_f, dp_f))
+                    p = gl.exp2(_mask_tile(sc * qk_scale - lse2[:, None], offs_m, n0, full, TQ, TK, BLOCK_N, CAUSAL))
+                ds = p * (dp - delta[:, None])
                 dq = warpgroup_mma(gl.convert_layout(ds.to(dtype), operand_layout(D)), k, dq, is_async=True)
                 dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
             mbarrier.arrive(empty.index(s), count=1)
@@ -310,7 +342,7 @@ if gluon is not None:
     @gluon.jit
     def _dq_ws_kernel(desc_q, desc_do, desc_k, desc_v, LSE, DELTA, DQ, s_dqb, s_dqh, s_dqm, s_dqd, H, TQ, TK,
                       qk_scale, scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
-                      STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                      STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr = False):
         """One program: dq of 2 x BLOCK_M queries of (batch, head); the producer loads q and do once per
         consumer and streams the k and v tiles up to the program's last visible key, heaviest first."""
         b, h, m0, n_tiles = _query_program(TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
@@ -321,18 +353,19 @@ if gluon is not None:
                           h, m0, 0, n_tiles, BLOCK_M, BLOCK_N, STAGES)),
              (_dq_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, qd_bar, ready, empty, LSE, DELTA, DQ, s_dqb, s_dqh,
                              s_dqm, s_dqd, b, h, H, m0, n_tiles, TQ, TK, qk_scale, scale, 0, BLOCK_M, BLOCK_N, D,
-                             STAGES, CAUSAL)),
+                             STAGES, CAUSAL, OVERLAP)),
              (_dq_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, qd_bar, ready, empty, LSE, DELTA, DQ, s_dqb, s_dqh,
                              s_dqm, s_dqd, b, h, H, m0, n_tiles, TQ, TK, qk_scale, scale, 1, BLOCK_M, BLOCK_N, D,
-                             STAGES, CAUSAL))],
+                             STAGES, CAUSAL, OVERLAP))],
             [4, 4], [240, 240])
 
 
 def launch_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
               delta: torch.Tensor, dq: torch.Tensor, scale: float, causal: bool, block_m: int, block_n: int,
-              stages: int) -> None:
+              stages: int, overlap: bool = False) -> None:
     """dq (allocated by the caller, any strides) for inputs ``gluon_common.supported`` takes and do; block_m:
-    queries per program (two consumers of block_m / 2), block_n: keys per tile, stages: ring slots."""
+    queries per program (two consumers of block_m / 2), block_n: keys per tile, stages: ring slots; overlap:
+    p's exponentials under dp's product (``_dq_consumer``)."""
     B, H, TQ, D = q.shape
     TK = k.shape[2]
     if block_m != 128 or block_n not in (64, 128):
@@ -346,16 +379,16 @@ def launch_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         _dq_ws_kernel, (-(-TQ // block_m), H, B),
         (_descriptor(q, half), _descriptor(do, half), _descriptor(k, block_n), _descriptor(v, block_n), lse, delta,
          dq, *dq.stride(), H, TQ, TK, scale * LOG2E, scale),
-        dict(BLOCK_M=half, BLOCK_N=block_n, D=D, STAGES=stages, CAUSAL=causal, num_warps=4))
+        dict(BLOCK_M=half, BLOCK_N=block_n, D=D, STAGES=stages, CAUSAL=causal, OVERLAP=overlap, num_warps=4))
 
 
 def launch_dkdv(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
                 delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, scale: float, causal: bool, block_n: int,
-                block_m: int, stages: int, dq_acc: Optional[torch.Tensor] = None) -> None:
+                block_m: int, stages: int, dq_acc: Optional[torch.Tensor] = None, overlap: bool = False) -> None:
     """dk and dv (allocated by the caller, any strides) for inputs ``gluon_common.supported`` takes and do;
     block_n: keys per program (two consumers of block_n / 2), block_m: queries per tile, stages: slots.
     dq_acc: a zeroed contiguous fp32 (B, H, Tq, d) tensor to add dq * scale into (dq by TMA reductions,
-    64-query tiles), or None (no dq)."""
+    64-query tiles), or None (no dq). overlap: each product waited for only where needed next (``_consumer``)."""
     B, H, TQ, D = q.shape
     TK = k.shape[2]
     if block_n != 128 or block_m not in (32, 64):
@@ -375,4 +408,5 @@ def launch_dkdv(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         (desc_k, _descriptor(v, half), _descriptor(q, block_m), _descriptor(do, block_m), lse, delta,
          dk, dv, *dk.stride(), *dv.stride(), H, TQ, TK, scale * LOG2E, scale,
          desc_k if dq_acc is None else _descriptor(dq_acc, block_m)),
-        dict(BLOCK_N=half, BLOCK_M=block_m, D=D, STAGES=stages, CAUSAL=causal, DQ=dq_acc is not None, num_warps=4))
+        dict(BLOCK_N=half, BLOCK_M=block_m, D=D, STAGES=stages, CAUSAL=causal, DQ=dq_acc is not None, OVERLAP=overlap,
+             num_warps=4))

@@ -294,9 +294,11 @@ if gluon is not None:
                             p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, offs_m, t * BLOCK_N, full, TQ, TK,
                                                                qk_scale, BLOCK_N, CAUSAL, SCALE_NONNEG)
                             p_nxt = gl.convert_layout(p.to(dtype), operand_layout(D))
-                            # (l and the new p are the wait's too, so the compiler keeps their sums and
-                            # conversions before it, under the running p v; the old p stays untouched until then)
-                            acc, p_op, l_i, p_nxt = warpgroup_mma_wait(num_outstanding=0, deps=(acc_f, p_op, l_i, p_nxt))
+                            # (the old p goes through the wait: its registers stay untouched until its p v is
+                            # done; l and the new p too, so they are formed before it in the PTX, with which ptxas
+                            # spills nothing at d = 64 (8 bytes without), though it still moves the wait up)
+                            acc, p_op, l_i, p_nxt = warpgroup_mma_wait(num_outstanding=0,
+                                                                       deps=(acc_f, p_op, l_i, p_nxt))
                             mbarrier.arrive(kv_empty.index(prev), count=1)
                         else:
                             sc, acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(s_f, acc_f, p_op))
