@@ -69,10 +69,14 @@ def test_gluon_plan_limits():
 
 
 def test_gluon_forward_programs_are_for_persistent_launches_only():
-    """``programs`` caps the persistent programs: refused without persistent, and below 1 (before any launch)."""
+    """``programs`` caps the persistent programs: refused without persistent, and below 1 (before any launch);
+    one ring slot is refused too (a consumer holds one slot while the next fills: with one, it would wait
+    forever)."""
     if fwd_gluon.GLUON_ERROR:
         pytest.skip(fwd_gluon.GLUON_ERROR)
     q = torch.zeros(1, 1, 8, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="2 or more ring slots"):
+        fwd_gluon.launch_fwd(q, q, q, 0.125, True, 128, 128, 1)
     with pytest.raises(ValueError, match="is for persistent=True"):
         fwd_gluon.launch_fwd(q, q, q, 0.125, True, 128, 128, 2, programs=3)
     for bad in (0, 2.0, True):
@@ -83,7 +87,7 @@ def test_gluon_forward_programs_are_for_persistent_launches_only():
 def test_the_plans_pick_the_consumers_and_the_scale_fold(monkeypatch):
     """A Gluon forward plan's ping-pong and overlap reach the kernel as PINGPONG / OVERLAP (the lagged consumers
     where either is set), and the one-FMA scores (SCALE_NONNEG) only where the scale is >= 0 (max(s * c) =
-    max(s) * c needs c >= 0); a backward plan's overlap reaches both Gluon passes."""
+    max(s) * c needs c >= 0); a backward plan's overlap reaches the Gluon dk/dv pass."""
     if fwd_gluon.GLUON_ERROR:
         pytest.skip(fwd_gluon.GLUON_ERROR)
     from kernels.methods.triton import fastlaunch
@@ -98,14 +102,14 @@ def test_the_plans_pick_the_consumers_and_the_scale_fold(monkeypatch):
         grid, meta = seen[-1]
         assert (meta["PINGPONG"], meta["OVERLAP"], meta["SCALE_NONNEG"]) == (gluon == 2, overlap, scale >= 0)
         assert grid == (3 * 2,) and meta["BLOCK_M"] == 64  # (a program a work tile of 128 queries: 2 consumers)
-    seen.clear()  # the backward's Gluon passes: BwdPlan.overlap reaches both kernels
+    seen.clear()  # the backward's Gluon passes: BwdPlan.overlap reaches the dk/dv kernel
     monkeypatch.setattr(bwd, "tma_eligible", lambda *t: True)
     out, lse = torch.zeros_like(q), torch.zeros(1, 2, 300)
     for overlap in (False, True):
         plan = dataclasses.replace(GLUON_BWD2, overlap=overlap)
         launch_bwd(torch.zeros_like(out), q, q, q, out, lse, 0.125, True, plan)
-    kinds = [(m["OVERLAP"], "DQ" in m) for _, m in seen if "OVERLAP" in m]
-    assert kinds == [(False, True), (False, False), (True, True), (True, False)]  # (dk/dv then dq, each plan)
+    dkdv = [m["OVERLAP"] for _, m in seen if "DQ" in m]
+    assert dkdv == [False, True] and sum("STAGES" in m and "DQ" not in m for _, m in seen) == 2  # (and 2 dq passes)
 
 
 def test_gluon_descriptors_skip_the_checks_only_where_they_come_out_the_same(monkeypatch):
@@ -140,7 +144,7 @@ def test_gluon_backward_plan_limits():
             dataclasses.replace(GLUON_BWD2, **bad)
     assert dataclasses.replace(GLUON_BWD_ADD, num_stages=3).dq_mode == "tma_add"
     assert all(dataclasses.replace(p, overlap=True).overlap for p in (GLUON_BWD, GLUON_BWD2, GLUON_BWD_ADD))
-    with pytest.raises(ValueError, match="overlap=True. is the Gluon passes'"):
+    with pytest.raises(ValueError, match="overlap=True. is the Gluon dk/dv pass's"):
         plans.BwdPlan(overlap=True)
     for bad in (dict(block_m1=32), dict(gluon=2, block_m2=128, block_n2=64, dq_stages=2)):
         with pytest.raises(ValueError, match="tma_add"):  # (a warpgroup's dq tile is 64 queries; no dq pass to run)
@@ -326,7 +330,7 @@ def test_gluon_backward_on_the_gpu(case, bplan, monkeypatch):
     run_and_compare(q, k, v, causal=causal, scale=scale, plan=(plans.FwdPlan(block_m=64, block_n=64), plan))
     assert [n for n, _, _ in launches] == ["launch_dkdv"] + (["launch_dq"] if gluon == 2 else [])  # the Gluon kernels
     assert (launches[0][1][0] is not None) == (dq_mode == "tma_add")  # (dq_acc: dq added by the dk/dv kernel)
-    assert all(kw["overlap"] == overlap for _, _, kw in launches)
+    assert launches[0][2]["overlap"] == overlap  # (the dk/dv pass's; the dq pass has no such option)
     s = d ** -0.5 if scale is None else scale
     qd, kd, vd = (t.detach() for t in (q, k, v))
     out, lse = launch_fwd(qd, kd, vd, s, causal, plans.FwdPlan(block_m=64, block_n=64))
@@ -347,7 +351,7 @@ def test_gluon_backward_adding_dq_runs_the_dq_pass_when_deterministic(monkeypatc
     q, k, v, out, lse, do = _backward_inputs()
     seen = []
     real = bwd_gluon.launch_dkdv
-    monkeypatch.setattr(bwd_gluon, "launch_dkdv", lambda *a: (seen.append(a[13]), real(*a))[1])
+    monkeypatch.setattr(bwd_gluon, "launch_dkdv", lambda *a, **kw: (seen.append(a[13]), real(*a, **kw))[1])
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
@@ -454,7 +458,8 @@ def test_gluon_dkdv_after_the_dq_pass_that_forms_delta(monkeypatch):
     q, k, v, out, lse, do = _backward_inputs()
     order = []
     real_dkdv, real_launch = bwd_gluon.launch_dkdv, fb.fastlaunch.launch
-    monkeypatch.setattr(bwd_gluon, "launch_dkdv", lambda *a: (order.append("gluon dk/dv"), real_dkdv(*a))[1])
+    monkeypatch.setattr(bwd_gluon, "launch_dkdv",
+                        lambda *a, **kw: (order.append("gluon dk/dv"), real_dkdv(*a, **kw))[1])
     monkeypatch.setattr(fb.fastlaunch, "launch", lambda kernel, grid, args, meta, *r: (
         order.append(getattr(kernel, "fn", kernel).__name__), real_launch(kernel, grid, args, meta, *r))[1])
     got = launch_bwd(do, q, k, v, out, lse, 0.125, True, dataclasses.replace(GLUON_BWD, delta_in_dq=True))

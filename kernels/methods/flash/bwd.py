@@ -343,7 +343,7 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
             dq.copy_(dq_acc)
         elif plan.gluon == 2:
             bwd_gluon.launch_dq(do, q, k, v, lse, delta, dq, scale, causal, plan.block_m2, plan.block_n2,
-                                plan.dq_stages, overlap=plan.overlap)
+                                plan.dq_stages)
         elif not delta_in_dq:
             launch(n_q, 0, False, True, plan.dq_warps, plan.dq_stages)
         return dq, dk, dv

@@ -294,11 +294,11 @@ if gluon is not None:
     @gluon.jit
     def _dq_consumer(q_bufs, do_bufs, k_bufs, v_bufs, qd_bar, ready, empty, LSE, DELTA, DQ, s_dqb, s_dqh, s_dqm,
                      s_dqd, b, h, H, m0, n_tiles, TQ, TK, qk_scale, scale, C: gl.constexpr, BLOCK_M: gl.constexpr,
-                     BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                     OVERLAP: gl.constexpr):
+                     BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
         """dq of this consumer's BLOCK_M queries: per key tile s = q k^T and dp = do v^T (both issued,
-        then waited for; with OVERLAP the wait for dp after p's exponentials), p = exp2(s * c - lse * log2(e)),
-        ds = p * (dp - delta), dq += ds k."""
+        then waited for), p = exp2(s * c - lse * log2(e)), ds = p * (dp - delta), dq += ds k. (Waiting for s
+        alone and forming p under dp's product compiles to no overlap: ptxas moves the second wait up to the
+        first exponential, Triton 3.6.)"""
         dtype: gl.constexpr = q_bufs.dtype
         s_layout: gl.constexpr = mma_layout(BLOCK_N)
         o_layout: gl.constexpr = mma_layout(D)
@@ -320,16 +320,11 @@ if gluon is not None:
             if n0 < hi:
                 k = k_bufs.index(s).reshape([BLOCK_N, D])
                 v = v_bufs.index(s).reshape([BLOCK_N, D])
-                sc_f = warpgroup_mma(q, k.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-                dp_f = warpgroup_mma(do, v.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-                if OVERLAP:  # the exponentials under dp's product
-                    sc = warpgroup_mma_wait(num_outstanding=1, deps=(sc_f,))
-                    p = gl.exp2(_mask_tile(sc * qk_scale - lse2[:, None], offs_m, n0, full, TQ, TK, BLOCK_N, CAUSAL))
-                    dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_f,))
-                else:
-                    sc, dp = warpgroup_mma_wait(num_outstanding=0, deps=(sc_f, dp_f))
-                    p = gl.exp2(_mask_tile(sc * qk_scale - lse2[:, None], offs_m, n0, full, TQ, TK, BLOCK_N, CAUSAL))
-                ds = p * (dp - delta[:, None])
+                sc = warpgroup_mma(q, k.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                dp = warpgroup_mma(do, v.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                sc, dp = warpgroup_mma_wait(num_outstanding=0, deps=(sc, dp))
+                z = _mask_tile(sc * qk_scale - lse2[:, None], offs_m, n0, full, TQ, TK, BLOCK_N, CAUSAL)
+                ds = gl.exp2(z) * (dp - delta[:, None])
                 dq = warpgroup_mma(gl.convert_layout(ds.to(dtype), operand_layout(D)), k, dq, is_async=True)
                 dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
             mbarrier.arrive(empty.index(s), count=1)
@@ -342,7 +337,7 @@ if gluon is not None:
     @gluon.jit
     def _dq_ws_kernel(desc_q, desc_do, desc_k, desc_v, LSE, DELTA, DQ, s_dqb, s_dqh, s_dqm, s_dqd, H, TQ, TK,
                       qk_scale, scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
-                      STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr = False):
+                      STAGES: gl.constexpr, CAUSAL: gl.constexpr):
         """One program: dq of 2 x BLOCK_M queries of (batch, head); the producer loads q and do once per
         consumer and streams the k and v tiles up to the program's last visible key, heaviest first."""
         b, h, m0, n_tiles = _query_program(TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
@@ -353,19 +348,18 @@ if gluon is not None:
                           h, m0, 0, n_tiles, BLOCK_M, BLOCK_N, STAGES)),
              (_dq_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, qd_bar, ready, empty, LSE, DELTA, DQ, s_dqb, s_dqh,
                              s_dqm, s_dqd, b, h, H, m0, n_tiles, TQ, TK, qk_scale, scale, 0, BLOCK_M, BLOCK_N, D,
-                             STAGES, CAUSAL, OVERLAP)),
+                             STAGES, CAUSAL)),
              (_dq_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, qd_bar, ready, empty, LSE, DELTA, DQ, s_dqb, s_dqh,
                              s_dqm, s_dqd, b, h, H, m0, n_tiles, TQ, TK, qk_scale, scale, 1, BLOCK_M, BLOCK_N, D,
-                             STAGES, CAUSAL, OVERLAP))],
+                             STAGES, CAUSAL))],
             [4, 4], [240, 240])
 
 
 def launch_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
               delta: torch.Tensor, dq: torch.Tensor, scale: float, causal: bool, block_m: int, block_n: int,
-              stages: int, overlap: bool = False) -> None:
+              stages: int) -> None:
     """dq (allocated by the caller, any strides) for inputs ``gluon_common.supported`` takes and do; block_m:
-    queries per program (two consumers of block_m / 2), block_n: keys per tile, stages: ring slots; overlap:
-    p's exponentials under dp's product (``_dq_consumer``)."""
+    queries per program (two consumers of block_m / 2), block_n: keys per tile, stages: ring slots."""
     B, H, TQ, D = q.shape
     TK = k.shape[2]
     if block_m != 128 or block_n not in (64, 128):
@@ -379,7 +373,7 @@ def launch_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         _dq_ws_kernel, (-(-TQ // block_m), H, B),
         (_descriptor(q, half), _descriptor(do, half), _descriptor(k, block_n), _descriptor(v, block_n), lse, delta,
          dq, *dq.stride(), H, TQ, TK, scale * LOG2E, scale),
-        dict(BLOCK_M=half, BLOCK_N=block_n, D=D, STAGES=stages, CAUSAL=causal, OVERLAP=overlap, num_warps=4))
+        dict(BLOCK_M=half, BLOCK_N=block_n, D=D, STAGES=stages, CAUSAL=causal, num_warps=4))
 
 
 def launch_dkdv(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,

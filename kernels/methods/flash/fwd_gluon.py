@@ -390,9 +390,10 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
     why = budget_reason(q.shape[-1], block_n, stages, persistent)
     if why:
         raise ValueError(why)
-    if block_m != 128 or block_n not in (64, 128):
-        raise ValueError(f"the Gluon forward takes 128 queries a program (two warpgroups of 64) and 64 or 128 keys "
-                         f"a tile; got block_m={block_m}, block_n={block_n}")
+    if block_m != 128 or block_n not in (64, 128) or stages < 2:
+        raise ValueError(f"the Gluon forward takes 128 queries a program (two warpgroups of 64), 64 or 128 keys a tile "
+                         f"and 2 or more ring slots (its consumers hold one slot while the next fills); got "
+                         f"block_m={block_m}, block_n={block_n}, stages={stages}")
     B, H, TQ, D = q.shape
     TK = k.shape[2]
     out = empty_bthd(B, H, TQ, D, q.dtype, q.device)

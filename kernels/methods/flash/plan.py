@@ -101,8 +101,8 @@ class BwdPlan:
     # 2: the dq pass in Gluon too: block_m2 = 128, block_n2 64 or 128, dq_stages slots
     delta_in_dq: bool = False  # the Triton dq pass forms delta = rowsum(o * do) for its rows and runs first, the
     # dk/dv pass reading it: no delta kernel (one launch and one read of do fewer); dq_mode "pass", unfused
-    overlap: bool = False  # (Gluon) products issued before the one whose result comes next is waited for: dk/dv's
-    # dp^T with s^T (exponentials under it, ds^T under dv's product), the dq pass's exponentials under dp's
+    overlap: bool = False  # (the Gluon dk/dv pass) dp^T issued with s^T, each wait for the product needed next:
+    # p^T's exponentials run under dp^T, ds^T under dv's product
 
     def __post_init__(self) -> None:
         _check_blocks(self, ("block_m1", "block_n1", "block_m2", "block_n2", "pre_block"))
@@ -128,7 +128,7 @@ class BwdPlan:
                              f"dq_mode='pass', fused=False and gluon 0 or 1; got dq_mode={self.dq_mode!r}, "
                              f"fused={self.fused}, gluon={self.gluon}")
         if self.overlap and not self.gluon:
-            raise ValueError("BwdPlan(overlap=True) is the Gluon passes' (gluon=1 or 2); the Triton kernels' "
+            raise ValueError("BwdPlan(overlap=True) is the Gluon dk/dv pass's (gluon=1 or 2); the Triton kernels' "
                              "pipelining is Triton's")
         if self.gluon == 2 and (self.block_m2 != 128 or self.block_n2 not in (64, 128) or self.dq_stages < 2):
             raise ValueError(f"BwdPlan(gluon=2) takes block_m2=128 (two consumer warpgroups of 64 queries), "
