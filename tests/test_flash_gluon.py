@@ -58,6 +58,13 @@ def test_gluon_plan_limits():
     assert all(dataclasses.replace(GLUON, gluon=g, overlap=True).overlap for g in (1, 2))
     with pytest.raises(ValueError, match="overlap=True. is the Gluon forward's"):
         plans.FwdPlan(overlap=True)
+    # three consumers: a 192-query work tile, the Gluon kernel's only (a Triton block is a power of two), d = 64
+    assert dataclasses.replace(GLUON, block_m=192).block_m == 192
+    with pytest.raises(ValueError, match="powers of two"):
+        plans.FwdPlan(block_m=192)
+    assert fwd_gluon.budget_reason(64, 128, 2, True, 192) is None
+    assert "d = 64" in fwd_gluon.budget_reason(128, 64, 2, False, 192)
+    assert fwd_gluon.shared_bytes(64, 128, 2, consumers=3) == fwd_gluon.shared_bytes(64, 128, 2) + 64 * 64 * 2
     assert fwd_gluon.shared_bytes(128, 128, 3) <= fwd_gluon.SHARED_LIMIT < fwd_gluon.shared_bytes(128, 128, 4)
     # persistent programs hold a second pair of q tiles (the next work tile's)
     assert fwd_gluon.shared_bytes(64, 128, 2, persistent=True) == fwd_gluon.shared_bytes(64, 128, 2) + 2 * 64 * 64 * 2
@@ -85,9 +92,10 @@ def test_gluon_forward_programs_are_for_persistent_launches_only():
 
 
 def test_the_plans_pick_the_consumers_and_the_scale_fold(monkeypatch):
-    """A Gluon forward plan's ping-pong and overlap reach the kernel as PINGPONG / OVERLAP (the lagged consumers
-    where either is set), and the one-FMA scores (SCALE_NONNEG) only where the scale is >= 0 (max(s * c) =
-    max(s) * c needs c >= 0); a backward plan's overlap reaches the Gluon dk/dv pass."""
+    """A Gluon forward plan's ping-pong, overlap and work tile reach the kernel as PINGPONG / OVERLAP (the
+    lagged consumers where either is set) / CONSUMERS, and the one-FMA scores (SCALE_NONNEG) only where the
+    scale is >= 0 (max(s * c) = max(s) * c needs c >= 0); a backward plan's overlap reaches the Gluon dk/dv
+    pass."""
     if fwd_gluon.GLUON_ERROR:
         pytest.skip(fwd_gluon.GLUON_ERROR)
     from kernels.methods.triton import fastlaunch
@@ -96,12 +104,14 @@ def test_the_plans_pick_the_consumers_and_the_scale_fold(monkeypatch):
     monkeypatch.setattr(fastlaunch, "launch", lambda kernel, grid, args, meta, device=None: seen.append((grid, meta)))
     monkeypatch.setattr(gluon_common, "supported", lambda *t: None)  # (the Gluon kernel's checks are the GPU's)
     q = torch.zeros(1, 2, 300, 64, dtype=torch.bfloat16)
-    for gluon, overlap, scale in ((1, False, 0.125), (1, True, 0.125), (2, False, -0.3), (2, True, 0.0)):
-        plan = dataclasses.replace(GLUON, gluon=gluon, overlap=overlap)
+    for gluon, overlap, scale, block_m in ((1, False, 0.125, 128), (1, True, 0.125, 128), (2, False, -0.3, 128),
+                                           (2, True, 0.0, 128), (2, True, 0.125, 192)):
+        plan = dataclasses.replace(GLUON, gluon=gluon, overlap=overlap, block_m=block_m)
         launch_fwd(q, q, q, scale, True, plan)
         grid, meta = seen[-1]
         assert (meta["PINGPONG"], meta["OVERLAP"], meta["SCALE_NONNEG"]) == (gluon == 2, overlap, scale >= 0)
-        assert grid == (3 * 2,) and meta["BLOCK_M"] == 64  # (a program a work tile of 128 queries: 2 consumers)
+        # a program a work tile of block_m queries, 64 a consumer (2 heads of 300 queries)
+        assert grid == (-(-300 // block_m) * 2,) and meta["BLOCK_M"] == 64 and meta["CONSUMERS"] == block_m // 64
     seen.clear()  # the backward's Gluon passes: BwdPlan.overlap reaches the dk/dv kernel
     monkeypatch.setattr(bwd, "tma_eligible", lambda *t: True)
     out, lse = torch.zeros_like(q), torch.zeros(1, 2, 300)
@@ -255,25 +265,29 @@ _GPU_CASES = [  # (B, H, Tq, Tk, d, dtype, causal, layout, scale)
     (1, 4, 2048, 2048, 128, torch.float16, True, "bthd", None),
     (4, 12, 1024, 1024, 64, torch.bfloat16, True, "bthd", None),  # more work tiles than SMs (persistent: ~3 each)
 ]
-_GPU_PLANS = [(2, 128, 2, False, False), (2, 64, 3, False, True), (1, 128, 2, False, False), (2, 128, 2, True, True),
-              (1, 64, 3, True, False), (1, 128, 2, True, True), (1, 64, 3, False, True)]
-# (gluon, block_n, num_stages, persistent, overlap)
+_GPU_PLANS = [(2, 128, 2, False, False, 128), (2, 64, 3, False, True, 128), (1, 128, 2, False, False, 128),
+              (2, 128, 2, True, True, 128), (1, 64, 3, True, False, 128), (1, 128, 2, True, True, 128),
+              (1, 64, 3, False, True, 128), (2, 64, 3, True, True, 192), (1, 128, 2, False, False, 192)]
+# (gluon, block_n, num_stages, persistent, overlap, block_m: 192 is three consumers, d = 64 only)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", _GPU_CASES,
                          ids=lambda c: f"{c[2]}x{c[3]}-d{c[4]}-{str(c[5])[6:]}-{c[6]}-{c[7]}-s{c[8]}")
 @pytest.mark.parametrize("gplan", _GPU_PLANS,
-                         ids=lambda p: f"gluon{p[0]}-n{p[1]}-s{p[2]}" + "-persistent" * p[3] + "-overlap" * p[4])
+                         ids=lambda p: f"gluon{p[0]}-m{p[5]}-n{p[1]}-s{p[2]}" + "-persistent" * p[3]
+                         + "-overlap" * p[4])
 def test_gluon_forward_and_gradients_on_the_gpu(case, gplan, monkeypatch):
     """The Gluon forward (and the backward from its lse) against float64, and element by element against
-    the Triton forward (out and lse), ping-pong and free-running, with and without the overlap, both tile
-    widths, a program a work tile and persistent (the GPU's SM count of programs: several tiles a program in
-    the (4, 12, 1024) case, at most one in the others)."""
+    the Triton forward (out and lse), ping-pong and free-running, with and without the overlap, two and three
+    consumers, both tile widths, a program a work tile and persistent (the GPU's SM count of programs:
+    several tiles a program in the (4, 12, 1024) case, at most one in the others)."""
     B, H, tq, tk, d, dtype, causal, layout, scale = case
+    if gplan[5] == 192 and d != 64:
+        pytest.skip("three consumers (160 registers a thread) take d = 64 only")
     q, k, v = make_qkv(B, H, tq, tk, d, dtype, layout=layout, device="cuda")
     _need_gluon(q, k, v)
-    plan = plans.FwdPlan(block_m=128, block_n=gplan[1], num_stages=gplan[2], gluon=gplan[0], persistent=gplan[3],
+    plan = plans.FwdPlan(block_m=gplan[5], block_n=gplan[1], num_stages=gplan[2], gluon=gplan[0], persistent=gplan[3],
                          overlap=gplan[4])
     launches = []
     real = fwd_gluon.launch_fwd
@@ -429,18 +443,21 @@ def test_launch_bwd_wires_the_gluon_dkdv_adding_dq(monkeypatch, deterministic):
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [_GPU_CASES[i] for i in (0, 2, 3, 5, 6, 11)],  # (ragged, Tq <> Tk, T = 1, long)
                          ids=lambda c: f"{c[2]}x{c[3]}-d{c[4]}-{str(c[5])[6:]}-{c[6]}-{c[7]}-s{c[8]}")
-@pytest.mark.parametrize("pingpong,overlap", [(True, False), (False, False), (True, True), (False, True)],
-                         ids=["pingpong", "free", "pingpong-overlap", "free-overlap"])
-def test_gluon_persistent_forward_with_few_programs_on_the_gpu(case, pingpong, overlap):
+@pytest.mark.parametrize("pingpong,overlap,block_m", [(True, False, 128), (False, False, 128), (True, True, 128),
+                                                      (False, True, 128), (True, True, 192), (False, False, 192)],
+                         ids=["pingpong", "free", "pingpong-overlap", "free-overlap", "3-pingpong-overlap", "3-free"])
+def test_gluon_persistent_forward_with_few_programs_on_the_gpu(case, pingpong, overlap, block_m):
     """Three persistent programs take every case's work tiles (one to dozens each, of different weights):
-    the q buffers, ring slots and ping-pong turns carried from one work tile to the next give out and lse
-    element by element as the Triton forward's."""
+    the q buffers, ring slots and ping-pong turns (two consumers, or three in a ring) carried from one work
+    tile to the next give out and lse element by element as the Triton forward's."""
     B, H, tq, tk, d, dtype, causal, layout, scale = case
+    if block_m == 192 and d != 64:
+        pytest.skip("three consumers (160 registers a thread) take d = 64 only")
     q, k, v = (t.detach() for t in make_qkv(B, H, tq, tk, d, dtype, layout=layout, device="cuda"))
     _need_gluon(q, k, v)
     s = d ** -0.5 if scale is None else scale
-    out, lse = fwd_gluon.launch_fwd(q, k, v, s, causal, 128, 128, 2, pingpong=pingpong, persistent=True, programs=3,
-                                    overlap=overlap)
+    out, lse = fwd_gluon.launch_fwd(q, k, v, s, causal, block_m, 128, 2, pingpong=pingpong, persistent=True,
+                                    programs=3, overlap=overlap)
     out_t, lse_t = launch_fwd(q, k, v, s, causal, plans.FwdPlan(block_m=64, block_n=64))
     tol = 2e-2 if dtype == torch.bfloat16 else 3e-3
     torch.testing.assert_close(out, out_t, atol=tol, rtol=tol, msg=lambda m: f"{m}\n{where(out, out_t, tol, tol, 128)}")

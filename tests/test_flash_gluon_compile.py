@@ -20,12 +20,12 @@ from tests.compiled_report import report
 from kernels.methods.flash import fwd_gluon as G
 
 for case in sys.argv[1:]:
-    D, BN, STAGES, causal, pingpong, persistent, overlap = (int(a) for a in case.split(","))
+    D, BN, STAGES, causal, pingpong, persistent, overlap, consumers = (int(a) for a in case.split(","))
     lay = lambda rows: gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], gl.bfloat16)  # noqa: E731
     desc = lambda rows: f"tensordesc<bf16[1,1,{rows},{D}],{lay(rows)}>"  # noqa: E731
     const = {"sod": 1, "BLOCK_M": 64, "BLOCK_N": BN, "D": D, "STAGES": STAGES, "CAUSAL": bool(causal),
              "PINGPONG": bool(pingpong), "Q_BUFS": 2 if persistent else 1, "LEVELS": bool(persistent and causal),
-             "OVERLAP": bool(overlap), "SCALE_NONNEG": True}
+             "OVERLAP": bool(overlap), "SCALE_NONNEG": True, "CONSUMERS": consumers}
     sig = {"desc_q": desc(64), "desc_k": desc(BN), "desc_v": desc(BN), "O": "*bf16", "LSE": "*fp32", "sob": "i32",
            "soh": "i32", "som": "i32", "H": "i32", "TQ": "i32", "TK": "i32", "qk_scale": "fp32", "n_m": "i32",
            "n_bh": "i32", **{k: "constexpr" for k in const}}
@@ -36,16 +36,17 @@ for case in sys.argv[1:]:
 """
 
 
-def _check_compiled(k: dict, case: str, expects: set, budget: int) -> None:
+def _check_compiled(k: dict, case: str, expects: set, budget: int, regs: int = 240) -> None:
     """What every Gluon flash kernel compiled for sm_90 must show: 4-D TMA loads, wgmma, the consumers'
-    240 registers (setmaxnreg), barriers that expect exactly `expects` bytes (the fixed tiles; a ring
-    slot's tiles), every release one elected thread's arrive right after its warpgroup's bar.sync, its
-    buffers (`budget` bytes, 1 KB of it scratch) within the H200's shared memory, no spill."""
+    `regs` registers (setmaxnreg; 160 with three consumers), barriers that expect exactly `expects` bytes
+    (the fixed tiles; a ring slot's tiles), every release one elected thread's arrive right after its
+    warpgroup's bar.sync, its buffers (`budget` bytes, 1 KB of it scratch) within the H200's shared memory,
+    no spill."""
     import re
 
     ptx = k["ptx"]
     assert "cp.async.bulk.tensor.4d" in ptx and "wgmma.mma_async" in ptx, case
-    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240", ptx), case
+    assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{regs}\b", ptx), case
     expect_tx = r"mbarrier\.arrive\.expect_tx\.shared(?:::cta)?\.b64 _, \[%r\d+\], (\d+);"
     assert {int(n) for n in re.findall(expect_tx, ptx)} == expects, case
     arrives = re.findall(r"^\s*(@%p\d+ )?mbarrier\.arrive\.shared(?:::cta)?\.b64.*$", ptx, re.M)
@@ -72,7 +73,8 @@ def _assert_released_after_the_warpgroup(ptx: str, case: str) -> None:
 def test_gluon_forward_compiles_for_sm90_warp_specialized():
     """Compiled for Hopper without a GPU (tests.compiled_report: a subprocess without TRITON_INTERPRET, the
     Triton of HARNESS_COMPILE_PYTHON where set), ping-pong and free-running, with and without the overlap, a
-    program a work tile and persistent, both head dims and tiles (``_check_waits``: where the waits are):
+    program a work tile and persistent, both head dims and tiles, two consumers and (d = 64) three at 160
+    registers (``_check_waits``: where the waits are):
     TMA loads of 4-D boxes whose barrier expects exactly a q tile's bytes and a k plus v tile's, wgmma,
     the consumers' 240 registers set (setmaxnreg), every barrier release by one elected thread (the
     slots' barriers count 2 arrivals, one per consumer), no spill, and the buffers within the H200's
@@ -81,12 +83,14 @@ def test_gluon_forward_compiles_for_sm90_warp_specialized():
 
     if fwd_gluon.GLUON_ERROR:
         pytest.skip(fwd_gluon.GLUON_ERROR)
-    cases = ["64,128,3,1,1,0,1", "128,128,2,0,1,0,0", "128,64,3,1,0,0,0", "64,128,2,1,1,1,1", "128,64,2,1,0,1,0",
-             "64,128,2,1,0,1,1", "128,128,2,1,0,1,1", "128,128,2,1,1,1,1"]
+    cases = ["64,128,3,1,1,0,1,2", "128,128,2,0,1,0,0,2", "128,64,3,1,0,0,0,2", "64,128,2,1,1,1,1,2",
+             "128,64,2,1,0,1,0,2", "64,128,2,1,0,1,1,2", "128,128,2,1,0,1,1,2", "128,128,2,1,1,1,1,2",
+             "64,64,3,1,1,1,1,3", "64,128,2,1,0,1,0,3"]
     for case, k in zip(cases, compile_cases(_COMPILE, cases, timeout=900)):
-        d, block_n, stages, _, _, persistent, overlap = (int(a) for a in case.split(","))
+        d, block_n, stages, _, _, persistent, overlap, consumers = (int(a) for a in case.split(","))
         _check_compiled(k, case, {64 * d * 2, 2 * block_n * d * 2},
-                        fwd_gluon.shared_bytes(d, block_n, stages, bool(persistent)))
+                        fwd_gluon.shared_bytes(d, block_n, stages, bool(persistent), consumers),
+                        240 if consumers == 2 else 160)
         _check_waits(k, case, bool(overlap), block_n)
 
 

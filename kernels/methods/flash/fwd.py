@@ -163,7 +163,7 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
         plan = plans.plans_for(D, DV, q.dtype, causal, TQ, TK)[0]
     if plan.gluon:
         why = gluon_common.supported(q, k, v) or fwd_gluon.budget_reason(D, plan.block_n, plan.num_stages,
-                                                                     plan.persistent)
+                                                                     plan.persistent, plan.block_m)
         if why is None:
             return fwd_gluon.launch_fwd(q, k, v, scale, causal, plan.block_m, plan.block_n, plan.num_stages,
                                         pingpong=plan.gluon == 2, persistent=plan.persistent,

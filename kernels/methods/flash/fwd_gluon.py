@@ -24,6 +24,10 @@ How the consumers order their products (plan ``gluon`` and ``overlap``):
   ping-pong that passed the turn only once its products had finished: slower than free-running everywhere.)
 Scores of tiles every query sees whole take one FMA each before the exponential (scale and max folded; the
 Triton forward's SCALE_NONNEG).
+With ``block_m=192`` (d = 64 only) three consumer warpgroups of 160 registers share the program (FA3's
+head-dim-64 shape): a 192-query work tile, each key tile read once for three warpgroups' queries, and one more
+warpgroup's products to fill the tensor cores while the others run their softmax; ping-pong turns then go
+round the three.
 
 Per consumer, key tiles before its first diagonal key need no mask; the diagonal tiles and a ragged
 last tile get the causal / boundary mask (-inf before the exponential); tiles past its last visible
@@ -51,9 +55,9 @@ from typing import Optional
 
 import torch
 
-from kernels.methods.flash.gluon_common import (GLUON_ERROR, SHARED_LIMIT, _descriptor, _key_range, _mask_tile,
-                                                _ring_barriers, _tma_load, fence_async_shared, gl, gluon, mbarrier,
-                                                mma_layout, operand_layout, supported, warpgroup_mma,
+from kernels.methods.flash.gluon_common import (CONSUMER_REGS_3, GLUON_ERROR, SHARED_LIMIT, _descriptor, _key_range,
+                                                _mask_tile, _ring_barriers, _tma_load, fence_async_shared, gl, gluon,
+                                                mbarrier, mma_layout, operand_layout, supported, warpgroup_mma,
                                                 warpgroup_mma_wait)
 from kernels.methods.flash.tiles import LOG2E, empty_bthd
 from kernels.methods.triton import fastlaunch
@@ -62,15 +66,20 @@ from kernels.methods.triton.plan import device_props
 __all__ = ["GLUON_ERROR", "budget_reason", "launch_fwd", "shared_bytes", "supported"]
 
 
-def shared_bytes(d: int, block_n: int, stages: int, persistent: bool = False) -> int:
-    """The buffers' shared memory (two 64-query q tiles, twice when persistent; the k and v ring; 16-bit)
-    and 1 KB for the barriers and the reductions' scratch."""
-    return (2 if persistent else 1) * 2 * 64 * d * 2 + stages * 2 * block_n * d * 2 + 1024
+def shared_bytes(d: int, block_n: int, stages: int, persistent: bool = False, consumers: int = 2) -> int:
+    """The buffers' shared memory (a 64-query q tile per consumer, twice when persistent; the k and v ring;
+    16-bit) and 1 KB for the barriers and the reductions' scratch."""
+    return (2 if persistent else 1) * consumers * 64 * d * 2 + stages * 2 * block_n * d * 2 + 1024
 
 
-def budget_reason(d: int, block_n: int, stages: int, persistent: bool = False) -> Optional[str]:
-    """Why the forward's buffers do not fit a program's shared memory (None: they do)."""
-    need = shared_bytes(d, block_n, stages, persistent)
+def budget_reason(d: int, block_n: int, stages: int, persistent: bool = False, block_m: int = 128) -> Optional[str]:
+    """Why the forward's buffers or registers do not fit a program (None: they do). block_m: the work tile's
+    queries, 64 a consumer warpgroup (192: three consumers of 160 registers, which hold d = 64's tiles only)."""
+    consumers = block_m // 64
+    if consumers == 3 and d != 64:
+        return (f"the Gluon forward's three consumers (block_m=192) have {CONSUMER_REGS_3} registers a thread, which "
+                f"hold d = 64's accumulator and scores only (got d={d}; block_m=128 takes it)")
+    need = shared_bytes(d, block_n, stages, persistent, consumers)
     if need > SHARED_LIMIT:
         return (f"the Gluon forward's shared memory at d={d}, block_n={block_n}, {stages} slots"
                 f"{', persistent' if persistent else ''}: {need} bytes, over the {SHARED_LIMIT} an H100/H200 program "
@@ -83,15 +92,16 @@ if gluon is not None:
     @gluon.jit
     def _producer(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, n_m, n_bh, H,
                   TQ, TK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr,
-                  CAUSAL: gl.constexpr, LEVELS: gl.constexpr):
+                  CAUSAL: gl.constexpr, LEVELS: gl.constexpr, CONSUMERS: gl.constexpr):
         """The program's work tiles one after another: each consumer's q tile into its slot of the tile's q
         buffer (once the consumer released what it held there, Q_BUFS tiles ago), then the key and value
         tiles through the ring; slots and phases count on across work tiles."""
         kv = 0
         for it in range(_tile_count(n_m * n_bh)):
-            b, h, m0, n_tiles = _work_tile(_tile_of(it), n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL, LEVELS)
-            qs = (it % Q_BUFS) * 2
-            for c in gl.static_range(2):
+            b, h, m0, n_tiles = _work_tile(_tile_of(it), n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL, LEVELS,
+                                           CONSUMERS)
+            qs = (it % Q_BUFS) * CONSUMERS
+            for c in gl.static_range(CONSUMERS):
                 mbarrier.wait(q_empty.index(qs + c), ((it // Q_BUFS) & 1) ^ 1)  # (a fresh buffer passes at once)
                 mbarrier.expect(q_bar.index(qs + c), desc_q.block_type.nbytes)
                 _tma_load(desc_q, [b, h, m0 + c * BLOCK_M, 0], q_bar.index(qs + c), q_bufs.index(qs + c))
@@ -133,9 +143,9 @@ if gluon is not None:
 
     @gluon.jit
     def _work_tile(t, n_m, n_bh, H, TQ, TK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                   LEVELS: gl.constexpr):
-        """The forward's work tile t of n_m query blocks (2 x BLOCK_M queries) x n_bh (batch, head) pairs: (b, h,
-        its first query m0, the key tiles up to its last visible key). Head by head, each head's blocks
+                   LEVELS: gl.constexpr, CONSUMERS: gl.constexpr):
+        """The forward's work tile t of n_m query blocks (CONSUMERS x BLOCK_M queries) x n_bh (batch, head) pairs:
+        (b, h, its first query m0, the key tiles up to its last visible key). Head by head, each head's blocks
         heaviest first when causal (a grid of one tile a program starts them in this order); LEVELS
         (persistent programs, causal): every head's heaviest block, then every head's next, ..., so a
         round of the programs' tiles is of about one weight (the programs' loads stay even)."""
@@ -147,9 +157,9 @@ if gluon is not None:
             blk = t % n_m
             if CAUSAL:
                 blk = n_m - 1 - blk
-        m0 = blk * (2 * BLOCK_M)
+        m0 = blk * (CONSUMERS * BLOCK_M)
         if CAUSAL:
-            hi = gl.maximum(gl.minimum(m0 + 2 * BLOCK_M + TK - TQ, TK), 0)
+            hi = gl.maximum(gl.minimum(m0 + CONSUMERS * BLOCK_M + TK - TQ, TK), 0)
         else:
             hi = TK
         return bh // H, bh % H, m0, (hi + BLOCK_N - 1) // BLOCK_N
@@ -201,7 +211,7 @@ if gluon is not None:
     def _consumer(q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, O, LSE, sob, soh, som, sod, n_m, n_bh,
                   H, TQ, TK, qk_scale, C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   D: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
-                  LEVELS: gl.constexpr, SCALE_NONNEG: gl.constexpr):
+                  LEVELS: gl.constexpr, SCALE_NONNEG: gl.constexpr, CONSUMERS: gl.constexpr):
         """A consumer running free: per key tile, q k^T, the softmax, p v, each waited for at once; its q
         buffer handed back once its work tile's key tiles are done, then the tile's rows stored."""
         dtype: gl.constexpr = q_bufs.dtype
@@ -210,14 +220,15 @@ if gluon is not None:
         zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
         kv = 0
         for it in range(_tile_count(n_m * n_bh)):
-            b, h, m0, n_tiles = _work_tile(_tile_of(it), n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL, LEVELS)
+            b, h, m0, n_tiles = _work_tile(_tile_of(it), n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL, LEVELS,
+                                           CONSUMERS)
             r0 = m0 + C * BLOCK_M
             hi, full = _key_range(r0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
             offs_m = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
             l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
             acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
-            qs = (it % Q_BUFS) * 2 + C
+            qs = (it % Q_BUFS) * CONSUMERS + C
             mbarrier.wait(q_bar.index(qs), (it // Q_BUFS) & 1)
             q = q_bufs.index(qs).reshape([BLOCK_M, D])
             for j in range(n_tiles):
@@ -244,7 +255,7 @@ if gluon is not None:
                          n_m, n_bh, H, TQ, TK, qk_scale, C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          D: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
                          LEVELS: gl.constexpr, SCALE_NONNEG: gl.constexpr, PINGPONG: gl.constexpr,
-                         OVERLAP: gl.constexpr):
+                         OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr):
         """A consumer whose p v lags a tile behind: step t issues tile t's q k^T and then tile t - 1's p v (FA3's
         schedule). With OVERLAP it waits for the q k^T alone, runs tile t's softmax while its p v runs on the
         tensor cores, and only then waits for that p v (FA3's intra-warpgroup overlap; the previous p stays in
@@ -262,7 +273,8 @@ if gluon is not None:
         kv = 0
         g = 0
         for it in range(_tile_count(n_m * n_bh)):
-            b, h, m0, n_tiles = _work_tile(_tile_of(it), n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL, LEVELS)
+            b, h, m0, n_tiles = _work_tile(_tile_of(it), n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL, LEVELS,
+                                           CONSUMERS)
             r0 = m0 + C * BLOCK_M
             hi, full = _key_range(r0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
             n_mine = gl.minimum((hi + BLOCK_N - 1) // BLOCK_N, n_tiles)  # the tiles this consumer computes: a prefix
@@ -271,7 +283,7 @@ if gluon is not None:
             l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
             acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
             p_op = gl.zeros([BLOCK_M, BLOCK_N], dtype, layout=operand_layout(D))  # the previous tile's p, for p v
-            qs = (it % Q_BUFS) * 2 + C
+            qs = (it % Q_BUFS) * CONSUMERS + C
             mbarrier.wait(q_bar.index(qs), (it // Q_BUFS) & 1)
             q = q_bufs.index(qs).reshape([BLOCK_M, D])
             for t in range(n_tiles + 1):
@@ -280,7 +292,10 @@ if gluon is not None:
                 if t < n_tiles:
                     mbarrier.wait(kv_ready.index(s), ((kv + t) // STAGES) & 1)
                 if PINGPONG:
-                    mbarrier.wait(turn.index(C), ((g + t) & 1) ^ (1 - C))  # (consumer 0's first turn passes at once)
+                    if C == 0:  # (its first turn passes at once; consumer C > 0's k-th waits for C - 1's k-th)
+                        mbarrier.wait(turn.index(C), ((g + t) & 1) ^ 1)
+                    else:
+                        mbarrier.wait(turn.index(C), (g + t) & 1)
                 v_prev = v_bufs.index(prev).reshape([BLOCK_N, D])
                 if t < n_mine:
                     k = k_bufs.index(s).reshape([BLOCK_N, D]).permute((1, 0))
@@ -288,7 +303,7 @@ if gluon is not None:
                         s_f = warpgroup_mma(q, k, zero_s, use_acc=False, is_async=True)
                         acc_f = warpgroup_mma(p_op, v_prev, acc, is_async=True)
                         if PINGPONG:
-                            mbarrier.arrive(turn.index(1 - C), count=1)
+                            mbarrier.arrive(turn.index((C + 1) % CONSUMERS), count=1)
                         if OVERLAP:  # (q k^T was issued first: the one product left outstanding is p v)
                             sc = warpgroup_mma_wait(num_outstanding=1, deps=(s_f,))
                             p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, offs_m, t * BLOCK_N, full, TQ, TK,
@@ -309,7 +324,7 @@ if gluon is not None:
                     else:
                         s_f = warpgroup_mma(q, k, zero_s, use_acc=False, is_async=True)
                         if PINGPONG:
-                            mbarrier.arrive(turn.index(1 - C), count=1)
+                            mbarrier.arrive(turn.index((C + 1) % CONSUMERS), count=1)
                         sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_f,))
                         p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, offs_m, t * BLOCK_N, full, TQ, TK, qk_scale,
                                                            BLOCK_N, CAUSAL, SCALE_NONNEG)
@@ -320,10 +335,10 @@ if gluon is not None:
                     if t == n_mine and t > 0:  # the last tile's p v
                         acc_f = warpgroup_mma(p_op, v_prev, acc, is_async=True)
                         if PINGPONG:
-                            mbarrier.arrive(turn.index(1 - C), count=1)
+                            mbarrier.arrive(turn.index((C + 1) % CONSUMERS), count=1)
                         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_f, p_op))
                     elif PINGPONG:
-                        mbarrier.arrive(turn.index(1 - C), count=1)
+                        mbarrier.arrive(turn.index((C + 1) % CONSUMERS), count=1)
                     if t > 0:
                         mbarrier.arrive(kv_empty.index(prev), count=1)
             mbarrier.arrive(q_empty.index(qs), count=1)
@@ -335,70 +350,100 @@ if gluon is not None:
     def _fwd_ws_kernel(desc_q, desc_k, desc_v, O, LSE, sob, soh, som, sod, H, TQ, TK, qk_scale, n_m, n_bh,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, Q_BUFS: gl.constexpr, LEVELS: gl.constexpr,
-                       OVERLAP: gl.constexpr = False, SCALE_NONNEG: gl.constexpr = False):
-        """Programs over work tiles of 2 x BLOCK_M queries of one (batch, head) (``_work_tile``): one tile a
-        program, or (persistent) a tile a round (``_tile_of``), with Q_BUFS = 2 q buffers so the
-        next tile's q loads while this one's run; the consumers ``_consumer`` (free-running, each product
-        waited for at once) or, with PINGPONG or OVERLAP, ``_consumer_lagged``; see the module docstring."""
+                       OVERLAP: gl.constexpr = False, SCALE_NONNEG: gl.constexpr = False, CONSUMERS: gl.constexpr = 2):
+        """Programs over work tiles of CONSUMERS x BLOCK_M queries of one (batch, head) (``_work_tile``): one
+        tile a program, or (persistent) a tile a round (``_tile_of``), with Q_BUFS = 2 q buffers so the next
+        tile's q loads while this one's run; CONSUMERS (2, or 3 at 160 registers each) consumer warpgroups,
+        ``_consumer`` (free-running, each product waited for at once) or, with PINGPONG or OVERLAP,
+        ``_consumer_lagged``; see the module docstring."""
         dtype: gl.constexpr = desc_q.dtype
-        q_bufs = gl.allocate_shared_memory(dtype, [2 * Q_BUFS, 1, 1, BLOCK_M, D], desc_q.layout)
+        q_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS * Q_BUFS, 1, 1, BLOCK_M, D], desc_q.layout)
         k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], desc_k.layout)
         v_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], desc_v.layout)
-        q_bar, kv_ready, kv_empty = _ring_barriers(STAGES, 2 * Q_BUFS)
-        q_empty = gl.allocate_shared_memory(gl.int64, [2 * Q_BUFS, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2 * Q_BUFS):
+        q_bar, kv_ready, kv_empty = _ring_barriers(STAGES, CONSUMERS * Q_BUFS, CONSUMERS)
+        q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS * Q_BUFS, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(CONSUMERS * Q_BUFS):
             mbarrier.init(q_empty.index(i), count=1)  # (its consumer, done with its q)
-        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # (ping-pong's turns)
-        for i in gl.static_range(2):
+        turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())  # (ping-pong's turns)
+        for i in gl.static_range(CONSUMERS):
             mbarrier.init(turn.index(i), count=1)
         fence_async_shared()  # (the barriers initialized before any TMA or wait sees them)
-        if PINGPONG or OVERLAP:
+        if CONSUMERS == 3:
+            if PINGPONG or OVERLAP:
+                gl.warp_specialize(
+                    [(_producer, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty,
+                                  n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, STAGES, Q_BUFS, CAUSAL, LEVELS, CONSUMERS)),
+                     (_consumer_lagged, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob,
+                                         soh, som, sod, n_m, n_bh, H, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D, STAGES,
+                                         Q_BUFS, CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS)),
+                     (_consumer_lagged, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob,
+                                         soh, som, sod, n_m, n_bh, H, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D, STAGES,
+                                         Q_BUFS, CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS)),
+                     (_consumer_lagged, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob,
+                                         soh, som, sod, n_m, n_bh, H, TQ, TK, qk_scale, 2, BLOCK_M, BLOCK_N, D, STAGES,
+                                         Q_BUFS, CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS))],
+                    [4, 4, 4], [160, 160, 160])  # (CONSUMER_REGS_3)
+            else:
+                gl.warp_specialize(
+                    [(_producer, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty,
+                                  n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, STAGES, Q_BUFS, CAUSAL, LEVELS, CONSUMERS)),
+                     (_consumer, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, O, LSE, sob, soh, som,
+                                  sod, n_m, n_bh, H, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS, CAUSAL,
+                                  LEVELS, SCALE_NONNEG, CONSUMERS)),
+                     (_consumer, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, O, LSE, sob, soh, som,
+                                  sod, n_m, n_bh, H, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS, CAUSAL,
+                                  LEVELS, SCALE_NONNEG, CONSUMERS)),
+                     (_consumer, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, O, LSE, sob, soh, som,
+                                  sod, n_m, n_bh, H, TQ, TK, qk_scale, 2, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS, CAUSAL,
+                                  LEVELS, SCALE_NONNEG, CONSUMERS))],
+                    [4, 4, 4], [160, 160, 160])  # (CONSUMER_REGS_3)
+        elif PINGPONG or OVERLAP:
             gl.warp_specialize(
                 [(_producer, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty,
-                              n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, STAGES, Q_BUFS, CAUSAL, LEVELS)),
+                              n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, STAGES, Q_BUFS, CAUSAL, LEVELS, CONSUMERS)),
                  (_consumer_lagged, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh,
                                      som, sod, n_m, n_bh, H, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS,
-                                     CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP)),
+                                     CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS)),
                  (_consumer_lagged, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh,
                                      som, sod, n_m, n_bh, H, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS,
-                                     CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP))],
+                                     CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS))],
                 [4, 4], [240, 240])  # (CONSUMER_REGS)
         else:
             gl.warp_specialize(
                 [(_producer, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty,
-                              n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, STAGES, Q_BUFS, CAUSAL, LEVELS)),
+                              n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, STAGES, Q_BUFS, CAUSAL, LEVELS, CONSUMERS)),
                  (_consumer, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, O, LSE, sob, soh, som, sod,
                               n_m, n_bh, H, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS, CAUSAL,
-                              LEVELS, SCALE_NONNEG)),
+                              LEVELS, SCALE_NONNEG, CONSUMERS)),
                  (_consumer, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, O, LSE, sob, soh, som, sod,
                               n_m, n_bh, H, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS, CAUSAL,
-                              LEVELS, SCALE_NONNEG))],
+                              LEVELS, SCALE_NONNEG, CONSUMERS))],
                 [4, 4], [240, 240])  # (CONSUMER_REGS)
 
 
 def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, block_m: int,
                block_n: int, stages: int, pingpong: bool = True, persistent: bool = False,
                programs: Optional[int] = None, overlap: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """out and lse as ``fwd.launch_fwd`` (inputs ``supported`` takes); block_m: queries per work tile (two
-    consumers of block_m / 2), block_n: keys per tile, stages: ring slots; pingpong: the consumers take turns at
-    issuing their products (``_consumer_lagged``), else they run free; overlap: each consumer's softmax runs
-    while its previous tile's p v does (``_consumer_lagged``), else each product is waited for at once
-    (``_consumer`` where free-running); persistent: one program per SM (at most), each taking a work tile a
-    round (``_tile_of``; causal: heaviest blocks of every head first), the next tile's q and first key tiles
-    loading while one runs; else a program a tile. programs: at most this many persistent programs (None: the
-    GPU's SM count)."""
-    why = budget_reason(q.shape[-1], block_n, stages, persistent)
+    """out and lse as ``fwd.launch_fwd`` (inputs ``supported`` takes); block_m: queries per work tile (128:
+    two consumer warpgroups of 64; 192: three, d = 64 only), block_n: keys per tile, stages: ring slots;
+    pingpong: the consumers take turns at issuing their products (``_consumer_lagged``), else they run free;
+    overlap: each consumer's softmax runs while its previous tile's p v does (``_consumer_lagged``), else each
+    product is waited for at once (``_consumer`` where free-running); persistent: one program per SM (at
+    most), each taking a work tile a round (``_tile_of``; causal: heaviest blocks of every head first), the
+    next tile's q and first key tiles loading while one runs; else a program a tile. programs: at most this
+    many persistent programs (None: the GPU's SM count)."""
+    why = budget_reason(q.shape[-1], block_n, stages, persistent, block_m)
     if why:
         raise ValueError(why)
-    if block_m != 128 or block_n not in (64, 128) or stages < 2:
-        raise ValueError(f"the Gluon forward takes 128 queries a program (two warpgroups of 64), 64 or 128 keys a tile "
-                         f"and 2 or more ring slots (its consumers hold one slot while the next fills); got "
-                         f"block_m={block_m}, block_n={block_n}, stages={stages}")
+    if block_m not in (128, 192) or block_n not in (64, 128) or stages < 2:
+        raise ValueError(f"the Gluon forward takes 128 or 192 queries a work tile (two or three warpgroups of 64), 64 "
+                         f"or 128 keys a tile and 2 or more ring slots (its consumers hold one slot while the next "
+                         f"fills); got block_m={block_m}, block_n={block_n}, stages={stages}")
     B, H, TQ, D = q.shape
     TK = k.shape[2]
     out = empty_bthd(B, H, TQ, D, q.dtype, q.device)
     lse = torch.empty((B, H, TQ), dtype=torch.float32, device=q.device)
-    half = block_m // 2
+    half = 64  # (a consumer warpgroup's queries)
     n_m = -(-TQ // block_m)
     tiles = n_m * B * H
     if persistent:
@@ -419,5 +464,5 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
          scale * LOG2E, n_m, B * H),
         dict(BLOCK_M=half, BLOCK_N=block_n, D=D, STAGES=stages, CAUSAL=causal, PINGPONG=pingpong,
              Q_BUFS=2 if persistent else 1, LEVELS=persistent and causal, OVERLAP=overlap, SCALE_NONNEG=scale >= 0,
-             num_warps=4))
+             CONSUMERS=block_m // 64, num_warps=4))
     return out, lse

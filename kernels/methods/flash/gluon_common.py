@@ -37,6 +37,7 @@ except Exception:  # pragma: no cover - no Gluon, or a descriptor that is not a 
 
 HEAD_DIMS = (64, 128)
 CONSUMER_REGS = 240  # per consumer thread (setmaxnreg; the producer's warps give theirs up)
+CONSUMER_REGS_3 = 160  # the same with three consumer warpgroups (the Gluon forward's 192-query work tiles)
 SHARED_LIMIT = 227 * 1024  # shared memory one program may opt in to on sm_90
 
 
@@ -87,9 +88,9 @@ if gluon is not None:
         return b, h, m0, (hi + BLOCK_N - 1) // BLOCK_N
 
     @gluon.jit
-    def _ring_barriers(STAGES: gl.constexpr, FIXED: gl.constexpr = 2):
+    def _ring_barriers(STAGES: gl.constexpr, FIXED: gl.constexpr = 2, CONSUMERS: gl.constexpr = 2):
         """(fixed, ready, empty): a barrier per fixed tile (FIXED: one per consumer, per buffer of them); per ring
-        slot one the TMA completes (ready) and one both consumers arrive on when done with the slot (empty)."""
+        slot one the TMA completes (ready) and one every consumer arrives on when done with the slot (empty)."""
         fixed = gl.allocate_shared_memory(gl.int64, [FIXED, 1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -97,7 +98,7 @@ if gluon is not None:
             mbarrier.init(fixed.index(i), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=2)  # both consumers release a slot
+            mbarrier.init(empty.index(i), count=CONSUMERS)  # every consumer releases a slot
         return fixed, ready, empty
 
     @gluon.jit

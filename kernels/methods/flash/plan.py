@@ -49,21 +49,21 @@ class FwdPlan:
     tma: str = "off"
     warp_specialize: bool = False  # tl.range(..., warp_specialize=True): producer/consumer warps
     group: int = 1
-    gluon: int = 0  # the Gluon kernel (fwd_gluon): 1 consumers free-running, 2 ping-pong; block_m = 128, block_n
-    # 64 or 128, num_stages = ring slots (0: the Triton kernel)
+    gluon: int = 0  # the Gluon kernel (fwd_gluon): 1 consumers free-running, 2 ping-pong; block_m = 128 (two
+    # consumer warpgroups) or 192 (three, d = 64 only), block_n 64 or 128, num_stages = ring slots (0: Triton's)
     persistent: bool = False  # (Gluon) a program per SM looping over work tiles, the next one's loads under this one
     overlap: bool = False  # (Gluon) a tile's softmax runs while the previous tile's p v does (FA3's intra-warpgroup
     # overlap: p v issued a tile late, behind the next q k^T)
 
     def __post_init__(self) -> None:
-        _check_blocks(self, ("block_m", "block_n"))
+        _check_blocks(self, ("block_n",) if self.gluon and self.block_m == 192 else ("block_m", "block_n"))
         if not isinstance(self.group, int) or self.group < 1:
             raise ValueError(f"FwdPlan.group={self.group!r}: heads per group of the causal program order, an int >= 1")
         if self.gluon not in (0, 1, 2):
             raise ValueError(f"FwdPlan.gluon={self.gluon!r}: 0 (the Triton kernel), 1 (Gluon) or 2 (Gluon, ping-pong)")
-        if self.gluon and (self.block_m != 128 or self.block_n not in (64, 128) or self.num_stages < 2):
-            raise ValueError(f"FwdPlan(gluon={self.gluon}) takes block_m=128 (two consumer warpgroups of 64 queries), "
-                             f"block_n 64 or 128 and num_stages >= 2; got block_m={self.block_m}, "
+        if self.gluon and (self.block_m not in (128, 192) or self.block_n not in (64, 128) or self.num_stages < 2):
+            raise ValueError(f"FwdPlan(gluon={self.gluon}) takes block_m 128 or 192 (two or three consumer warpgroups "
+                             f"of 64 queries), block_n 64 or 128 and num_stages >= 2; got block_m={self.block_m}, "
                              f"block_n={self.block_n}, num_stages={self.num_stages}")
         if self.persistent and not self.gluon:
             raise ValueError("FwdPlan(persistent=True) is the Gluon forward's (gluon=1 or 2); the Triton kernel runs "
