@@ -267,7 +267,8 @@ _GPU_CASES = [  # (B, H, Tq, Tk, d, dtype, causal, layout, scale)
 ]
 _GPU_PLANS = [(2, 128, 2, False, False, 128), (2, 64, 3, False, True, 128), (1, 128, 2, False, False, 128),
               (2, 128, 2, True, True, 128), (1, 64, 3, True, False, 128), (1, 128, 2, True, True, 128),
-              (1, 64, 3, False, True, 128), (2, 64, 3, True, True, 192), (1, 128, 2, False, False, 192)]
+              (1, 64, 3, False, True, 128), (2, 64, 3, True, True, 192), (1, 128, 2, False, False, 192),
+              (1, 64, 2, True, True, 192)]
 # (gluon, block_n, num_stages, persistent, overlap, block_m: 192 is three consumers, d = 64 only)
 
 
@@ -444,8 +445,8 @@ def test_launch_bwd_wires_the_gluon_dkdv_adding_dq(monkeypatch, deterministic):
 @pytest.mark.parametrize("case", [_GPU_CASES[i] for i in (0, 2, 3, 5, 6, 11)],  # (ragged, Tq <> Tk, T = 1, long)
                          ids=lambda c: f"{c[2]}x{c[3]}-d{c[4]}-{str(c[5])[6:]}-{c[6]}-{c[7]}-s{c[8]}")
 @pytest.mark.parametrize("pingpong,overlap,block_m", [(True, False, 128), (False, False, 128), (True, True, 128),
-                                                      (False, True, 128), (True, True, 192), (False, False, 192)],
-                         ids=["pingpong", "free", "pingpong-overlap", "free-overlap", "3-pingpong-overlap", "3-free"])
+                                                      (False, True, 128), (True, False, 192), (False, False, 192)],
+                         ids=["pingpong", "free", "pingpong-overlap", "free-overlap", "3-pingpong", "3-free"])
 def test_gluon_persistent_forward_with_few_programs_on_the_gpu(case, pingpong, overlap, block_m):
     """Three persistent programs take every case's work tiles (one to dozens each, of different weights):
     the q buffers, ring slots and ping-pong turns (two consumers, or three in a ring) carried from one work

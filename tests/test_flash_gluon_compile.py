@@ -5,6 +5,8 @@ within the H200's; and ``compile_check`` reporting them."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from kernels.methods.flash import bwd_gluon, fwd_gluon
@@ -42,8 +44,6 @@ def _check_compiled(k: dict, case: str, expects: set, budget: int, regs: int = 2
     (the fixed tiles; a ring slot's tiles), every release one elected thread's arrive right after its
     warpgroup's bar.sync, its buffers (`budget` bytes, 1 KB of it scratch) within the H200's shared memory,
     no spill."""
-    import re
-
     ptx = k["ptx"]
     assert "cp.async.bulk.tensor.4d" in ptx and "wgmma.mma_async" in ptx, case
     assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{regs}\b", ptx), case
@@ -61,8 +61,6 @@ def _check_compiled(k: dict, case: str, expects: set, budget: int, regs: int = 2
 def _assert_released_after_the_warpgroup(ptx: str, case: str) -> None:
     """Each slot release (one thread's mbarrier.arrive) comes right after a barrier of its 128 threads, so
     every warp of the consumer has passed its wgmma wait before the slot is handed back."""
-    import re
-
     lines = [ln.strip() for ln in ptx.splitlines() if ln.strip() and not ln.strip().startswith(("//", ".loc"))]
     for i, ln in enumerate(lines):
         if re.match(r"(@%p\d+ )?mbarrier\.arrive\.shared(?:::cta)?\.b64", ln):
@@ -76,21 +74,27 @@ def test_gluon_forward_compiles_for_sm90_warp_specialized():
     program a work tile and persistent, both head dims and tiles, two consumers and (d = 64) three at 160
     registers (``_check_waits``: where the waits are):
     TMA loads of 4-D boxes whose barrier expects exactly a q tile's bytes and a k plus v tile's, wgmma,
-    the consumers' 240 registers set (setmaxnreg), every barrier release by one elected thread (the
-    slots' barriers count 2 arrivals, one per consumer), no spill, and the buffers within the H200's
-    shared memory."""
+    the consumers' registers set (setmaxnreg: 240, or 160 for three), every barrier release by one elected
+    thread (the slots' barriers count one arrival per consumer, the others one), no spill, and the buffers
+    within the H200's shared memory."""
     from tests.compiled_report import compile_cases
 
     if fwd_gluon.GLUON_ERROR:
         pytest.skip(fwd_gluon.GLUON_ERROR)
     cases = ["64,128,3,1,1,0,1,2", "128,128,2,0,1,0,0,2", "128,64,3,1,0,0,0,2", "64,128,2,1,1,1,1,2",
              "128,64,2,1,0,1,0,2", "64,128,2,1,0,1,1,2", "128,128,2,1,0,1,1,2", "128,128,2,1,1,1,1,2",
-             "64,64,3,1,1,1,1,3", "64,128,2,1,0,1,0,3"]
+             "64,64,3,1,1,1,1,3", "64,128,2,1,0,1,0,3", "64,64,2,0,0,0,1,3"]
     for case, k in zip(cases, compile_cases(_COMPILE, cases, timeout=900)):
         d, block_n, stages, _, _, persistent, overlap, consumers = (int(a) for a in case.split(","))
         _check_compiled(k, case, {64 * d * 2, 2 * block_n * d * 2},
                         fwd_gluon.shared_bytes(d, block_n, stages, bool(persistent), consumers),
                         240 if consumers == 2 else 160)
+        # each ring slot's release barrier counts every consumer; the rest (each consumer's q buffers' two, the
+        # slots' ready ones, the turns) one arrival
+        inits = re.findall(r"mbarrier\.init\.shared(?:::cta)?\.b64 \[%r\d+\], (\d+);", k["ptx"])
+        q_bufs = 2 if persistent else 1
+        assert sorted(inits) == sorted([str(consumers)] * stages + ["1"] * (stages + 2 * consumers * q_bufs
+                                                                            + consumers)), (case, inits)
         _check_waits(k, case, bool(overlap), block_n)
 
 
@@ -98,8 +102,6 @@ def _check_waits(k: dict, case: str, overlap: bool, block_n: int) -> None:
     """The forward's wgmma waits: with ``overlap`` the consumers wait once for one product left outstanding (the
     q k^T issued before the previous tile's p v) and the p v only after the softmax, so a tile's exponentials
     come between the two waits; without it every wait is for all products."""
-    import re
-
     waits = re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+);", k["ptx"])
     assert waits and set(waits) == ({"0", "1"} if overlap else {"0"}), (case, sorted(set(waits)))
     if overlap:  # (a thread's share of a 64 x block_n tile: block_n / 2)
@@ -170,8 +172,6 @@ def test_gluon_dkdv_adding_dq_compiles_for_sm90_with_ordered_reductions():
     those stores, its previous reductions waited for (wait_group.read 0) and that barrier again; the ds^T
     tiles written (stmatrix) and fenced before the warpgroup's barrier and arrive that hand them over; one
     more wait for the reductions, where the consumers end."""
-    import re
-
     from tests.compiled_report import compile_cases
 
     if fwd_gluon.GLUON_ERROR:
@@ -269,8 +269,6 @@ def test_gluon_backward_overlap_compiles_for_sm90_waiting_for_what_comes_next():
     """BwdPlan.overlap compiled for Hopper: the dk/dv pass (with and without adding dq) keeps the protocol above
     and spills nothing at the tiles the sweep tries (d = 64 with 64-query tiles, d = 128 with 32); one of its
     waits leaves dp^T outstanding, and p^T's exponentials come after it, before the wait for all products."""
-    import re
-
     from tests.compiled_report import compile_cases
 
     if fwd_gluon.GLUON_ERROR:

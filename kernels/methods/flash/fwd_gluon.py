@@ -4,12 +4,12 @@
 Why it exists: Triton 3.6 compiles the Triton forward's wgmma with a wait right behind each issue, and
 a 128-query program's two warpgroups run their softmax at the same time, so the tensor cores idle
 through every softmax unless a second program on the SM happens to fill the gap (docs/perf.md,
-attention). Here one program takes 2 x BLOCK_M queries of one (batch, head) and splits the work by
-warps: a producer (the default partition, 4 warps) loads
-the two q tiles once and streams the key and value tiles through a ring of ``STAGES`` shared-memory
-slots by TMA (4-D descriptors over (B, H, T, d) with the tensors' own strides: rows past T come back
-as zeros); two consumer warpgroups (workers, 240 registers each) each own BLOCK_M queries and run
-q k^T, the online softmax and p v for every key tile, releasing a slot when both have read it.
+attention). Here one program takes CONSUMERS x BLOCK_M queries (BLOCK_M = 64) of one (batch, head) and
+splits the work by warps: a producer (the default partition, 4 warps) loads the consumers' q tiles once
+and streams the key and value tiles through a ring of ``STAGES`` shared-memory slots by TMA (4-D
+descriptors over (B, H, T, d) with the tensors' own strides: rows past T come back as zeros); the
+consumer warpgroups (workers: two of 240 registers each, or three of 160) each own BLOCK_M queries and
+run q k^T, the online softmax and p v for every key tile, releasing a slot when all have read it.
 
 How the consumers order their products (plan ``gluon`` and ``overlap``):
 - ``gluon=1`` (``_consumer``): each runs free, q k^T, softmax, p v, each product waited for at once; the warp
@@ -31,11 +31,11 @@ round the three.
 
 Per consumer, key tiles before its first diagonal key need no mask; the diagonal tiles and a ragged
 last tile get the causal / boundary mask (-inf before the exponential); tiles past its last visible
-key are only waited for and released (the producer loads the keys of the program's second half).
+key are only waited for and released (the producer loads the keys of the program's last consumer).
 Causal work tiles start heaviest first. Output: out in the (B, T, H, d) memory layout and the natural
 log-sum-exp per query row, as the Triton forward (a row with no key: out = 0, lse = +inf).
 
-A program takes one work tile (2 x BLOCK_M queries of a (batch, head)), or with ``persistent`` (plan
+A program takes one work tile (CONSUMERS x BLOCK_M queries of a (batch, head)), or with ``persistent`` (plan
 ``FwdPlan.persistent``) one program per SM takes a tile a round (causal: every head's heaviest block
 first, then the next lighter ones; the programs in order on even rounds and in reverse on odd ones, so
 their loads even out). One
@@ -259,13 +259,13 @@ if gluon is not None:
         """A consumer whose p v lags a tile behind: step t issues tile t's q k^T and then tile t - 1's p v (FA3's
         schedule). With OVERLAP it waits for the q k^T alone, runs tile t's softmax while its p v runs on the
         tensor cores, and only then waits for that p v (FA3's intra-warpgroup overlap; the previous p stays in
-        registers until then); without it, for both before the softmax. With PINGPONG the two consumers take
-        turns at issuing (mbarriers ``turn``: consumer C waits on turn[C] and arrives on the other's as soon as
-        its wgmmas are issued, FA3's warp-scheduler barrier), so the tensor cores run one consumer's products
-        queued behind the other's while the first one's softmax runs. Every consumer takes n_tiles + 1 steps a
-        work tile (the last one for the last p v), with or without work in them, so the turns alternate to the
-        end (their count g goes on across work tiles); a tile's slot is released in the step after its q k^T,
-        once its p v has run too."""
+        registers until then); without it, for both before the softmax. With PINGPONG the consumers take
+        turns at issuing, round the CONSUMERS (mbarriers ``turn``: consumer C waits on turn[C] and arrives on
+        turn[C + 1] as soon as its wgmmas are issued, FA3's warp-scheduler barrier), so the tensor cores run one
+        consumer's products queued behind another's while that one's softmax runs. Every consumer takes
+        n_tiles + 1 steps a work tile (the last one for the last p v), with or without work in them, so the
+        turns go round to the end (their count g goes on across work tiles); a tile's slot is released in the
+        step after its q k^T, once its p v has run too."""
         dtype: gl.constexpr = q_bufs.dtype
         s_layout: gl.constexpr = mma_layout(BLOCK_N)
         o_layout: gl.constexpr = mma_layout(D)
@@ -432,13 +432,13 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
     most), each taking a work tile a round (``_tile_of``; causal: heaviest blocks of every head first), the
     next tile's q and first key tiles loading while one runs; else a program a tile. programs: at most this
     many persistent programs (None: the GPU's SM count)."""
-    why = budget_reason(q.shape[-1], block_n, stages, persistent, block_m)
-    if why:
-        raise ValueError(why)
     if block_m not in (128, 192) or block_n not in (64, 128) or stages < 2:
         raise ValueError(f"the Gluon forward takes 128 or 192 queries a work tile (two or three warpgroups of 64), 64 "
                          f"or 128 keys a tile and 2 or more ring slots (its consumers hold one slot while the next "
                          f"fills); got block_m={block_m}, block_n={block_n}, stages={stages}")
+    why = budget_reason(q.shape[-1], block_n, stages, persistent, block_m)
+    if why:
+        raise ValueError(why)
     B, H, TQ, D = q.shape
     TK = k.shape[2]
     out = empty_bthd(B, H, TQ, D, q.dtype, q.device)

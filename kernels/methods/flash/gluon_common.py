@@ -60,7 +60,7 @@ if gluon is not None:
     def _key_range(r0, TQ, TK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
         """For queries r0 .. r0 + BLOCK_M: keys [0, full) every one of them sees (no mask), none sees a key
         from hi on (tiles.key_bounds, for these kernels); hi = 0 where all of them lie past Tq (the last
-        program's second consumer, one-query shapes: nothing of theirs is stored)."""
+        program's later consumers, one-query shapes: nothing of theirs is stored)."""
         if CAUSAL:
             hi = gl.maximum(gl.minimum(r0 + BLOCK_M + TK - TQ, TK), 0)
             full = gl.maximum(gl.minimum(r0 + TK - TQ + 1, TK), 0) // BLOCK_N * BLOCK_N
