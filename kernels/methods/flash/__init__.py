@@ -14,14 +14,16 @@ Code paths (each module opens with its own details):
   lse = +inf, so the backward's exp(s - lse) is exactly 0 (zero gradient, no NaN).
 * Forward in Gluon (``fwd_gluon``, plan ``FwdPlan.gluon``; Hopper, 16-bit, d = dv in {64, 128}):
   FA3's structure, warp-specialized: a producer partition streams k and v tiles by TMA through a
-  ring of shared-memory slots, two consumer warpgroups of 64 queries each run q k^T, the online
-  softmax and p v (same masking and outputs as above); with ``gluon=2`` they take turns on the
-  tensor cores (FA3's ping-pong), so one's softmax overlaps the other's wgmma, with ``gluon=1`` they
-  run free; with ``persistent`` a program per SM loops over the work tiles, loading the next one's q
+  ring of shared-memory slots, two consumer warpgroups of 64 queries each (three with ``block_m=192``,
+  d = 64) run q k^T, the online softmax and p v (same masking and outputs as above); with ``gluon=2``
+  they take turns at issuing their products (FA3's ping-pong), so one's softmax overlaps the others'
+  wgmmas, with ``gluon=1`` they run free; with ``overlap`` each runs a tile's softmax under its previous
+  tile's p v; with ``persistent`` a program per SM loops over the work tiles, loading the next one's q
   and key tiles under this one's math. An explicit plan it cannot take refuses with the reason; a table
-  plan falls back to the Triton kernel's measured plan (``plan.triton_plans``). On the H200 (docs/perf.md, run Y) it wins only at
-  d = 128 (persistent, 128-key steps: +7% over the Triton kernel, the table's entry there); at d = 64 it
-  runs 11-33% below the Triton kernel, ping-pong below free-running everywhere.
+  plan falls back to the Triton kernel's measured plan (``plan.triton_plans``). On the H200
+  (docs/perf.md, run Y, before ``overlap``, three consumers and the issue-order turns, which are not yet
+  timed) it won only at d = 128 (persistent, 128-key steps: +7% over the Triton kernel, the table's
+  entry there); at d = 64 it ran 11-33% below the Triton kernel.
 * ``gluon_common``: what the Gluon kernels share (wgmma layouts, program prologues, ring barriers, masks,
   which inputs they take, their TMA descriptors).
 * The backward in Gluon (``bwd_gluon``, plan ``BwdPlan.gluon``; what the Gluon forward takes): the
@@ -33,7 +35,8 @@ Code paths (each module opens with its own details):
   over the program's 128 keys from their ds^T in shared memory, one TMA reduction per tile into an
   fp32 buffer the delta kernel zeroed; the dq pass instead under deterministic algorithms). In the
   table (run Y): ``gluon=1, dq_mode="tma_add"`` for d = 64 beyond T = 1024 (+6% forward + backward at
-  (4, 12, 4096, 64) over the Triton passes), ``gluon=2`` at d = 128 (+5%).
+  (4, 12, 4096, 64) over the Triton passes), ``gluon=2`` at d = 128 (+5%). With ``overlap`` the dk/dv
+  consumers issue dp^T with s^T and wait only for the product needed next (not yet timed).
 * Backward (``bwd``): delta = rowsum(o * do) (a small kernel); a dk/dv kernel (a program per
   BLOCK_N1 keys, looping over the queries that see them, diagonal blocks masked) and a dq kernel (a
   program per BLOCK_M2 queries, looping over their keys); both recompute P = exp2(s * c - lse *
