@@ -24,6 +24,7 @@ Code paths (each module opens with its own details):
   (docs/perf.md, run Y, before ``overlap``, three consumers and the issue-order turns, which are not yet
   timed) it won only at d = 128 (persistent, 128-key steps: +7% over the Triton kernel, the table's
   entry there); at d = 64 it ran 11-33% below the Triton kernel.
+  Its consumers are in ``fwd_gluon_consumers``, its work-tile schedule in ``fwd_gluon_schedule``.
 * ``gluon_common``: what the Gluon kernels share (wgmma layouts, program prologues, ring barriers, masks,
   which inputs they take, their TMA descriptors).
 * The backward in Gluon (``bwd_gluon``, plan ``BwdPlan.gluon``; what the Gluon forward takes): the

@@ -44,6 +44,9 @@ idle until its q and first key tiles arrive and ends with its stores; persistent
 the next tile's q (a second q buffer) and key tiles while the consumers finish this one, and the ring's
 slots, phases and ping-pong turns count on across tiles (FA3's persistent kernel, static schedule).
 
+Where the code is: the consumers in ``fwd_gluon_consumers``, the work-tile schedule in ``fwd_gluon_schedule``;
+here the producer, the program (``_fwd_ws_kernel``) and its launcher.
+
 Takes: CUDA capability 9.0 exactly (wgmma), Gluon, bfloat16 / float16, d = dv in {64, 128}, inputs
 TMA can read (16-byte aligned bases and strides). ``supported`` says why not; the launcher then runs
 the Triton kernel with the table's plan.
@@ -55,10 +58,10 @@ from typing import Optional
 
 import torch
 
-from kernels.methods.flash.gluon_common import (CONSUMER_REGS_3, GLUON_ERROR, SHARED_LIMIT, _descriptor, _key_range,
-                                                _mask_tile, _ring_barriers, _tma_load, fence_async_shared, gl, gluon,
-                                                mbarrier, mma_layout, operand_layout, supported, warpgroup_mma,
-                                                warpgroup_mma_wait)
+from kernels.methods.flash.fwd_gluon_consumers import _consumer, _consumer_lagged
+from kernels.methods.flash.fwd_gluon_schedule import _tile_count, _tile_of, _work_tile
+from kernels.methods.flash.gluon_common import (CONSUMER_REGS_3, GLUON_ERROR, SHARED_LIMIT, _descriptor, _ring_barriers,
+                                                _tma_load, fence_async_shared, gl, gluon, mbarrier, supported)
 from kernels.methods.flash.tiles import LOG2E, empty_bthd
 from kernels.methods.triton import fastlaunch
 from kernels.methods.triton.plan import device_props
@@ -113,238 +116,6 @@ if gluon is not None:
                 _tma_load(desc_k, [b, h, j * BLOCK_N, 0], bar, k_bufs.index(s))
                 _tma_load(desc_v, [b, h, j * BLOCK_N, 0], bar, v_bufs.index(s))
                 kv += 1
-
-    @gluon.jit
-    def _tile_count(total):
-        """How many of `total` work tiles this program takes: the programs take them in rounds of one each,
-        the last round partial (see ``_tile_of``)."""
-        pid = gl.program_id(0)
-        n_prog = gl.num_programs(0)
-        full = total // n_prog
-        rem = total % n_prog
-        if full % 2 == 0:
-            last = pid < rem
-        else:
-            last = pid >= n_prog - rem
-        return full + last.to(gl.int32)
-
-    @gluon.jit
-    def _tile_of(it):
-        """This program's it-th work tile: round it's, the programs in order on even rounds and in reverse on
-        odd ones (a snake, so a program that took a heavier tile in one round takes a lighter one in the
-        next); a program a tile (num_programs = tiles): its own."""
-        pid = gl.program_id(0)
-        n_prog = gl.num_programs(0)
-        if it % 2 == 0:
-            t = it * n_prog + pid
-        else:
-            t = it * n_prog + n_prog - 1 - pid
-        return t
-
-    @gluon.jit
-    def _work_tile(t, n_m, n_bh, H, TQ, TK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                   LEVELS: gl.constexpr, CONSUMERS: gl.constexpr):
-        """The forward's work tile t of n_m query blocks (CONSUMERS x BLOCK_M queries) x n_bh (batch, head) pairs:
-        (b, h, its first query m0, the key tiles up to its last visible key). Head by head, each head's blocks
-        heaviest first when causal (a grid of one tile a program starts them in this order); LEVELS
-        (persistent programs, causal): every head's heaviest block, then every head's next, ..., so a
-        round of the programs' tiles is of about one weight (the programs' loads stay even)."""
-        if LEVELS:
-            bh = t % n_bh
-            blk = n_m - 1 - t // n_bh
-        else:
-            bh = t // n_m
-            blk = t % n_m
-            if CAUSAL:
-                blk = n_m - 1 - blk
-        m0 = blk * (CONSUMERS * BLOCK_M)
-        if CAUSAL:
-            hi = gl.maximum(gl.minimum(m0 + CONSUMERS * BLOCK_M + TK - TQ, TK), 0)
-        else:
-            hi = TK
-        return bh // H, bh % H, m0, (hi + BLOCK_N - 1) // BLOCK_N
-
-    @gluon.jit
-    def _softmax_tile(sc, m_i, l_i, offs_m, n0, full, TQ, TK, qk_scale, BLOCK_N: gl.constexpr,
-                      CAUSAL: gl.constexpr, SCALE_NONNEG: gl.constexpr):
-        """One key tile's online-softmax step from its raw scores sc: (p, alpha, m, l); a row with no key yet
-        keeps m = -inf and adds exactly 0. A tile every query sees whole (before `full`) with a scale >= 0 takes
-        the max of the raw scores (max(s * c) = max(s) * c) and one FMA a score (s * c - m) before its
-        exponential, as the Triton forward's SCALE_NONNEG: a multiply a score fewer."""
-        if SCALE_NONNEG:
-            if n0 + BLOCK_N <= full:
-                m_new = gl.maximum(m_i, gl.max(sc, axis=1) * qk_scale)  # (finite: the tile's scores are)
-                p = gl.exp2(sc * qk_scale - m_new[:, None])
-                alpha = gl.exp2(m_i - m_new)
-            else:
-                p, alpha, m_new = _masked_step(sc, m_i, offs_m, n0, full, TQ, TK, qk_scale, BLOCK_N, CAUSAL)
-        else:
-            p, alpha, m_new = _masked_step(sc, m_i, offs_m, n0, full, TQ, TK, qk_scale, BLOCK_N, CAUSAL)
-        return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
-
-    @gluon.jit
-    def _masked_step(sc, m_i, offs_m, n0, full, TQ, TK, qk_scale, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-        """(p, alpha, m) of a tile scaled first, then masked where it needs it (``_mask_tile``)."""
-        z = _mask_tile(sc * qk_scale, offs_m, n0, full, TQ, TK, BLOCK_N, CAUSAL)
-        m_new = gl.maximum(m_i, gl.max(z, axis=1))
-        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: exp2(-inf) = 0
-        return gl.exp2(z - m_ref[:, None]), gl.exp2(m_i - m_ref), m_new
-
-    @gluon.jit
-    def _store_rows(acc, m_i, l_i, O, LSE, sob, soh, som, sod, b, h, H, r0, TQ, BLOCK_M: gl.constexpr,
-                    BLOCK_N: gl.constexpr, D: gl.constexpr):
-        """out = acc / l in the output's own strides and lse (natural log) for queries r0 .. r0 + BLOCK_M
-        below Tq; a row with no key: out 0, lse +inf (the backward's exp(s - lse) is then 0)."""
-        o_layout: gl.constexpr = mma_layout(D)
-        empty = l_i == 0.0
-        lse = gl.where(empty, float("inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * 0.6931471805599453)
-        offs_m = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout(BLOCK_N)))
-        gl.store(LSE + (b * H + h).to(gl.int64) * TQ + offs_m, lse, mask=offs_m < TQ)
-        inv = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), gl.SliceLayout(1, o_layout))
-        rows = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-        cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-        ptrs = (O + b.to(gl.int64) * sob + h.to(gl.int64) * soh + rows[:, None].to(gl.int64) * som
-                + cols[None, :] * sod)
-        gl.store(ptrs, (acc * inv[:, None]).to(O.dtype.element_ty), mask=rows[:, None] < TQ)
-
-    @gluon.jit
-    def _consumer(q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, O, LSE, sob, soh, som, sod, n_m, n_bh,
-                  H, TQ, TK, qk_scale, C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  D: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
-                  LEVELS: gl.constexpr, SCALE_NONNEG: gl.constexpr, CONSUMERS: gl.constexpr):
-        """A consumer running free: per key tile, q k^T, the softmax, p v, each waited for at once; its q
-        buffer handed back once its work tile's key tiles are done, then the tile's rows stored."""
-        dtype: gl.constexpr = q_bufs.dtype
-        s_layout: gl.constexpr = mma_layout(BLOCK_N)
-        o_layout: gl.constexpr = mma_layout(D)
-        zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-        kv = 0
-        for it in range(_tile_count(n_m * n_bh)):
-            b, h, m0, n_tiles = _work_tile(_tile_of(it), n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL, LEVELS,
-                                           CONSUMERS)
-            r0 = m0 + C * BLOCK_M
-            hi, full = _key_range(r0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
-            offs_m = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-            l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
-            acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
-            qs = (it % Q_BUFS) * CONSUMERS + C
-            mbarrier.wait(q_bar.index(qs), (it // Q_BUFS) & 1)
-            q = q_bufs.index(qs).reshape([BLOCK_M, D])
-            for j in range(n_tiles):
-                s = (kv + j) % STAGES
-                mbarrier.wait(kv_ready.index(s), ((kv + j) // STAGES) & 1)
-                n0 = j * BLOCK_N
-                if n0 < hi:
-                    k = k_bufs.index(s).reshape([BLOCK_N, D])
-                    v = v_bufs.index(s).reshape([BLOCK_N, D])
-                    sc = warpgroup_mma(q, k.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-                    sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
-                    p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, offs_m, n0, full, TQ, TK, qk_scale, BLOCK_N,
-                                                       CAUSAL, SCALE_NONNEG)
-                    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-                    acc = warpgroup_mma(gl.convert_layout(p.to(dtype), operand_layout(D)), v, acc, is_async=True)
-                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                mbarrier.arrive(kv_empty.index(s), count=1)
-            mbarrier.arrive(q_empty.index(qs), count=1)
-            kv += n_tiles
-            _store_rows(acc, m_i, l_i, O, LSE, sob, soh, som, sod, b, h, H, r0, TQ, BLOCK_M, BLOCK_N, D)
-
-    @gluon.jit
-    def _consumer_lagged(q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh, som, sod,
-                         n_m, n_bh, H, TQ, TK, qk_scale, C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                         D: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
-                         LEVELS: gl.constexpr, SCALE_NONNEG: gl.constexpr, PINGPONG: gl.constexpr,
-                         OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr):
-        """A consumer whose p v lags a tile behind: step t issues tile t's q k^T and then tile t - 1's p v (FA3's
-        schedule). With OVERLAP it waits for the q k^T alone, runs tile t's softmax while its p v runs on the
-        tensor cores, and only then waits for that p v (FA3's intra-warpgroup overlap; the previous p stays in
-        registers until then); without it, for both before the softmax. With PINGPONG the consumers take
-        turns at issuing, round the CONSUMERS (mbarriers ``turn``: consumer C waits on turn[C] and arrives on
-        turn[C + 1] as soon as its wgmmas are issued, FA3's warp-scheduler barrier), so the tensor cores run one
-        consumer's products queued behind another's while that one's softmax runs. Every consumer takes
-        n_tiles + 1 steps a work tile (the last one for the last p v), with or without work in them, so the
-        turns go round to the end (their count g goes on across work tiles); a tile's slot is released in the
-        step after its q k^T, once its p v has run too."""
-        dtype: gl.constexpr = q_bufs.dtype
-        s_layout: gl.constexpr = mma_layout(BLOCK_N)
-        o_layout: gl.constexpr = mma_layout(D)
-        zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-        kv = 0
-        g = 0
-        for it in range(_tile_count(n_m * n_bh)):
-            b, h, m0, n_tiles = _work_tile(_tile_of(it), n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL, LEVELS,
-                                           CONSUMERS)
-            r0 = m0 + C * BLOCK_M
-            hi, full = _key_range(r0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
-            n_mine = gl.minimum((hi + BLOCK_N - 1) // BLOCK_N, n_tiles)  # the tiles this consumer computes: a prefix
-            offs_m = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-            l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
-            acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
-            p_op = gl.zeros([BLOCK_M, BLOCK_N], dtype, layout=operand_layout(D))  # the previous tile's p, for p v
-            qs = (it % Q_BUFS) * CONSUMERS + C
-            mbarrier.wait(q_bar.index(qs), (it // Q_BUFS) & 1)
-            q = q_bufs.index(qs).reshape([BLOCK_M, D])
-            for t in range(n_tiles + 1):
-                s = (kv + t) % STAGES
-                prev = (kv + t + STAGES - 1) % STAGES
-                if t < n_tiles:
-                    mbarrier.wait(kv_ready.index(s), ((kv + t) // STAGES) & 1)
-                if PINGPONG:
-                    if C == 0:  # (its first turn passes at once; consumer C > 0's k-th waits for C - 1's k-th)
-                        mbarrier.wait(turn.index(C), ((g + t) & 1) ^ 1)
-                    else:
-                        mbarrier.wait(turn.index(C), (g + t) & 1)
-                v_prev = v_bufs.index(prev).reshape([BLOCK_N, D])
-                if t < n_mine:
-                    k = k_bufs.index(s).reshape([BLOCK_N, D]).permute((1, 0))
-                    if t > 0:
-                        s_f = warpgroup_mma(q, k, zero_s, use_acc=False, is_async=True)
-                        acc_f = warpgroup_mma(p_op, v_prev, acc, is_async=True)
-                        if PINGPONG:
-                            mbarrier.arrive(turn.index((C + 1) % CONSUMERS), count=1)
-                        if OVERLAP:  # (q k^T was issued first: the one product left outstanding is p v)
-                            sc = warpgroup_mma_wait(num_outstanding=1, deps=(s_f,))
-                            p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, offs_m, t * BLOCK_N, full, TQ, TK,
-                                                               qk_scale, BLOCK_N, CAUSAL, SCALE_NONNEG)
-                            p_nxt = gl.convert_layout(p.to(dtype), operand_layout(D))
-                            # (the old p goes through the wait: its registers stay untouched until its p v is
-                            # done; l and the new p too, so they are formed before it in the PTX, with which ptxas
-                            # spills nothing at d = 64 (8 bytes without), though it still moves the wait up)
-                            acc, p_op, l_i, p_nxt = warpgroup_mma_wait(num_outstanding=0,
-                                                                       deps=(acc_f, p_op, l_i, p_nxt))
-                            mbarrier.arrive(kv_empty.index(prev), count=1)
-                        else:
-                            sc, acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(s_f, acc_f, p_op))
-                            mbarrier.arrive(kv_empty.index(prev), count=1)
-                            p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, offs_m, t * BLOCK_N, full, TQ, TK,
-                                                               qk_scale, BLOCK_N, CAUSAL, SCALE_NONNEG)
-                            p_nxt = gl.convert_layout(p.to(dtype), operand_layout(D))
-                    else:
-                        s_f = warpgroup_mma(q, k, zero_s, use_acc=False, is_async=True)
-                        if PINGPONG:
-                            mbarrier.arrive(turn.index((C + 1) % CONSUMERS), count=1)
-                        sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_f,))
-                        p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, offs_m, t * BLOCK_N, full, TQ, TK, qk_scale,
-                                                           BLOCK_N, CAUSAL, SCALE_NONNEG)
-                        p_nxt = gl.convert_layout(p.to(dtype), operand_layout(D))
-                    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]  # (after the last p v)
-                    p_op = p_nxt
-                else:
-                    if t == n_mine and t > 0:  # the last tile's p v
-                        acc_f = warpgroup_mma(p_op, v_prev, acc, is_async=True)
-                        if PINGPONG:
-                            mbarrier.arrive(turn.index((C + 1) % CONSUMERS), count=1)
-                        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc_f, p_op))
-                    elif PINGPONG:
-                        mbarrier.arrive(turn.index((C + 1) % CONSUMERS), count=1)
-                    if t > 0:
-                        mbarrier.arrive(kv_empty.index(prev), count=1)
-            mbarrier.arrive(q_empty.index(qs), count=1)
-            kv += n_tiles
-            g += n_tiles + 1
-            _store_rows(acc, m_i, l_i, O, LSE, sob, soh, som, sod, b, h, H, r0, TQ, BLOCK_M, BLOCK_N, D)
 
     @gluon.jit
     def _fwd_ws_kernel(desc_q, desc_k, desc_v, O, LSE, sob, soh, som, sod, H, TQ, TK, qk_scale, n_m, n_bh,
