@@ -45,18 +45,19 @@ if gluon is not None:
     def _store_rows(acc, m_i, l_i, O, LSE, sob, soh, som, sod, b, h, H, r0, TQ, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, D: gl.constexpr):
         """out = acc / l in the output's own strides and lse (natural log) for queries r0 .. r0 + BLOCK_M
-        below Tq; a row with no key: out 0, lse +inf (the backward's exp(s - lse) is then 0)."""
+        from 0 and below Tq (``_work_tile``: a causal three-consumer block may start before 0); a row with no
+        key: out 0, lse +inf (the backward's exp(s - lse) is then 0)."""
         o_layout: gl.constexpr = mma_layout(D)
         empty = l_i == 0.0
         lse = gl.where(empty, float("inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * 0.6931471805599453)
         offs_m = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout(BLOCK_N)))
-        gl.store(LSE + (b * H + h).to(gl.int64) * TQ + offs_m, lse, mask=offs_m < TQ)
+        gl.store(LSE + (b * H + h).to(gl.int64) * TQ + offs_m, lse, mask=(offs_m >= 0) & (offs_m < TQ))
         inv = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), gl.SliceLayout(1, o_layout))
         rows = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
         cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
         ptrs = (O + b.to(gl.int64) * sob + h.to(gl.int64) * soh + rows[:, None].to(gl.int64) * som
                 + cols[None, :] * sod)
-        gl.store(ptrs, (acc * inv[:, None]).to(O.dtype.element_ty), mask=rows[:, None] < TQ)
+        gl.store(ptrs, (acc * inv[:, None]).to(O.dtype.element_ty), mask=(rows[:, None] >= 0) & (rows[:, None] < TQ))
 
     @gluon.jit
     def _consumer(q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, O, LSE, sob, soh, som, sod, n_m, n_bh,

@@ -44,7 +44,12 @@ if gluon is not None:
         (b, h, its first query m0, the key tiles up to its last visible key). Head by head, each head's blocks
         heaviest first when causal (a grid of one tile a program starts them in this order); LEVELS
         (persistent programs, causal): every head's heaviest block, then every head's next, ..., so a
-        round of the programs' tiles is of about one weight (the programs' loads stay even)."""
+        round of the programs' tiles is of about one weight (the programs' loads stay even).
+
+        Causal with three consumers, the blocks end at Tq rather than start at 0 (m0 may be negative: TMA
+        reads those rows as zeros, and their consumers find no key and store nothing): Tq is rarely a multiple
+        of 192, and the partial block, where one or two consumers idle, is then the lightest, not the heaviest
+        (at Tq = 1024: 27 key-tile steps a head instead of 32)."""
         if LEVELS:
             bh = t % n_bh
             blk = n_m - 1 - t // n_bh
@@ -53,7 +58,10 @@ if gluon is not None:
             blk = t % n_m
             if CAUSAL:
                 blk = n_m - 1 - blk
-        m0 = blk * (CONSUMERS * BLOCK_M)
+        if CAUSAL and CONSUMERS == 3:
+            m0 = TQ - (n_m - blk) * (CONSUMERS * BLOCK_M)
+        else:
+            m0 = blk * (CONSUMERS * BLOCK_M)
         if CAUSAL:
             hi = gl.maximum(gl.minimum(m0 + CONSUMERS * BLOCK_M + TK - TQ, TK), 0)
         else:

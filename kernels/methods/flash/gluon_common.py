@@ -60,14 +60,15 @@ if gluon is not None:
     def _key_range(r0, TQ, TK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
         """For queries r0 .. r0 + BLOCK_M: keys [0, full) every one of them sees (no mask), none sees a key
         from hi on (tiles.key_bounds, for these kernels); hi = 0 where all of them lie past Tq (the last
-        program's later consumers, one-query shapes: nothing of theirs is stored)."""
+        program's later consumers, one-query shapes) or before 0 (a causal three-consumer forward's first
+        block): nothing of theirs is stored."""
         if CAUSAL:
             hi = gl.maximum(gl.minimum(r0 + BLOCK_M + TK - TQ, TK), 0)
             full = gl.maximum(gl.minimum(r0 + TK - TQ + 1, TK), 0) // BLOCK_N * BLOCK_N
         else:
             hi = TK
             full = TK // BLOCK_N * BLOCK_N
-        if r0 >= TQ:
+        if r0 >= TQ or r0 + BLOCK_M <= 0:
             hi = 0
         return hi, full
 
