@@ -11,20 +11,21 @@ import tempfile
 from pathlib import Path
 
 
-def report(k) -> dict:
-    """k: a ``triton.compile`` result."""
+def report(k, sass: bool = False) -> dict:
+    """k: a ``triton.compile`` result; sass: also its SASS (about 0.7 s a kernel), else ""."""
     import triton
 
-    usage = sass = ""
+    usage = text = ""
     cuobjdump = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
     if cuobjdump.exists():
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(k.asm["cubin"])
             f.flush()
             usage = subprocess.run([str(cuobjdump), "-res-usage", f.name], capture_output=True, text=True).stdout
-            sass = subprocess.run([str(cuobjdump), "-sass", f.name], capture_output=True, text=True).stdout
+            if sass:
+                text = subprocess.run([str(cuobjdump), "-sass", f.name], capture_output=True, text=True).stdout
     return {"offsets": [int(o) for o in re.findall(r"@global_smem, i32 (\d+)\)", k.asm["llir"])],
-            "shared": k.metadata.shared, "ptx": k.asm["ptx"], "usage": usage, "sass": sass}
+            "shared": k.metadata.shared, "ptx": k.asm["ptx"], "usage": usage, "sass": text}
 
 
 def compile_gluon_sm90(fn, sig: dict, const: dict, divisible: tuple, warps: int, maxnreg: int):
