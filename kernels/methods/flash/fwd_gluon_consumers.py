@@ -11,7 +11,7 @@ from kernels.methods.flash.gluon_common import (_key_range, _mask_tile, gl, gluo
                                                 operand_layout, warpgroup_mma, warpgroup_mma_wait)
 
 # (defined below where Gluon is)
-_softmax_tile = _masked_step = _store_rows = _consumer = _consumer_lagged = None
+_softmax_tile = _masked_step = _store_rows = _tile_start = _consumer = _consumer_lagged = None
 
 if gluon is not None:
 
@@ -60,6 +60,19 @@ if gluon is not None:
         gl.store(ptrs, (acc * inv[:, None]).to(O.dtype.element_ty), mask=(rows[:, None] >= 0) & (rows[:, None] < TQ))
 
     @gluon.jit
+    def _tile_start(it, q_bar, n_m, n_bh, H, TQ, TK, C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, LEVELS: gl.constexpr, CONSUMERS: gl.constexpr):
+        """Consumer C's start of its program's it-th work tile: (b, h, the tile's key tiles, its first query r0,
+        its keys' bounds hi and full (``_key_range``), its q buffer once the q tile is there)."""
+        b, h, m0, n_tiles = _work_tile(_tile_of(it), n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL, LEVELS,
+                                       CONSUMERS)
+        r0 = m0 + C * BLOCK_M
+        hi, full = _key_range(r0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
+        qs = (it % Q_BUFS) * CONSUMERS + C
+        mbarrier.wait(q_bar.index(qs), (it // Q_BUFS) & 1)
+        return b, h, n_tiles, r0, hi, full, qs
+
+    @gluon.jit
     def _consumer(q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, O, LSE, sob, soh, som, sod, n_m, n_bh,
                   H, TQ, TK, qk_scale, C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   D: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
@@ -72,16 +85,12 @@ if gluon is not None:
         zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
         kv = 0
         for it in range(_tile_count(n_m * n_bh)):
-            b, h, m0, n_tiles = _work_tile(_tile_of(it), n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL, LEVELS,
-                                           CONSUMERS)
-            r0 = m0 + C * BLOCK_M
-            hi, full = _key_range(r0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
+            b, h, n_tiles, r0, hi, full, qs = _tile_start(it, q_bar, n_m, n_bh, H, TQ, TK, C, BLOCK_M, BLOCK_N,
+                                                          Q_BUFS, CAUSAL, LEVELS, CONSUMERS)
             offs_m = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
             l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
             acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
-            qs = (it % Q_BUFS) * CONSUMERS + C
-            mbarrier.wait(q_bar.index(qs), (it // Q_BUFS) & 1)
             q = q_bufs.index(qs).reshape([BLOCK_M, D])
             for j in range(n_tiles):
                 s = (kv + j) % STAGES
@@ -125,18 +134,14 @@ if gluon is not None:
         kv = 0
         g = 0
         for it in range(_tile_count(n_m * n_bh)):
-            b, h, m0, n_tiles = _work_tile(_tile_of(it), n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL, LEVELS,
-                                           CONSUMERS)
-            r0 = m0 + C * BLOCK_M
-            hi, full = _key_range(r0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
+            b, h, n_tiles, r0, hi, full, qs = _tile_start(it, q_bar, n_m, n_bh, H, TQ, TK, C, BLOCK_M, BLOCK_N,
+                                                          Q_BUFS, CAUSAL, LEVELS, CONSUMERS)
             n_mine = gl.minimum((hi + BLOCK_N - 1) // BLOCK_N, n_tiles)  # the tiles this consumer computes: a prefix
             offs_m = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
             l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
             acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
             p_op = gl.zeros([BLOCK_M, BLOCK_N], dtype, layout=operand_layout(D))  # the previous tile's p, for p v
-            qs = (it % Q_BUFS) * CONSUMERS + C
-            mbarrier.wait(q_bar.index(qs), (it // Q_BUFS) & 1)
             q = q_bufs.index(qs).reshape([BLOCK_M, D])
             for t in range(n_tiles + 1):
                 s = (kv + t) % STAGES
