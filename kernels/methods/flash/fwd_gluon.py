@@ -58,7 +58,7 @@ from typing import Optional
 
 import torch
 
-from kernels.methods.flash.fwd_gluon_consumers import _consumer, _consumer_lagged
+from kernels.methods.flash.fwd_gluon_consumers import _consumer_of
 from kernels.methods.flash.fwd_gluon_schedule import _tile_count, _tile_of, _work_tile
 from kernels.methods.flash.gluon_common import (CONSUMER_REGS_3, GLUON_ERROR, SHARED_LIMIT, _descriptor, _ring_barriers,
                                                 _tma_load, fence_async_shared, gl, gluon, mbarrier, supported)
@@ -124,9 +124,8 @@ if gluon is not None:
                        OVERLAP: gl.constexpr = False, SCALE_NONNEG: gl.constexpr = False, CONSUMERS: gl.constexpr = 2):
         """Programs over work tiles of CONSUMERS x BLOCK_M queries of one (batch, head) (``_work_tile``): one
         tile a program, or (persistent) a tile a round (``_tile_of``), with Q_BUFS = 2 q buffers so the next
-        tile's q loads while this one's run; CONSUMERS (2, or 3 at 160 registers each) consumer warpgroups,
-        ``_consumer`` (free-running, each product waited for at once) or, with PINGPONG or OVERLAP,
-        ``_consumer_lagged``; see the module docstring."""
+        tile's q loads while this one's run; CONSUMERS (2, or 3 at 160 registers each) consumer warpgroups
+        (``_consumer_of``: free-running, or with PINGPONG or OVERLAP lagged); see the module docstring."""
         dtype: gl.constexpr = desc_q.dtype
         q_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS * Q_BUFS, 1, 1, BLOCK_M, D], desc_q.layout)
         k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], desc_k.layout)
@@ -140,55 +139,29 @@ if gluon is not None:
             mbarrier.init(turn.index(i), count=1)
         fence_async_shared()  # (the barriers initialized before any TMA or wait sees them)
         if CONSUMERS == 3:
-            if PINGPONG or OVERLAP:
-                gl.warp_specialize(
-                    [(_producer, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty,
-                                  n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, STAGES, Q_BUFS, CAUSAL, LEVELS, CONSUMERS)),
-                     (_consumer_lagged, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob,
-                                         soh, som, sod, n_m, n_bh, H, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D, STAGES,
-                                         Q_BUFS, CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS)),
-                     (_consumer_lagged, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob,
-                                         soh, som, sod, n_m, n_bh, H, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D, STAGES,
-                                         Q_BUFS, CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS)),
-                     (_consumer_lagged, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob,
-                                         soh, som, sod, n_m, n_bh, H, TQ, TK, qk_scale, 2, BLOCK_M, BLOCK_N, D, STAGES,
-                                         Q_BUFS, CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS))],
-                    [4, 4, 4], [160, 160, 160])  # (CONSUMER_REGS_3)
-            else:
-                gl.warp_specialize(
-                    [(_producer, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty,
-                                  n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, STAGES, Q_BUFS, CAUSAL, LEVELS, CONSUMERS)),
-                     (_consumer, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, O, LSE, sob, soh, som,
-                                  sod, n_m, n_bh, H, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS, CAUSAL,
-                                  LEVELS, SCALE_NONNEG, CONSUMERS)),
-                     (_consumer, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, O, LSE, sob, soh, som,
-                                  sod, n_m, n_bh, H, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS, CAUSAL,
-                                  LEVELS, SCALE_NONNEG, CONSUMERS)),
-                     (_consumer, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, O, LSE, sob, soh, som,
-                                  sod, n_m, n_bh, H, TQ, TK, qk_scale, 2, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS, CAUSAL,
-                                  LEVELS, SCALE_NONNEG, CONSUMERS))],
-                    [4, 4, 4], [160, 160, 160])  # (CONSUMER_REGS_3)
-        elif PINGPONG or OVERLAP:
             gl.warp_specialize(
                 [(_producer, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty,
                               n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, STAGES, Q_BUFS, CAUSAL, LEVELS, CONSUMERS)),
-                 (_consumer_lagged, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh,
-                                     som, sod, n_m, n_bh, H, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS,
-                                     CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS)),
-                 (_consumer_lagged, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh,
-                                     som, sod, n_m, n_bh, H, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS,
-                                     CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS))],
-                [4, 4], [240, 240])  # (CONSUMER_REGS)
+                 (_consumer_of, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh,
+                                 som, sod, n_m, n_bh, H, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS,
+                                 CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS)),
+                 (_consumer_of, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh,
+                                 som, sod, n_m, n_bh, H, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS,
+                                 CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS)),
+                 (_consumer_of, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh,
+                                 som, sod, n_m, n_bh, H, TQ, TK, qk_scale, 2, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS,
+                                 CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS))],
+                [4, 4, 4], [160, 160, 160])  # (CONSUMER_REGS_3)
         else:
             gl.warp_specialize(
                 [(_producer, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty,
                               n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, STAGES, Q_BUFS, CAUSAL, LEVELS, CONSUMERS)),
-                 (_consumer, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, O, LSE, sob, soh, som, sod,
-                              n_m, n_bh, H, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS, CAUSAL,
-                              LEVELS, SCALE_NONNEG, CONSUMERS)),
-                 (_consumer, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, O, LSE, sob, soh, som, sod,
-                              n_m, n_bh, H, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS, CAUSAL,
-                              LEVELS, SCALE_NONNEG, CONSUMERS))],
+                 (_consumer_of, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh,
+                                 som, sod, n_m, n_bh, H, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS,
+                                 CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS)),
+                 (_consumer_of, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh,
+                                 som, sod, n_m, n_bh, H, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS,
+                                 CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS))],
                 [4, 4], [240, 240])  # (CONSUMER_REGS)
 
 

@@ -11,7 +11,7 @@ from kernels.methods.flash.gluon_common import (_key_range, _mask_tile, gl, gluo
                                                 operand_layout, warpgroup_mma, warpgroup_mma_wait)
 
 # (defined below where Gluon is)
-_softmax_tile = _masked_step = _store_rows = _tile_start = _consumer = _consumer_lagged = None
+_softmax_tile = _masked_step = _store_rows = _tile_start = _consumer = _consumer_lagged = _consumer_of = None
 
 if gluon is not None:
 
@@ -202,3 +202,20 @@ if gluon is not None:
             kv += n_tiles
             g += n_tiles + 1
             _store_rows(acc, m_i, l_i, O, LSE, sob, soh, som, sod, b, h, H, r0, TQ, BLOCK_M, BLOCK_N, D)
+
+    @gluon.jit
+    def _consumer_of(q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh, som, sod, n_m,
+                     n_bh, H, TQ, TK, qk_scale, C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     D: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
+                     LEVELS: gl.constexpr, SCALE_NONNEG: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
+                     CONSUMERS: gl.constexpr):
+        """The program's consumer partition C: ``_consumer_lagged`` with PINGPONG or OVERLAP, else ``_consumer``
+        (which takes no turns), so one list of partitions serves every plan."""
+        if PINGPONG or OVERLAP:
+            _consumer_lagged(q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh, som,
+                             sod, n_m, n_bh, H, TQ, TK, qk_scale, C, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS, CAUSAL,
+                             LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS)
+        else:
+            _consumer(q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, O, LSE, sob, soh, som, sod, n_m,
+                      n_bh, H, TQ, TK, qk_scale, C, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS, CAUSAL, LEVELS,
+                      SCALE_NONNEG, CONSUMERS)
