@@ -7,6 +7,8 @@
 #   loss     python -m harness.bench loss (cross-entropy table; LOSS_ARGS)
 #   attention  python -m harness.bench attention (attention table; ATTENTION_ARGS)
 #   launch   python -m harness.bench launch (host microseconds per call; LAUNCH_ARGS)
+#   host-profile  python -m harness.bench host-profile (where the host time of a call goes, at benchmark
+#            sizes; HOST_PROFILE_ARGS, e.g. "--methods flash,sdpa --shapes 16,12,1024,64")
 #   sweep    python -m harness.bench triton-sweep (Triton launch settings per N; extra args in SWEEP_ARGS;
 #            the same as python -m kernels.methods.triton.sweep)
 #   cuda-sweep  python -m harness.bench cuda-sweep (CUDA launch variants per N; CUDA_SWEEP_ARGS)
@@ -52,6 +54,11 @@ for stage in "$@"; do
       var="$(echo "$stage" | tr a-z A-Z)_ARGS"
       timeout ${BENCH_TIMEOUT:-300} python3 -m harness.bench "$stage" --out "$OUT" ${!var:-} 2>&1 | tee "$OUT/$stage.log" | grep -v "^|" | tail -40
       summary+=("$stage: see $OUT/$stage.md")
+      ;;
+    host-profile)
+      timeout ${BENCH_TIMEOUT:-300} python3 -m harness.bench host-profile --out "$OUT" ${HOST_PROFILE_ARGS:-} 2>&1 \
+        | grep -v "USDT" | tee "$OUT/host_profile.log" | grep -v "^|" | tail -30
+      summary+=("host-profile: see $OUT/host_profile.md")
       ;;
     sweep)
       timeout ${SWEEP_TIMEOUT:-240} python3 -m harness.bench triton-sweep --out "$OUT" ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/sweep.log" | grep -E "^N=|Error" | tail -20

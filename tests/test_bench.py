@@ -285,3 +285,38 @@ def test_loss_table_says_when_a_group_process_dies(tmp_path, monkeypatch):
     assert [(r.op, r.tokens) for r in rows] == [("cross_entropy", 16), ("linear_cross_entropy", 8)]
     assert all("the measuring process failed" in r.error and "terminated abruptly" in r.error for r in rows)
     assert "the measuring process failed" in (tmp_path / "loss.md").read_text()
+
+
+def test_host_profile_attributes_each_calls_host_time(tmp_path):
+    """host-profile: per call, the ops the composed attention issues (two bmm forward), the autograd
+    engine's nodes in the backward, the project's Python in the stack pass, and nothing of the profiler's
+    own or from outside the profiled calls."""
+    from harness.bench.host_profile import run_host_profile
+
+    rows = run_host_profile(["torch"], "attention", [(1, 2, 16, 8)], tmp_path, calls=3, top=100)
+    assert [r.direction for r in rows] == ["fwd", "fwd+bwd"]
+    for r in rows:
+        assert not r.error and r.issue_us > 0 and r.profiled_us > 0 and r.calling_thread_us > 0
+        assert r.events and all(e["kind"] != "python" for e in r.events)
+        assert any("kernels/compose.py" in e["name"] for e in r.python)
+        assert not any("torch/profiler" in e["name"] or " at 0x" in e["name"] for e in r.events + r.python)
+        # the threads' totals are the events' (all listed at top=100); on a CPU the backward runs on the caller
+        assert sum(e["self_us"] for e in r.events) == pytest.approx(r.calling_thread_us + r.other_threads_us)
+        assert r.other_threads_us == 0 and r.runtime_us == 0
+    assert {e["name"]: e for e in rows[0].events}["aten::bmm"]["count"] == 2
+    assert any(e["name"].startswith("autograd::engine::evaluate_function") for e in rows[1].events)
+    assert "| torch | attention | 1x2x16x8 | fwd+bwd |" in (tmp_path / "host_profile.md").read_text()
+    with pytest.raises(ValueError, match="host-profile takes the ops attention, softmax"):
+        run_host_profile(["torch"], "cross_entropy", [(1, 2, 16, 8)], tmp_path)
+
+
+def test_host_profile_cli_profiles_the_softmax(tmp_path):
+    from harness.bench import main
+
+    main(["host-profile", "--op", "softmax", "--methods", "torch", "--shapes", "1,2,8,8", "--calls", "2",
+          "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "host_profile.json").read_text())["rows"]
+    assert [(r["method"], r["direction"]) for r in saved] == [("torch", "fwd"), ("torch", "fwd+bwd")]
+    assert any(e["name"] == "aten::_softmax" for e in saved[0]["events"])
+    with pytest.raises(SystemExit):
+        main(["host-profile", "--shapes", "1,2,8", "--out", str(tmp_path)])

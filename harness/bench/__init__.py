@@ -7,6 +7,7 @@
 * ``attention``: the attention table (harness.bench.attention): TFLOP/s forward and forward + backward
   at the model's shapes, every method that provides attention (materialized and fused);
 * ``launch``: host microseconds per call (harness.bench.launch);
+* ``host-profile``: where those microseconds go at benchmark sizes (harness.bench.host_profile);
 * ``overhead``: the harness vs a bare PyTorch loop (harness.bench.overhead);
 * ``triton-sweep``, ``cuda-sweep``: the launch-table sweeps, which live with the kernels they tune
   (``kernels.methods.triton.sweep``, ``kernels.methods.cuda.sweep``).
@@ -63,7 +64,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     from harness.bench.softmax import DEFAULT_BASELINES, DEFAULT_SIZES
 
     p = argparse.ArgumentParser(prog="python -m harness.bench", description=__doc__.split("\n\n")[0].replace("``", "`")
-                                + " The tables (kernels, loss, attention, launch) also run without a GPU, as a check: their times "
+                                + " The tables (kernels, loss, attention, launch, host-profile) also run without a GPU, as a check: their times "
                                 "are then the CPU's.")
     sub = p.add_subparsers(dest="cmd", required=True)
     k = sub.add_parser("kernels", help="softmax GB/s vs N per method (eager and graph), with the copy ceiling")
@@ -93,6 +94,17 @@ def main(argv: Optional[list[str]] = None) -> None:
     la.add_argument("--methods", default="", help="comma-separated methods (default: every method here)")
     la.add_argument("--calls", type=int, default=200)
     la.add_argument("--out", default="outputs/bench", type=Path)
+    from harness.bench import host_profile
+
+    hp = sub.add_parser("host-profile", help="host time per call at benchmark sizes, by event and thread (torch.profiler)")
+    hp.add_argument("--op", default="attention", choices=host_profile.OPS)
+    hp.add_argument("--methods", default="", help="comma-separated methods (default: every method that provides --op)")
+    hp.add_argument("--shapes", default="", help="B,H,T,d (attention) or B,H,T,T (softmax) shapes separated by ';' "
+                    f"(default: attention {host_profile.DEFAULT_SHAPES['attention']}; softmax "
+                    f"{host_profile.DEFAULT_SHAPES['softmax']})")
+    hp.add_argument("--calls", type=int, default=10, help="calls per timed run (default: %(default)s, as the issue time)")
+    hp.add_argument("--top", type=int, default=12, help="events and Python functions listed per row")
+    hp.add_argument("--out", default="outputs/bench", type=Path)
     o = sub.add_parser("overhead", help="harness tokens/s vs a bare PyTorch loop (torch method)")
     o.add_argument("overrides", nargs="*", default=["model=gpt2s"], help="Hydra overrides (default: model=gpt2s)")
     o.add_argument("--steps", type=int, default=30)
@@ -126,6 +138,11 @@ def main(argv: Optional[list[str]] = None) -> None:
         from harness.bench.launch import run_launch_bench
 
         run_launch_bench(_names(a.methods), a.out, a.calls)
+    elif a.cmd == "host-profile":
+        if a.calls < 1 or a.top < 1:
+            p.error(f"--calls and --top take positive integers (got {a.calls} and {a.top})")
+        shapes = _shapes(p, "--shapes", a.shapes or host_profile.DEFAULT_SHAPES[a.op], 4)
+        host_profile.run_host_profile(_runnable(_names(a.methods), a.op), a.op, shapes, a.out, a.calls, a.top)
     elif a.cmd == "overhead":
         from harness.bench.overhead import run_overhead
 

@@ -1,0 +1,220 @@
+"""``python -m harness.bench host-profile``: where the host's microseconds go when a call is issued.
+
+The attention table's issue-time column (``common.issue_us``: the host's time to issue one forward +
+backward, the device synchronized only around a run of calls) grows with the problem for every method
+(docs/perf.md: flash 430 -> 648 -> 801 us from T = 1024 to 16384, cuDNN 285 -> 511), while the same
+call at a tiny shape costs 164 us: at full size it holds more than launch work. This attributes it.
+For each method and shape, the forward and the forward + backward are called ``calls`` times in a row,
+as the issue time calls them, three ways:
+
+* unprofiled: the issue time itself (``common.host_us``);
+* under torch.profiler without stacks: every host-side event that starts and ends inside the run (ATen
+  and custom ops, autograd nodes and, on a GPU, the CUDA runtime and driver calls: kernel launches,
+  allocations, synchronizations), by self time per call and by thread (the calling one, or another:
+  on a GPU the autograd engine runs the backward on its own device thread);
+* under torch.profiler with Python stacks: the Python functions, by self time per call (the tracer
+  slows Python several-fold: compare functions with each other, not with the issue time; a built-in's
+  self time holds the C++ work under it, e.g. the autograd engine's ``run_backward``).
+
+GPU kernel times are not here (the attention and kernel tables have them): a synchronization or a
+blocking allocation shows as a runtime call whose self time is long.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile, record_function
+
+import kernels
+from harness.bench.common import error_text, fmt, free_memory, host_us
+from harness.results import atomic_write_text, write_json
+
+OPS = ("attention", "softmax")
+DEFAULT_SHAPES = {"attention": "16,12,1024,64;4,12,4096,64;1,12,16384,64",
+                  "softmax": "8,12,1024,1024"}
+WINDOW = "harness.bench.host_profile: calls"
+#: events of the profiler itself (entering its range, its Python), never the call's
+_PROFILER_OWN = re.compile(r"torch/profiler/|torch/autograd/profiler|_record_function_|^" + re.escape(WINDOW))
+_RUNTIME = re.compile(r"^cu(da)?[A-Z]")
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # <built-in method to of Tensor object at 0x...>: one name for every tensor
+
+
+@dataclass
+class ProfileRow:
+    method: str  # with its options in brackets (sdpa[backend=cudnn])
+    op: str
+    shape: tuple
+    direction: str  # fwd | fwd+bwd
+    calls: int
+    issue_us: Optional[float] = None  # unprofiled host us per call
+    profiled_us: Optional[float] = None  # the profiled run's wall time per call (ops pass)
+    calling_thread_us: Optional[float] = None  # self time per call of the events on the calling thread
+    other_threads_us: Optional[float] = None  # ... on any other (the autograd engine's device thread)
+    runtime_us: Optional[float] = None  # self time per call of the CUDA runtime and driver calls
+    events: list = field(default_factory=list)  # top events: name, kind, thread, count and self us per call
+    python: list = field(default_factory=list)  # top Python functions: name, thread, count and self us per call
+    error: str = ""
+
+
+def _kind(e) -> str:
+    if e.is_python_function:
+        return "python"
+    if _RUNTIME.match(e.name):
+        return "runtime"
+    return "op" if "::" in e.name else "other"
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def profile_calls(fn: Callable[[], object], calls: int, with_stack: bool) -> tuple[float, list[dict], dict]:
+    """Profile ``calls`` calls of ``fn`` (after three unprofiled ones, the device synchronized before and
+    after the run, not inside it). Returns the run's wall time per call (us), the events that start and
+    end inside the run aggregated by (name, thread) with their count and self host time per call, sorted
+    by that time (Python functions only with ``with_stack``, every other host event without), and the
+    self time per call by kind ("kind:runtime", ...) and thread ("thread:calling", "thread:other")."""
+    for _ in range(3):
+        fn()
+    _sync()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts, with_stack=with_stack) as prof:
+        with record_function(WINDOW):
+            for _ in range(calls):
+                fn()
+    _sync()
+    events = prof.events()
+    win = next(e for e in events if e.name == WINDOW)
+    lo, hi = win.time_range.start, win.time_range.end
+    agg: dict = {}
+    totals: dict = {}
+    for e in events:
+        if e.device_type != DeviceType.CPU or _PROFILER_OWN.search(e.name):
+            continue
+        if not (lo <= e.time_range.start and e.time_range.end <= hi):
+            continue
+        kind = _kind(e)
+        if (kind == "python") != with_stack:
+            continue
+        thread = "calling" if e.thread == win.thread else "other"
+        name = _ADDRESS.sub("", e.name)
+        a = agg.setdefault((name, thread), {"name": name, "kind": kind, "thread": thread, "count": 0, "self_us": 0.0})
+        a["count"] += 1
+        a["self_us"] += e.self_cpu_time_total
+        for key in (f"kind:{kind}", f"thread:{thread}"):
+            totals[key] = totals.get(key, 0.0) + e.self_cpu_time_total / calls
+    rows = sorted(agg.values(), key=lambda a: -a["self_us"])
+    for a in rows:
+        a["count"] /= calls
+        a["self_us"] /= calls
+    return (hi - lo) / calls, rows, totals
+
+
+def _calls(method: str, options: dict, op: str, shape: tuple, device: str) -> dict[str, Callable[[], object]]:
+    """direction -> the call: the bound op on benchmark-sized inputs (bf16 on a GPU, fp32 on a CPU),
+    causal, as the attention and kernel tables call it."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    g = torch.Generator(device=device).manual_seed(0)
+    fn = kernels.bind(method, op, **options)
+    if op == "attention":
+        q, k, v, do = (torch.randn(shape, device=device, generator=g).to(dtype) for _ in range(4))
+        q, k, v = (x.requires_grad_(True) for x in (q, k, v))
+
+        def fwd():
+            with torch.no_grad():
+                return fn(q, k, v, None, True, 0.0)
+
+        return {"fwd": fwd, "fwd+bwd": lambda: torch.autograd.grad(fn(q, k, v, None, True, 0.0), (q, k, v), do)}
+    x, dy = (torch.randn(shape, device=device, generator=g).to(dtype) for _ in range(2))
+    x.requires_grad_(True)
+    scale = shape[-1] ** -0.5
+
+    def fwd_softmax():
+        with torch.no_grad():
+            return fn(x, scale, True)
+
+    return {"fwd": fwd_softmax, "fwd+bwd": lambda: torch.autograd.grad(fn(x, scale, True), x, dy)}
+
+
+def _variants(method: str, op: str) -> list[tuple[str, dict]]:
+    if op == "attention":
+        from harness.bench.attention import variants
+
+        return variants(method)
+    return [(method, {})]
+
+
+def measure(method: str, options: dict, label: str, op: str, shape: tuple, device: str, calls: int,
+            top: int) -> list[ProfileRow]:
+    """The forward and forward + backward rows of one method at one shape (an error is kept in the row)."""
+    rows = [ProfileRow(label, op, shape, d, calls) for d in ("fwd", "fwd+bwd")]
+    try:
+        fns = _calls(method, options, op, shape, device)
+        for row in rows:
+            fn = fns[row.direction]
+            row.issue_us = host_us(fn, calls=calls, repeats=5, warmup=2)[0]
+            row.profiled_us, events, totals = profile_calls(fn, calls, with_stack=False)
+            row.calling_thread_us = totals.get("thread:calling", 0.0)
+            row.other_threads_us = totals.get("thread:other", 0.0)
+            row.runtime_us = totals.get("kind:runtime", 0.0)
+            row.events = events[:top]
+            row.python = profile_calls(fn, calls, with_stack=True)[1][:top]
+    except Exception as exc:  # one failing method must not stop the table
+        for row in rows:
+            row.error = row.error or error_text(exc)
+    finally:
+        free_memory()
+    return rows
+
+
+def _table(rows: list[ProfileRow]) -> str:
+    lines = ["| method | op | shape | direction | issue us | profiled us | calling thread us | other threads us "
+             "| runtime calls us | largest event |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        big = f"{r.events[0]['name'][:60]} ({r.events[0]['self_us']:.1f} us)" if r.events else r.error
+        lines.append(f"| {r.method} | {r.op} | {'x'.join(map(str, r.shape))} | {r.direction} | {fmt(r.issue_us, '.1f')} "
+                     f"| {fmt(r.profiled_us, '.1f')} | {fmt(r.calling_thread_us, '.1f')} | {fmt(r.other_threads_us, '.1f')} "
+                     f"| {fmt(r.runtime_us, '.1f')} | {big} |")
+    for r in rows:
+        if not r.events:
+            continue
+        lines += ["", f"### {r.method}, {r.op} {'x'.join(map(str, r.shape))}, {r.direction}: events by self host us per call",
+                  "", "| event | kind | thread | per call | self us per call |", "|---|---|---|---|---|"]
+        lines += [f"| {e['name'][:90]} | {e['kind']} | {e['thread']} | {e['count']:.2f} | {e['self_us']:.1f} |"
+                  for e in r.events + r.python]
+    return "\n".join(lines) + "\n"
+
+
+def run_host_profile(methods: Optional[list[str]], op: str, shapes: list[tuple], out: Path, calls: int = 10,
+                     top: int = 12) -> list[ProfileRow]:
+    """Profile every method's op at every shape; host_profile.md and .json are rewritten after each
+    method, so a run cut short keeps what it measured."""
+    from harness.env import environment
+
+    if op not in OPS:
+        raise ValueError(f"host-profile takes the ops {', '.join(OPS)}; got {op!r}")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    out.mkdir(parents=True, exist_ok=True)
+    env = environment()
+    names = methods or [n for n, a in kernels.available_methods(op=op).items() if a.available]
+    rows: list[ProfileRow] = []
+    for shape in shapes:
+        for method in names:
+            for label, options in _variants(method, op):
+                new = measure(method, options, label, op, shape, device, calls, top)
+                rows += new
+                for r in new:
+                    print(f"  {label:24s} {shape} {r.direction:7s} issue {fmt(r.issue_us, '.1f')} us, profiled "
+                          f"{fmt(r.profiled_us, '.1f')} (calling thread {fmt(r.calling_thread_us, '.1f')}, others "
+                          f"{fmt(r.other_threads_us, '.1f')}, runtime calls {fmt(r.runtime_us, '.1f')}) {r.error}", flush=True)
+                write_json(out / "host_profile.json", {"env": env, "device": device, "rows": [asdict(r) for r in rows]})
+                atomic_write_text(out / "host_profile.md", _table(rows))
+    print(_table(rows).split("\n\n")[0])
+    return rows
