@@ -296,7 +296,7 @@ def test_host_profile_attributes_each_calls_host_time(tmp_path):
     rows = run_host_profile(["torch"], "attention", [(1, 2, 16, 8)], tmp_path, calls=3, top=100)
     assert [r.direction for r in rows] == ["fwd", "fwd+bwd"]
     for r in rows:
-        assert not r.error and r.issue_us > 0 and r.profiled_us > 0 and r.calling_thread_us > 0
+        assert not r.error and r.issue_us > 0 and r.idle_issue_us > 0 and r.profiled_us > 0 and r.calling_thread_us > 0
         assert r.events and all(e["kind"] != "python" for e in r.events)
         assert any("kernels/compose.py" in e["name"] for e in r.python)
         assert not any("torch/profiler" in e["name"] or " at 0x" in e["name"] for e in r.events + r.python)

@@ -7,7 +7,10 @@ call at a tiny shape costs 164 us: at full size it holds more than launch work. 
 For each method and shape, the forward and the forward + backward are called ``calls`` times in a row,
 as the issue time calls them, three ways:
 
-* unprofiled: the issue time itself (``common.host_us``);
+* unprofiled: the issue time itself (``common.host_us``: ten calls in a row, so the GPU is busy with the
+  earlier calls while the later ones are issued), and the same call issued onto an idle GPU (synchronized
+  before each call): where the first exceeds the second, issuing slows down while the GPU works (the
+  driver's queue, a blocking allocation or synchronization) rather than in Python;
 * under torch.profiler without stacks: every host-side event that starts and ends inside the run (ATen
   and custom ops, autograd nodes and, on a GPU, the CUDA runtime and driver calls: kernel launches,
   allocations, synchronizations), by self time per call and by thread (the calling one, or another:
@@ -23,6 +26,8 @@ blocking allocation shows as a runtime call whose self time is long.
 from __future__ import annotations
 
 import re
+import statistics
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -52,7 +57,8 @@ class ProfileRow:
     shape: tuple
     direction: str  # fwd | fwd+bwd
     calls: int
-    issue_us: Optional[float] = None  # unprofiled host us per call
+    issue_us: Optional[float] = None  # unprofiled host us per call, calls in a row
+    idle_issue_us: Optional[float] = None  # unprofiled host us of one call issued onto an idle GPU
     profiled_us: Optional[float] = None  # the profiled run's wall time per call (ops pass)
     calling_thread_us: Optional[float] = None  # self time per call of the events on the calling thread
     other_threads_us: Optional[float] = None  # ... on any other (the autograd engine's device thread)
@@ -117,6 +123,20 @@ def profile_calls(fn: Callable[[], object], calls: int, with_stack: bool) -> tup
     return (hi - lo) / calls, rows, totals
 
 
+def idle_issue_us(fn: Callable[[], object], repeats: int = 20) -> float:
+    """Median host microseconds of one call of ``fn`` issued onto an idle device (synchronized before the
+    call and not inside the timed part)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        _sync()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+    _sync()
+    return statistics.median(times)
+
+
 def _calls(method: str, options: dict, op: str, shape: tuple, device: str) -> dict[str, Callable[[], object]]:
     """direction -> the call: the bound op on benchmark-sized inputs (bf16 on a GPU, fp32 on a CPU),
     causal, as the attention and kernel tables call it."""
@@ -160,6 +180,7 @@ def measure(method: str, options: dict, label: str, op: str, shape: tuple, devic
         for row in rows:
             fn = fns[row.direction]
             row.issue_us = host_us(fn, calls=calls, repeats=5, warmup=2)[0]
+            row.idle_issue_us = idle_issue_us(fn)
             row.profiled_us, events, totals = profile_calls(fn, calls, with_stack=False)
             row.calling_thread_us = totals.get("thread:calling", 0.0)
             row.other_threads_us = totals.get("thread:other", 0.0)
@@ -175,12 +196,12 @@ def measure(method: str, options: dict, label: str, op: str, shape: tuple, devic
 
 
 def _table(rows: list[ProfileRow]) -> str:
-    lines = ["| method | op | shape | direction | issue us | profiled us | calling thread us | other threads us "
-             "| runtime calls us | largest event |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| method | op | shape | direction | issue us | idle issue us | profiled us | calling thread us "
+             "| other threads us | runtime calls us | largest event |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         big = f"{r.events[0]['name'][:60]} ({r.events[0]['self_us']:.1f} us)" if r.events else r.error
         lines.append(f"| {r.method} | {r.op} | {'x'.join(map(str, r.shape))} | {r.direction} | {fmt(r.issue_us, '.1f')} "
-                     f"| {fmt(r.profiled_us, '.1f')} | {fmt(r.calling_thread_us, '.1f')} | {fmt(r.other_threads_us, '.1f')} "
+                     f"| {fmt(r.idle_issue_us, '.1f')} | {fmt(r.profiled_us, '.1f')} | {fmt(r.calling_thread_us, '.1f')} | {fmt(r.other_threads_us, '.1f')} "
                      f"| {fmt(r.runtime_us, '.1f')} | {big} |")
     for r in rows:
         if not r.events:
@@ -211,7 +232,8 @@ def run_host_profile(methods: Optional[list[str]], op: str, shapes: list[tuple],
                 new = measure(method, options, label, op, shape, device, calls, top)
                 rows += new
                 for r in new:
-                    print(f"  {label:24s} {shape} {r.direction:7s} issue {fmt(r.issue_us, '.1f')} us, profiled "
+                    print(f"  {label:24s} {shape} {r.direction:7s} issue {fmt(r.issue_us, '.1f')} us (idle GPU "
+                          f"{fmt(r.idle_issue_us, '.1f')}), profiled "
                           f"{fmt(r.profiled_us, '.1f')} (calling thread {fmt(r.calling_thread_us, '.1f')}, others "
                           f"{fmt(r.other_threads_us, '.1f')}, runtime calls {fmt(r.runtime_us, '.1f')}) {r.error}", flush=True)
                 write_json(out / "host_profile.json", {"env": env, "device": device, "rows": [asdict(r) for r in rows]})
