@@ -164,6 +164,15 @@ def test_gluon_backward_plan_limits():
     assert bwd_gluon.shared_bytes(64, 64, 2, dq=True) == bwd_gluon.shared_bytes(64, 64, 2) + extra
     assert bwd_gluon.budget_reason(128, GLUON_BWD_ADD) is None  # (225 KB of the 227)
     assert "dk/dv kernel" in bwd_gluon.budget_reason(128, dataclasses.replace(GLUON_BWD_ADD, num_stages=3))
+    # dq split between the consumers: each one's fp32 tile is half as wide, so three slots fit at d = 128
+    split = dataclasses.replace(GLUON_BWD_ADD, dq_split=True)
+    assert bwd_gluon.shared_bytes(64, 64, 2, dq=True, dq_split=True) == bwd_gluon.shared_bytes(64, 64, 2, dq=True) - 64 * 32 * 4 * 2
+    assert bwd_gluon.budget_reason(128, dataclasses.replace(split, num_stages=3)) is None
+    assert "dq_split takes d = 128" in bwd_gluon.budget_reason(64, split)  # (a column slice inside a swizzle atom)
+    assert bwd_gluon.budget_reason(64, split, add_dq=False) is None  # (deterministic: no dq added, nothing split)
+    for bad in (GLUON_BWD, GLUON_BWD2, plans.BwdPlan(dq_mode="tma_add")):
+        with pytest.raises(ValueError, match="dq_split=True. splits the dq"):
+            dataclasses.replace(bad, dq_split=True)
     # (under deterministic algorithms the kernel runs without dq's buffers: they do not count then)
     assert bwd_gluon.budget_reason(128, dataclasses.replace(GLUON_BWD_ADD, num_stages=3), add_dq=False) is None
     assert bwd_gluon.budget_reason(128, dataclasses.replace(GLUON_BWD, num_stages=3)) is None
@@ -312,30 +321,35 @@ def test_gluon_forward_and_gradients_on_the_gpu(case, gplan, monkeypatch):
 
 _GPU_BWD_PLANS = [(1, 64, 2, 64, 2, "pass", False), (1, 32, 3, 64, 2, "pass", True), (2, 64, 2, 128, 2, "pass", False),
                   (2, 32, 3, 64, 3, "pass", True), (2, 32, 2, 128, 2, "pass", False),
-                  (1, 64, 2, 64, 2, "tma_add", False), (1, 64, 3, 64, 2, "tma_add", True)]
-# (gluon, block_m1, num_stages, block_n2, dq_stages, dq_mode, overlap)
+                  (1, 64, 2, 64, 2, "tma_add", False), (1, 64, 3, 64, 2, "tma_add", True),
+                  (1, 64, 2, 64, 2, "tma_split", False), (1, 64, 3, 64, 2, "tma_split", True)]
+# (gluon, block_m1, num_stages, block_n2, dq_stages, dq_mode, overlap; "tma_split": tma_add with dq_split)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", _GPU_CASES,
                          ids=lambda c: f"{c[2]}x{c[3]}-d{c[4]}-{str(c[5])[6:]}-{c[6]}-{c[7]}-s{c[8]}")
 @pytest.mark.parametrize("bplan", _GPU_BWD_PLANS,
-                         ids=lambda p: f"gluon{p[0]}-m{p[1]}-s{p[2]}-n{p[3]}-s{p[4]}" + ("-add" * (p[5] == "tma_add"))
-                         + "-overlap" * p[6])
+                         ids=lambda p: f"gluon{p[0]}-m{p[1]}-s{p[2]}-n{p[3]}-s{p[4]}"
+                         + {"tma_add": "-add", "tma_split": "-split"}.get(p[5], "") + "-overlap" * p[6])
 def test_gluon_backward_on_the_gpu(case, bplan, monkeypatch):
-    """The Gluon dk/dv pass, with the Triton dq pass (gluon=1), the Gluon one (2) or adding dq itself (tma_add),
-    each product waited for at once or only where needed next (overlap), against float64, and dq, dk, dv
-    element by element against the Triton backward."""
+    """The Gluon dk/dv pass, with the Triton dq pass (gluon=1), the Gluon one (2) or adding dq itself (tma_add,
+    by turns or split between the consumers), each product waited for at once or only where needed next
+    (overlap), against float64, and dq, dk, dv element by element against the Triton backward."""
     B, H, tq, tk, d, dtype, causal, layout, scale = case
     if d == 128 and bplan[1] == 64 and bplan[5] == "pass":
         pytest.skip("d = 128 takes 32-query dk/dv tiles (64 spill 16 bytes a thread: not a plan the sweep keeps)")
     if d == 128 and bplan[5] == "tma_add" and (bplan[2] > 2 or (tq, layout) != (2048, "bthd")):
         pytest.skip("adding dq at d = 128 (2 slots at most; it spills 128 bytes a thread): the long case only")
+    if d != 128 and bplan[5] == "tma_split":
+        pytest.skip("dq split between the consumers: d = 128 only")
     q, k, v = make_qkv(B, H, tq, tk, d, dtype, layout=layout, device="cuda")
     _need_gluon(q, k, v)
     gluon, block_m1, stages, block_n2, dq_stages, dq_mode, overlap = bplan
+    split = dq_mode == "tma_split"
+    dq_mode = "tma_add" if split else dq_mode
     plan = plans.BwdPlan(block_n1=128, block_m1=block_m1, num_stages=stages, gluon=gluon, dq_mode=dq_mode,
-                         overlap=overlap,
+                         overlap=overlap, dq_split=split,
                          **(dict(block_m2=128, block_n2=block_n2, dq_stages=dq_stages) if gluon == 2 else {}))
     launches = []
     for name in ("launch_dkdv", "launch_dq"):
@@ -346,6 +360,7 @@ def test_gluon_backward_on_the_gpu(case, bplan, monkeypatch):
     assert [n for n, _, _ in launches] == ["launch_dkdv"] + (["launch_dq"] if gluon == 2 else [])  # the Gluon kernels
     assert (launches[0][1][0] is not None) == (dq_mode == "tma_add")  # (dq_acc: dq added by the dk/dv kernel)
     assert launches[0][2]["overlap"] == overlap  # (the dk/dv pass's; the dq pass has no such option)
+    assert launches[0][2]["dq_split"] == split
     s = d ** -0.5 if scale is None else scale
     qd, kd, vd = (t.detach() for t in (q, k, v))
     out, lse = launch_fwd(qd, kd, vd, s, causal, plans.FwdPlan(block_m=64, block_n=64))
@@ -399,23 +414,27 @@ def test_gluon_backward_adding_dq_ignores_keys_past_tk_when_every_score_is_very_
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_launch_bwd_wires_the_gluon_dkdv_adding_dq(monkeypatch, deterministic):
+@pytest.mark.parametrize("split", [False, True])
+def test_launch_bwd_wires_the_gluon_dkdv_adding_dq(monkeypatch, deterministic, split):
     """launch_bwd's side of dq_mode="tma_add" with a Gluon plan, on any machine: the Gluon kernel stood in for
     by float64 math (it adds the true dq into the buffer it is given). The buffer is a zeroed fp32
     (B, H, Tq, d) tensor and dq comes out of it in the model's layout; under deterministic algorithms the
-    kernel gets no buffer and the Triton dq pass gives dq. Every gradient against float64."""
+    kernel gets no buffer (nor the plan's dq_split) and the Triton dq pass gives dq. Every gradient against
+    float64."""
 
-    q, k, v = (t.detach() for t in make_qkv(2, 2, 37, 37, 64, torch.bfloat16, layout="bthd"))
+    d = 128 if split else 64  # (dq_split: d = 128 only)
+    q, k, v = (t.detach() for t in make_qkv(2, 2, 37, 37, d, torch.bfloat16, layout="bthd"))
     scale = 0.125
     ref_in = [t.double().requires_grad_(True) for t in (q, k, v)]
     ref = kernels.reference_attention(*ref_in, scale=scale, causal=True)
     do = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1)).to(q.dtype)
     ref.backward(do.double())
-    given = []
+    given, splits = [], []
 
     def fake_dkdv(do_, q_, k_, v_, lse, delta, dk, dv, scale_, causal, block_n, block_m, stages, dq_acc=None,
-                  overlap=False):
+                  overlap=False, dq_split=False):
         given.append(dq_acc)
+        splits.append(dq_split)
         dk.copy_(ref_in[1].grad)
         dv.copy_(ref_in[2].grad)
         if dq_acc is not None:
@@ -426,7 +445,7 @@ def test_launch_bwd_wires_the_gluon_dkdv_adding_dq(monkeypatch, deterministic):
     monkeypatch.setattr(bwd, "tma_eligible", lambda *a: True)
     monkeypatch.setattr(bwd_gluon, "launch_dkdv", fake_dkdv)
     out, lse = launch_fwd(q, k, v, scale, True, plans.FwdPlan(block_m=16, block_n=16))
-    plan = dataclasses.replace(GLUON_BWD_ADD, block_m2=16, block_n2=16, pre_block=16)
+    plan = dataclasses.replace(GLUON_BWD_ADD, block_m2=16, block_n2=16, pre_block=16, dq_split=split)
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(deterministic, warn_only=True)
     try:
@@ -434,8 +453,9 @@ def test_launch_bwd_wires_the_gluon_dkdv_adding_dq(monkeypatch, deterministic):
     finally:
         torch.use_deterministic_algorithms(was)
     assert len(given) == 1 and (given[0] is None) == deterministic
+    assert splits == [split and not deterministic]
     if not deterministic:
-        assert given[0].shape == (2, 2, 37, 64)
+        assert given[0].shape == (2, 2, 37, d)
     assert dq.stride() == q.stride()  # (the model's (B, T, H, d) layout, as every backward's)
     for got, want in zip((dq, dk, dv), ref_in):
         assert kernels.relative_error(got, want.grad) <= kernels.ATTN_BWD_TOL[torch.bfloat16]

@@ -338,7 +338,7 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         if delta_in_dq:  # (the Triton dq pass first: it forms delta)
             launch(n_q, 0, False, True, plan.dq_warps, plan.dq_stages)
         bwd_gluon.launch_dkdv(do, q, k, v, lse, delta, dk, dv, scale, causal, plan.block_n1, plan.block_m1,
-                              plan.num_stages, dq_acc, overlap=plan.overlap)
+                              plan.num_stages, dq_acc, overlap=plan.overlap, dq_split=plan.dq_split and add_dq)
         if add_dq:
             dq.copy_(dq_acc)
         elif plan.gluon == 2:

@@ -21,7 +21,11 @@ consumer warpgroups have read them.
   (``cp.reduce.async.bulk.tensor``), which the host then casts into dq. One reduction per 128 keys and
   query tile: half the reduction traffic of 64-key tiles, which is what cost the Triton kernel's
   ``tma_add`` its place (docs/perf.md). The summation order of dq varies from run to run: under
-  ``torch.use_deterministic_algorithms`` the dq pass runs instead.
+  ``torch.use_deterministic_algorithms`` the dq pass runs instead. With ``DQ_SPLIT`` (plan ``dq_split``)
+  both consumers form a share every tile, each of half of dq's columns (FA3's split of the dq product across
+  its warpgroups): a 64 x d/2 accumulator a consumer instead of the turn's 64 x d (64 registers a thread
+  at d = 128), two reductions of half a row each, and no consumer idles while the other takes a turn.
+  d = 128 only: the halves are column slices of the k tiles at their 64-column swizzle atoms.
 * dq: a program takes 2 x BLOCK_M queries (heaviest first when causal); the fixed tiles are each
   consumer's q and do, the streamed ones k and v, up to the program's last visible key. Per key tile:
   s = q k^T and dp = do v^T, p = exp2(s * scale * log2(e) - lse * log2(e)) (masked as in the
@@ -48,28 +52,37 @@ from kernels.methods.triton import fastlaunch
 __all__ = ["GLUON_ERROR", "budget_reason", "launch_dkdv", "launch_dq", "shared_bytes"]
 
 
-def shared_bytes(d: int, tile_rows: int, stages: int, dq: bool = False) -> int:
+def shared_bytes(d: int, tile_rows: int, stages: int, dq: bool = False, dq_split: bool = False) -> int:
     """Either pass's buffers (16-bit): each consumer's two fixed 64-row tiles (dk/dv: k and v; dq: q and do),
     the ring of two tensors' tiles of tile_rows (dk/dv: q and do; dq: k and v), 1 KB of barriers and scratch;
     dq (the dk/dv pass adding dq): two tiles' ds^T of both consumers (16-bit, 64 keys x tile_rows each) and
-    each consumer's fp32 dq tile (tile_rows x d) for its TMA reductions."""
-    extra = 2 * 2 * 64 * tile_rows * 2 + 2 * tile_rows * d * 4 if dq else 0
+    each consumer's fp32 dq tile (tile_rows x d, or x d / 2 with dq_split) for its TMA reductions."""
+    extra = 2 * 2 * 64 * tile_rows * 2 + 2 * tile_rows * (d // 2 if dq_split else d) * 4 if dq else 0
     return 2 * 2 * 64 * d * 2 + stages * 2 * tile_rows * d * 2 + extra + 1024
 
 
-def _over_budget(what: str, d: int, tile_rows: int, stages: int, dq: bool = False) -> Optional[str]:
-    need = shared_bytes(d, tile_rows, stages, dq)
+def _over_budget(what: str, d: int, tile_rows: int, stages: int, dq: bool = False,
+                 dq_split: bool = False) -> Optional[str]:
+    need = shared_bytes(d, tile_rows, stages, dq, dq_split)
     if need > SHARED_LIMIT:
         return (f"the Gluon {what} kernel's shared memory at d={d}, {tile_rows}-row tiles, {stages} slots: {need} "
                 f"bytes, over the {SHARED_LIMIT} an H100/H200 program may have")
     return None
 
 
+#: dq_split's halves are column slices of the k tiles, which wgmma reads only whole swizzle atoms of (64 16-bit
+#: columns, 128 bytes): d = 128 splits at the atoms' boundary, d = 64 would split inside its one atom
+_SPLIT_D = ("dq_split takes d = 128 (each consumer's half of dq reads whole 64-column swizzle atoms of the k tiles; "
+            "got d={d})")
+
+
 def budget_reason(d: int, plan, add_dq: Optional[bool] = None) -> Optional[str]:
     """Why a backward plan's Gluon kernels do not fit a program's shared memory (None: they do); add_dq:
     whether the dk/dv kernel adds dq (None: as the plan says; False under deterministic algorithms)."""
     add_dq = plan.dq_mode == "tma_add" if add_dq is None else add_dq
-    return (_over_budget("dk/dv", d, plan.block_m1, plan.num_stages, add_dq)
+    if add_dq and plan.dq_split and d != 128:
+        return _SPLIT_D.format(d=d)
+    return (_over_budget("dk/dv", d, plan.block_m1, plan.num_stages, add_dq, plan.dq_split)
             or (_over_budget("dq", d, plan.block_n2, plan.dq_stages) if plan.gluon == 2 else None))
 
 
@@ -136,7 +149,7 @@ if gluon is not None:
                   s_dkb, s_dkh, s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, b, h, H, n0, lo, n_tiles, TQ, TK,
                   qk_scale, scale, ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, C: gl.constexpr,
                   BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-                  CAUSAL: gl.constexpr, DQ: gl.constexpr, OVERLAP: gl.constexpr):
+                  CAUSAL: gl.constexpr, DQ: gl.constexpr, OVERLAP: gl.constexpr, DQ_SPLIT: gl.constexpr):
         """dk and dv of this consumer's BLOCK_N keys; with DQ also dq's shares (``_dq_turn``; the arguments
         from ds_bufs to desc_dqa are DQ's buffers, barriers and descriptor, not read without it). Per query
         tile: s^T, then p^T and dv's product with dp^T, then ds^T and dk's product, each waited for at once;
@@ -177,7 +190,7 @@ if gluon is not None:
             lse2 = gl.load(LSE + row + offs_m, mask=offs_m < TQ, other=float("inf")) * 1.4426950408889634
             delta = gl.load(DELTA + row + offs_m, mask=offs_m < TQ, other=0.0)
             mbarrier.wait(ready.index(s), (j // STAGES) & 1)
-            if DQ:  # this tile's ds^T slot: free once the dq turn of tile j - 2 has read it
+            if DQ:  # this tile's ds^T slot: free once the dq turn (or with DQ_SPLIT both shares) of tile j - 2 read it
                 mbarrier.wait(ds_empty.index(j % 2), ((j // 2) & 1) ^ 1)
             dst = zero_s  # (a tile before j_first adds nothing to dq either)
             if j >= j_first:
@@ -208,7 +221,7 @@ if gluon is not None:
             mbarrier.arrive(empty.index(s), count=1)
             if DQ:
                 _dq_turn(dst.to(dtype), k_bufs, ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, b, h, m0, j, scale, C,
-                         BLOCK_N, BLOCK_M, D)
+                         BLOCK_N, BLOCK_M, D, DQ_SPLIT)
         if DQ:  # (the last reduction reads its shared tile before the program ends)
             tma.store_wait(0)
         rows = k0 + gl.arange(0, BLOCK_N, layout=row_o)
@@ -222,19 +235,35 @@ if gluon is not None:
 
     @gluon.jit
     def _dq_turn(dst, k_bufs, ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, b, h, m0, j, scale, C: gl.constexpr,
-                 BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, D: gl.constexpr):
+                 BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, D: gl.constexpr, DQ_SPLIT: gl.constexpr):
         """dq's share of query tile j from the program's 2 x BLOCK_N keys, FA3's way: each consumer puts its
         ds^T (BLOCK_N keys x BLOCK_M queries; zeros where it had nothing to add) in the tile's shared slot
         ds_bufs[2 * (j % 2) + C] and arrives on ds_full[j % 2]; the consumer whose turn it is (C = j % 2)
         waits for both, runs dq = ds_0 k_0 + ds_1 k_1 (two wgmmas reading ds^T transposed from shared
         memory), hands the slots back (ds_empty) and adds dq * scale into the fp32 dq rows by one TMA
         reduction from its own shared tile, once its previous reduction has read that tile. One reduction
-        per 2 x BLOCK_N keys and query tile."""
+        per 2 x BLOCK_N keys and query tile. DQ_SPLIT: every tile both consumers wait for both ds^T and each
+        forms and adds columns C * D / 2 .. (C + 1) * D / 2 of the share (both hand the slots back: ds_empty
+        counts two)."""
         par = j % 2
         ds_bufs.index(2 * par + C).store(dst)
         fence_async_shared()  # (the stores seen by the wgmmas, which read through the async proxy)
         mbarrier.arrive(ds_full.index(par), count=1)
-        if par == C:
+        if DQ_SPLIT:
+            HALF: gl.constexpr = D // 2
+            mbarrier.wait(ds_full.index(par), (j // 2) & 1)
+            zero_q = gl.zeros([BLOCK_M, HALF], gl.float32, layout=mma_layout(HALF))
+            k_0 = k_bufs.index(0).reshape([BLOCK_N, D]).slice(C * HALF, HALF, dim=1)
+            k_1 = k_bufs.index(1).reshape([BLOCK_N, D]).slice(C * HALF, HALF, dim=1)
+            dq = warpgroup_mma(ds_bufs.index(2 * par).permute((1, 0)), k_0, zero_q, use_acc=False, is_async=True)
+            dq = warpgroup_mma(ds_bufs.index(2 * par + 1).permute((1, 0)), k_1, dq, is_async=True)
+            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+            mbarrier.arrive(ds_empty.index(par), count=1)
+            tma.store_wait(0)  # (this consumer's previous reduction has read its tile)
+            dq_bufs.index(C).reshape([BLOCK_M, HALF]).store(dq * scale)
+            fence_async_shared()
+            _tma_add(desc_dqa, [b, h, m0, C * HALF], dq_bufs.index(C))
+        elif par == C:
             mbarrier.wait(ds_full.index(par), (j // 2) & 1)
             zero_q = gl.zeros([BLOCK_M, D], gl.float32, layout=mma_layout(D))
             dq = warpgroup_mma(ds_bufs.index(2 * par).permute((1, 0)), k_bufs.index(0).reshape([BLOCK_N, D]), zero_q,
@@ -252,10 +281,12 @@ if gluon is not None:
     def _dkdv_ws_kernel(desc_k, desc_v, desc_q, desc_do, LSE, DELTA, DK, DV,
                         s_dkb, s_dkh, s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, H, TQ, TK, qk_scale, scale, desc_dqa,
                         BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-                        CAUSAL: gl.constexpr, DQ: gl.constexpr, OVERLAP: gl.constexpr = False):
+                        CAUSAL: gl.constexpr, DQ: gl.constexpr, OVERLAP: gl.constexpr = False,
+                        DQ_SPLIT: gl.constexpr = False):
         """One program: 2 x BLOCK_N keys of (batch, head); see the module docstring. DQ: dq's shares too,
-        added into the fp32 (B, H, Tq, D) rows desc_dqa describes (boxes of BLOCK_M x D); without it
-        desc_dqa is not read. OVERLAP: see ``_consumer``."""
+        added into the fp32 (B, H, Tq, D) rows desc_dqa describes (boxes of BLOCK_M x D, or BLOCK_M x D / 2
+        with DQ_SPLIT: each consumer half the columns, ``_dq_turn``); without it desc_dqa is not read.
+        OVERLAP: see ``_consumer``."""
         n0 = gl.program_id(0) * (2 * BLOCK_N)
         h = gl.program_id(1)
         b = gl.program_id(2)
@@ -269,12 +300,12 @@ if gluon is not None:
         if DQ:  # two tiles' ds^T of both consumers, each consumer's dq tile, the ds^T slots' barriers
             ds_bufs = gl.allocate_shared_memory(dtype, [4, BLOCK_N, BLOCK_M],
                                                 gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
-            dq_bufs = gl.allocate_shared_memory(gl.float32, [2, 1, 1, BLOCK_M, D], desc_dqa.layout)
+            dq_bufs = gl.allocate_shared_memory(gl.float32, [2] + desc_dqa.block_type.shape, desc_dqa.layout)
             ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
             ds_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
             for i in gl.static_range(2):
                 mbarrier.init(ds_full.index(i), count=2)  # both consumers' ds^T
-                mbarrier.init(ds_empty.index(i), count=1)  # the turn's consumer, done reading them
+                mbarrier.init(ds_empty.index(i), count=2 if DQ_SPLIT else 1)  # who read them: the turn's, or both
         else:  # (placeholders of the consumers' DQ arguments, never read)
             ds_bufs, dq_bufs, ds_full, ds_empty = k_bufs, k_bufs, kv_bar, kv_bar
         fence_async_shared()
@@ -284,11 +315,11 @@ if gluon is not None:
              (_consumer, (k_bufs, v_bufs, q_bufs, do_bufs, kv_bar, ready, empty, LSE, DELTA, DK, DV, s_dkb, s_dkh,
                           s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, b, h, H, n0, lo, n_tiles, TQ, TK, qk_scale, scale,
                           ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, 0, BLOCK_N, BLOCK_M, D, STAGES, CAUSAL, DQ,
-                          OVERLAP)),
+                          OVERLAP, DQ_SPLIT)),
              (_consumer, (k_bufs, v_bufs, q_bufs, do_bufs, kv_bar, ready, empty, LSE, DELTA, DK, DV, s_dkb, s_dkh,
                           s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, b, h, H, n0, lo, n_tiles, TQ, TK, qk_scale, scale,
                           ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, 1, BLOCK_N, BLOCK_M, D, STAGES, CAUSAL, DQ,
-                          OVERLAP))],
+                          OVERLAP, DQ_SPLIT))],
             [4, 4], [240, 240])
 
     @gluon.jit
@@ -378,11 +409,13 @@ def launch_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 def launch_dkdv(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
                 delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, scale: float, causal: bool, block_n: int,
-                block_m: int, stages: int, dq_acc: Optional[torch.Tensor] = None, overlap: bool = False) -> None:
+                block_m: int, stages: int, dq_acc: Optional[torch.Tensor] = None, overlap: bool = False,
+                dq_split: bool = False) -> None:
     """dk and dv (allocated by the caller, any strides) for inputs ``gluon_common.supported`` takes and do;
     block_n: keys per program (two consumers of block_n / 2), block_m: queries per tile, stages: slots.
     dq_acc: a zeroed contiguous fp32 (B, H, Tq, d) tensor to add dq * scale into (dq by TMA reductions,
-    64-query tiles), or None (no dq). overlap: each product waited for only where needed next (``_consumer``)."""
+    64-query tiles), or None (no dq). overlap: each product waited for only where needed next (``_consumer``).
+    dq_split: with dq_acc, both consumers add half of dq's columns every tile (``_dq_turn``)."""
     B, H, TQ, D = q.shape
     TK = k.shape[2]
     if block_n != 128 or block_m not in (32, 64):
@@ -392,7 +425,11 @@ def launch_dkdv(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
                                or not dq_acc.is_contiguous()):
         raise ValueError(f"the Gluon dk/dv kernel adds dq with 64-query tiles (block_m1={block_m}) into a contiguous "
                          f"fp32 {(B, H, TQ, D)} tensor (got {dq_acc.dtype} {tuple(dq_acc.shape)})")
-    why = _over_budget("dk/dv", D, block_m, stages, dq_acc is not None)
+    if dq_split and dq_acc is None:
+        raise ValueError("dq_split=True splits the dq the Gluon dk/dv kernel adds: it needs dq_acc")
+    if dq_split and D != 128:
+        raise ValueError(_SPLIT_D.format(d=D))
+    why = _over_budget("dk/dv", D, block_m, stages, dq_acc is not None, dq_split)
     if why:
         raise ValueError(why)
     half = block_n // 2
@@ -401,6 +438,6 @@ def launch_dkdv(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         _dkdv_ws_kernel, (-(-TK // block_n), H, B),
         (desc_k, _descriptor(v, half), _descriptor(q, block_m), _descriptor(do, block_m), lse, delta,
          dk, dv, *dk.stride(), *dv.stride(), H, TQ, TK, scale * LOG2E, scale,
-         desc_k if dq_acc is None else _descriptor(dq_acc, block_m)),
+         desc_k if dq_acc is None else _descriptor(dq_acc, block_m, D // 2 if dq_split else D)),
         dict(BLOCK_N=half, BLOCK_M=block_m, D=D, STAGES=stages, CAUSAL=causal, DQ=dq_acc is not None, OVERLAP=overlap,
-             num_warps=4))
+             DQ_SPLIT=dq_split, num_warps=4))

@@ -153,12 +153,13 @@ def _unchecked(t: torch.Tensor, block: list, layout):
     return d
 
 
-def _descriptor(t: torch.Tensor, rows: int):
+def _descriptor(t: torch.Tensor, rows: int, cols: Optional[int] = None):
     """A 4-D TMA descriptor of a (B, H, T, d) tensor with its strides (16-bit, or the backward's fp32 dq sums),
-    boxes of one (batch, head)'s rows x d (its shared-memory layout made once per box and dtype)."""
+    boxes of one (batch, head)'s rows x cols (default d; its shared-memory layout made once per box and dtype)."""
     global _UNCHECKED
-    block = [1, 1, rows, t.shape[-1]]
-    key = (rows, t.shape[-1], t.dtype)
+    cols = t.shape[-1] if cols is None else cols
+    block = [1, 1, rows, cols]
+    key = (rows, cols, t.dtype)
     layout = _LAYOUTS.get(key)
     if layout is None:
         layout = _LAYOUTS[key] = gl.NVMMASharedLayout.get_default_for(

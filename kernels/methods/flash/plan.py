@@ -103,6 +103,8 @@ class BwdPlan:
     # dk/dv pass reading it: no delta kernel (one launch and one read of do fewer); dq_mode "pass", unfused
     overlap: bool = False  # (the Gluon dk/dv pass) dp^T issued with s^T, each wait for the product needed next:
     # p^T's exponentials run under dp^T, ds^T under dv's product
+    dq_split: bool = False  # (the Gluon dk/dv pass adding dq) both consumers form half of dq's columns every query
+    # tile, instead of taking turns at all of them (FA3's split: half the accumulator, no consumer idles)
 
     def __post_init__(self) -> None:
         _check_blocks(self, ("block_m1", "block_n1", "block_m2", "block_n2", "pre_block"))
@@ -127,6 +129,9 @@ class BwdPlan:
             raise ValueError(f"BwdPlan(delta_in_dq=True): the Triton dq pass forms delta and runs before dk/dv, so "
                              f"dq_mode='pass', fused=False and gluon 0 or 1; got dq_mode={self.dq_mode!r}, "
                              f"fused={self.fused}, gluon={self.gluon}")
+        if self.dq_split and not (self.gluon == 1 and self.dq_mode == "tma_add"):
+            raise ValueError(f"BwdPlan(dq_split=True) splits the dq that the Gluon dk/dv kernel adds: gluon=1 and "
+                             f"dq_mode='tma_add'; got gluon={self.gluon}, dq_mode={self.dq_mode!r}")
         if self.overlap and not self.gluon:
             raise ValueError("BwdPlan(overlap=True) is the Gluon dk/dv pass's (gluon=1 or 2); the Triton kernels' "
                              "pipelining is Triton's")
