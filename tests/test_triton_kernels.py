@@ -97,32 +97,43 @@ def test_persistent_path_matches_reference(shape, causal, seeded):
     assert kernels.relative_error(dx, dref) <= BWD_TOL[torch.bfloat16]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("variant", ["reload", "narrow"])
 @pytest.mark.parametrize("shape,causal,rows", [((9, 37), False, 2), ((2, 20, 20), True, 1), ((2, 9, 30), True, 4),
                                               ((2, 30, 9), True, 2)])
-def test_backward_tile_reload_gives_the_held_rows_result(shape, causal, rows, seeded):
-    """The backward tile path reading y and dy again for dx (``Plan.reload``) computes what the plan that
-    holds them does, bit for bit (the same operations on the same values), masked columns and rows past the
-    end included, and matches the reference."""
-    y = launch_fwd(random_scores(shape, torch.bfloat16, DEVICE, gen=seeded), 0.5, causal, tp.Plan(False, 64, 1, 1))
-    dy = random_scores(shape, torch.bfloat16, DEVICE, gen=seeded)
+def test_backward_tile_reload_and_narrow_give_the_held_rows_result(shape, causal, rows, variant, dtype, seeded):
+    """The backward tile path reading y and dy again for dx (``Plan.reload``), or holding them as loaded and
+    widening them again (``Plan.narrow``; fp32 rows are widened as they are), computes what the plan that
+    holds the widened rows does, bit for bit (the same operations on the same values), masked columns and
+    rows past the end included, and matches the reference."""
+    y = launch_fwd(random_scores(shape, dtype, DEVICE, gen=seeded), 0.5, causal, tp.Plan(False, 64, 1, 1))
+    dy = random_scores(shape, dtype, DEVICE, gen=seeded)
     held = launch_bwd(y, dy, 0.5, causal, tp.Plan(False, 64, rows, 1))
-    again = launch_bwd(y, dy, 0.5, causal, tp.Plan(False, 64, rows, 1, reload=True))
+    again = launch_bwd(y, dy, 0.5, causal, tp.Plan(False, 64, rows, 1, **{variant: True}))
     assert torch.equal(again, held)
-    assert kernels.relative_error(again, kernels.reference_softmax_backward(y, dy, scale=0.5)) <= BWD_TOL[torch.bfloat16]
+    assert kernels.relative_error(again, kernels.reference_softmax_backward(y, dy, scale=0.5)) <= BWD_TOL[dtype]
+
+
+def test_reload_and_narrow_exclude_each_other():
+    with pytest.raises(ValueError, match="reload=True, narrow=True"):
+        tp.Plan(False, 64, 1, 1, reload=True, narrow=True)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("n,warps,causal", [(16384, 16, False), (32768, 32, False), (1000, 4, False), (1024, 4, True)])
-def test_backward_tile_reload_on_the_gpu(n, warps, causal, seeded):
-    """On the GPU (the second loads with their own cache modifier): reload gives the held rows' gradient
-    bit for bit at the lengths the sweep tries it."""
+@pytest.mark.parametrize("variant", ["reload", "narrow"])
+@pytest.mark.parametrize("n,warps,causal", [(8192, 16, False), (16384, 16, False), (32768, 32, False), (1000, 4, False),
+                                            (1024, 4, True)])
+def test_backward_tile_reload_and_narrow_on_the_gpu(n, warps, causal, variant, seeded):
+    """On the GPU (reload's second loads with their own cache modifier; narrow's second widening of a
+    value the compiler cannot prove equal): each gives the held rows' gradient bit for bit at the lengths
+    the sweep tries it."""
     shape = (2, n, n) if causal else (64, n)
     y = torch.softmax(random_scores(shape, torch.float32, "cuda", gen=seeded), -1).to(torch.bfloat16)
     dy = random_scores(shape, torch.bfloat16, "cuda", gen=seeded)
     block = tp._next_pow2(n)
     held = launch_bwd(y, dy, 0.5, causal, tp.Plan(False, block, 1, warps))
-    again = launch_bwd(y, dy, 0.5, causal, tp.Plan(False, block, 1, warps, reload=True))
+    again = launch_bwd(y, dy, 0.5, causal, tp.Plan(False, block, 1, warps, **{variant: True}))
     assert torch.equal(again, held)
 
 
@@ -131,28 +142,33 @@ import torch
 from triton.backends.compiler import GPUTarget
 from kernels.methods.flash.compile_check import compile_call
 from kernels.methods.triton import tile
-n, y = 16384, torch.empty(16, dtype=torch.bfloat16)
-for reload in (False, True):
-    kw = dict(BLOCK_N=n, ROWS=1, CAUSAL=False, ROUND_MASK=True, RELOAD=reload, num_warps=16)
-    r = compile_call(tile._bwd_tile_kernel, (y, y, y, 8192, n, n, 1, 1, 0, 1.0), kw, GPUTarget("cuda", 90, 32))
-    print(reload, r["regs"], r["global_loads"])
+y = torch.empty(16, dtype=torch.bfloat16)
+for n, warps in ((16384, 16), (32768, 32)):
+    for variant in ("held", "reload", "narrow"):
+        kw = dict(BLOCK_N=n, ROWS=1, CAUSAL=False, ROUND_MASK=True, RELOAD=variant == "reload",
+                  NARROW=variant == "narrow", num_warps=warps)
+        r = compile_call(tile._bwd_tile_kernel, (y, y, y, 8192, n, n, 1, 1, 0, 1.0), kw, GPUTarget("cuda", 90, 32))
+        print(n, variant, r["regs"], r["global_loads"], r["stack"])
 """
 
 
-def test_backward_tile_reload_compiles_to_fewer_registers_for_sm90():
-    """Compiled for sm_90 (no GPU; a subprocess without the interpreter) at 16384 columns on 16 warps: with
-    ``reload`` the kernel issues its row's loads twice (the compiler did not merge them) and fits two
-    programs of 512 threads in an SM's 65536 registers (at most 64 a thread), where the kernel that holds
-    the widened row does not."""
+def test_backward_tile_reload_and_narrow_compile_to_fewer_registers_for_sm90():
+    """Compiled for sm_90 (no GPU; a subprocess without the interpreter). At 16384 columns on 16 warps: with
+    ``reload`` the kernel issues its row's loads twice (the compiler did not merge them), with ``narrow``
+    once, and either fits two programs of 512 threads in an SM's 65536 registers (at most 64 a thread),
+    where the kernel that holds the widened row does not. At 32768 on 32 warps (64 registers at most) the
+    held row spills and narrow's does not."""
     from tests.compiled_report import compile_run
 
     run = compile_run(["-c", _RELOAD_REGS], 600)
     assert run.returncode == 0, run.stderr[-2000:]
-    got = {line.split()[0]: (int(line.split()[1]), int(line.split()[2])) for line in run.stdout.splitlines()
-           if line.split() and line.split()[0] in ("False", "True")}
-    (held_regs, held_loads), (again_regs, again_loads) = got["False"], got["True"]
-    assert again_loads == 2 * held_loads, got
-    assert again_regs <= 64 < held_regs, got
+    got = {(int(f[0]), f[1]): tuple(int(v) for v in f[2:]) for f in (line.split() for line in run.stdout.splitlines())
+           if len(f) == 5 and f[1] in ("held", "reload", "narrow")}
+    (held_regs, held_loads, _), (again_regs, again_loads, _) = got[16384, "held"], got[16384, "reload"]
+    narrow_regs, narrow_loads, _ = got[16384, "narrow"]
+    assert again_loads == 2 * held_loads and narrow_loads == held_loads, got
+    assert again_regs <= 64 < held_regs and narrow_regs <= 64, got
+    assert got[32768, "held"][2] > 0 and got[32768, "narrow"][2] == 0, got
 
 
 @pytest.mark.parametrize("variant", ["whole-vector loads", "exact loads", "fill", "fill, 2 warps"])

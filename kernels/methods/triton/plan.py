@@ -58,6 +58,12 @@ class Plan:
     slots: int = 0  # ring path: chunk slots in shared memory (at most; fewer where the GPU has less)
     hybrid: bool = False  # hybrid path (forward; Gluon, GPU only; see _fwd_hybrid_kernel): a program per row
     reload: bool = False  # backward tile path: y and dy read again for dx instead of held (see _bwd_tile_kernel)
+    narrow: bool = False  # backward tile path: y and dy held as loaded (16-bit) and widened again for dx (ditto)
+
+    def __post_init__(self) -> None:
+        if self.reload and self.narrow:
+            raise ValueError("Plan(reload=True, narrow=True): the backward tile reads y and dy again (reload) or "
+                             "holds them as loaded (narrow), not both")
 
 
 def _next_pow2(n: int) -> int:

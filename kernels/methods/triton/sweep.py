@@ -39,8 +39,9 @@ def triton_candidates(n: int, causal: bool = False) -> list:
                 per_thread = tile // (32 * warps)
                 if 8 <= per_thread <= (64 if causal else 32):
                     plans.append(Plan(False, block, rows, warps))
-                    if per_thread >= 16:  # (backward) rows re-read for dx: fewer registers where many are held
+                    if per_thread >= 16:  # (backward) rows re-read for dx, or held 16-bit: fewer registers
                         plans.append(Plan(False, block, rows, warps, reload=True))
+                        plans.append(Plan(False, block, rows, warps, narrow=True))
                     if causal:  # the tile kernel's exact-prefix loads as well as whole-vector ones (the
                         # backward; the forward's fallback for scales the fill cannot take), and the fill kernel
                         plans.append(Plan(False, block, rows, warps, round_mask=False))
@@ -91,7 +92,7 @@ def run_triton_sweep(sizes: list[int], elements: int, dtype: str, out: Path, cau
                 ("fwd", lambda: launch_fwd(x, 1.0, causal, p), ref, kernels.FWD_TOL[dt], 2 * nbytes),
                 ("bwd", lambda: launch_bwd(y, dy, 1.0, causal, p), dref, kernels.BWD_TOL[dt], 3 * nbytes),
             ):  # each direction on its own: a candidate may fit one (e.g. shared memory) and not the other
-                if d == "fwd" and p.reload:  # (a backward-only switch: the forward would time its twin again)
+                if d == "fwd" and (p.reload or p.narrow):  # (backward-only switches: the forward would time its twin again)
                     continue
                 try:
                     row[f"{d}_ok"] = error_on_device(run(), want) <= tol
