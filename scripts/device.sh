@@ -15,7 +15,8 @@
 #   triton-ce-sweep  python -m kernels.methods.triton.ce_sweep (Triton cross-entropy plans per V; TRITON_CE_SWEEP_ARGS)
 #   ce-sweep python -m kernels.methods.cuda.ce_sweep (CUDA cross-entropy launch variants per V; CE_SWEEP_ARGS)
 #   flash-sweep  python -m kernels.methods.flash.sweep (flash attention plans per shape, SDPA flash and cuDNN
-#            beside them; FLASH_SHAPES, FLASH_FWD_PHASES, FLASH_BWD_PHASES override its --shapes and phases,
+#            beside them; FLASH_SHAPES, FLASH_FWD_PHASES, FLASH_BWD_PHASES, FLASH_MODE (fwd, bwd, both) override
+#            its --shapes, phases and --mode,
 #            e.g. FLASH_SHAPES="4,12,4096,64" FLASH_BWD_PHASES="fused=0 dq_mode=pass,atomic,tma_add")
 #   overhead python -m harness.bench overhead model=gpt2s
 #   study    python -m harness.study (STUDY_ARGS)
@@ -81,6 +82,7 @@ for stage in "$@"; do
       [ -n "${FLASH_SHAPES:-}" ] && args+=(--shapes "$FLASH_SHAPES")
       [ -n "${FLASH_FWD_PHASES:-}" ] && args+=(--fwd-phases "$FLASH_FWD_PHASES")
       [ -n "${FLASH_BWD_PHASES:-}" ] && args+=(--bwd-phases "$FLASH_BWD_PHASES")
+      [ -n "${FLASH_MODE:-}" ] && args+=(--mode "$FLASH_MODE")
       timeout ${FLASH_SWEEP_TIMEOUT:-400} python3 -m kernels.methods.flash.sweep "${args[@]}" 2>&1 | tee "$OUT/flash_sweep.log" \
         | grep -E "^==|sdpa-|table entry|\*$|FAILED|WRONG" | cut -c1-220 | tail -40
       summary+=("flash-sweep: see $OUT/flash_sweep.json")
