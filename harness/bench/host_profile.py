@@ -97,7 +97,9 @@ def profile_calls(fn: Callable[[], object], calls: int, with_stack: bool) -> tup
                 fn()
     _sync()
     events = prof.events()
-    win = next(e for e in events if e.name == WINDOW)
+    win = next((e for e in events if e.name == WINDOW), None)
+    if win is None:
+        raise RuntimeError("torch.profiler recorded no range around the profiled calls (is another profiler running?)")
     lo, hi = win.time_range.start, win.time_range.end
     agg: dict = {}
     totals: dict = {}
