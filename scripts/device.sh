@@ -2,7 +2,8 @@
 # Run a stage on a GPU machine with no internet (the lent H200): install the offline wheels (Hydra,
 # OmegaConf, W&B, built by shared/tools/offline-wheels.sh into .whl/), then one or more stages:
 #   tests    build the CUDA extension, run the GPU tests and the fused methods' CPU-contract tests
-#            (softmax, cross-entropy, attention; TEST_FILES, TEST_FILTER override which)
+#            (softmax, cross-entropy, attention; TEST_FILES, TEST_FILTER override which; TEST_ARGS adds
+#            pytest options, e.g. "-n 8" where .whl holds pytest-xdist: offline-wheels.sh .whl pytest-xdist)
 #   kernels  python -m harness.bench kernels (full table; extra args in KERNEL_ARGS)
 #   loss     python -m harness.bench loss (cross-entropy table; LOSS_ARGS)
 #   attention  python -m harness.bench attention (attention table; ATTENTION_ARGS)
@@ -41,7 +42,7 @@ for stage in "$@"; do
   case $stage in
     tests)
       python3 -c "from kernels.methods import cuda as c; print('cuda extension:', c.prepare())" 2>&1 | tail -30 | tee "$OUT/build.log"
-      timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -p no:cacheprovider ${TEST_FILES:-tests/test_gpu_methods.py tests/test_triton_*.py \
+      timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -p no:cacheprovider ${TEST_ARGS:-} ${TEST_FILES:-tests/test_gpu_methods.py tests/test_triton_*.py \
         tests/test_cuda_cross_entropy.py tests/test_cross_entropy.py tests/test_flash_attention.py tests/test_flash_plans.py tests/test_flex_attention.py \
         tests/test_properties.py tests/test_kernels.py tests/test_registry.py tests/test_model.py} -k "${TEST_FILTER:-triton or cuda or gpu or sdpa}" \
         2>&1 | tee "$OUT/tests.log" | tail -40
