@@ -114,6 +114,33 @@ def test_backward_tile_reload_and_narrow_give_the_held_rows_result(shape, causal
     assert kernels.relative_error(again, kernels.reference_softmax_backward(y, dy, scale=0.5)) <= BWD_TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+def test_persistent_backward_narrow_gives_the_held_rows_result(causal, dtype, seeded):
+    """The persistent backward (rows pipelined through shared memory) holding y and dy as loaded
+    (``Plan.narrow``) gives the widened rows' gradient bit for bit."""
+    shape = (2, 13, 40)
+    y = launch_fwd(random_scores(shape, dtype, DEVICE, gen=seeded), 0.5, causal, tp.Plan(False, 64, 1, 1))
+    dy = random_scores(shape, dtype, DEVICE, gen=seeded)
+    held = launch_bwd(y, dy, 0.5, causal, tp.Plan(False, 64, 1, 2, stages=2))
+    narrow = launch_bwd(y, dy, 0.5, causal, tp.Plan(False, 64, 1, 2, stages=2, narrow=True))
+    assert torch.equal(narrow, held)
+    assert kernels.relative_error(narrow, kernels.reference_softmax_backward(y, dy, scale=0.5)) <= BWD_TOL[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("n,warps,stages", [(32768, 32, 2), (32768, 32, 3), (16384, 16, 2)])
+def test_persistent_backward_narrow_on_the_gpu(n, warps, stages, seeded):
+    """On the GPU: the persistent backward holding y and dy 16-bit gives the widened rows' gradient bit for
+    bit at the lengths the sweep tries it."""
+    y = torch.softmax(random_scores((300, n), torch.float32, "cuda", gen=seeded), -1).to(torch.bfloat16)
+    dy = random_scores((300, n), torch.bfloat16, "cuda", gen=seeded)
+    held = launch_bwd(y, dy, 0.5, False, tp.Plan(False, n, 1, warps, stages=stages))
+    narrow = launch_bwd(y, dy, 0.5, False, tp.Plan(False, n, 1, warps, stages=stages, narrow=True))
+    assert torch.equal(narrow, held)
+
+
 def test_reload_and_narrow_exclude_each_other():
     with pytest.raises(ValueError, match="reload=True, narrow=True"):
         tp.Plan(False, 64, 1, 1, reload=True, narrow=True)
@@ -149,6 +176,10 @@ for n, warps in ((16384, 16), (32768, 32)):
                   NARROW=variant == "narrow", num_warps=warps)
         r = compile_call(tile._bwd_tile_kernel, (y, y, y, 8192, n, n, 1, 1, 0, 1.0), kw, GPUTarget("cuda", 90, 32))
         print(n, variant, r["regs"], r["global_loads"], r["stack"])
+for variant in ("held", "narrow"):  # the persistent path's, as the table has it at 32768
+    kw = dict(BLOCK_N=32768, CAUSAL=False, STAGES=2, NARROW=variant == "narrow", num_warps=32)
+    r = compile_call(tile._bwd_persist_kernel, (y, y, y, 8192, 32768, 32768, 1, 1, 0, 1.0), kw, GPUTarget("cuda", 90, 32))
+    print(-32768, variant, r["regs"], r["global_loads"], r["stack"])
 """
 
 
@@ -157,7 +188,7 @@ def test_backward_tile_reload_and_narrow_compile_to_fewer_registers_for_sm90():
     ``reload`` the kernel issues its row's loads twice (the compiler did not merge them), with ``narrow``
     once, and either fits two programs of 512 threads in an SM's 65536 registers (at most 64 a thread),
     where the kernel that holds the widened row does not. At 32768 on 32 warps (64 registers at most) the
-    held row spills and narrow's does not."""
+    held row spills and narrow's does not, in the tile kernel and in the persistent one."""
     from tests.compiled_report import compile_run
 
     run = compile_run(["-c", _RELOAD_REGS], 600)
@@ -169,6 +200,7 @@ def test_backward_tile_reload_and_narrow_compile_to_fewer_registers_for_sm90():
     assert again_loads == 2 * held_loads and narrow_loads == held_loads, got
     assert again_regs <= 64 < held_regs and narrow_regs <= 64, got
     assert got[32768, "held"][2] > 0 and got[32768, "narrow"][2] == 0, got
+    assert got[-32768, "held"][2] > 0 and got[-32768, "narrow"][2] == 0, got  # (the persistent path: likewise)
 
 
 @pytest.mark.parametrize("variant", ["whole-vector loads", "exact loads", "fill", "fill, 2 warps"])

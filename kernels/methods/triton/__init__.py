@@ -19,7 +19,8 @@ For causal scores of shape (..., Tq, Tk), row r is query i = r mod Tq and keeps 
   the row's reduction: at 16384 columns on 16 warps 44 registers a thread instead of 87 (Triton 3.6,
   sm_90), two programs per SM instead of one, as Liger's kernel (16-bit registers) gets. ``Plan.narrow``
   gets there without the second read: y and dy are held as loaded (16-bit) and widened again for dx (51
-  registers at 16384, 32 at 8192, 60 without a spill at 32768 on 32 warps, where the held row spills).
+  registers at 16384, 32 at 8192, 60 without a spill at 32768 on 32 warps, where the held row spills);
+  the persistent backward takes it too (its widened row spills 40 bytes at 32768, the narrow one none).
   Both in the sweep's candidates; in no table entry until timed on the GPU.
 * Hybrid path (forward, 16-bit rows of ``HYBRID_MIN_N`` + 1 up to ``RING_MAX_N`` columns, not causal,
   on a GPU): a Gluon kernel (Triton's lower-level dialect: explicit layouts and shared memory), one

@@ -214,7 +214,7 @@ def launch_bwd(
         elif p.stages:
             one = (tile._bwd_persist_kernel, (_persistent_grid(n_rows, y.device, p),),
                    (y2, dy2, dx, n_rows, n_cols, dy2.stride(0), dy2.stride(1), tq, diag, scale),
-                   dict(BLOCK_N=p.block_n, CAUSAL=causal, STAGES=p.stages, num_warps=p.num_warps))
+                   dict(BLOCK_N=p.block_n, CAUSAL=causal, STAGES=p.stages, NARROW=p.narrow, num_warps=p.num_warps))
         elif p.long:
             one = (tile._bwd_long_kernel, (n_rows,),
                    (y2, dy2, dx, n_cols, dy2.stride(0), dy2.stride(1), tq, diag, scale),

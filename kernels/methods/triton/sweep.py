@@ -56,6 +56,7 @@ def triton_candidates(n: int, causal: bool = False) -> list:
             if 16 <= block // (32 * warps) <= 64:
                 for stages in (2, 3):
                     plans.append(Plan(False, block, 1, warps, stages=stages))
+                    plans.append(Plan(False, block, 1, warps, stages=stages, narrow=True))  # (backward only)
                 plans.append(Plan(False, block, 1, warps, stages=2, programs_per_sm=2))
     if not causal and tp.MAX_TILE_N < n <= tp.RING_MAX_N:  # ring path (backward; Gluon, 16-bit rows, GPU)
         for warps, slots in ((16, 24), (32, 12), (32, 13)):

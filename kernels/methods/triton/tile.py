@@ -133,18 +133,33 @@ if triton is not None:
             tl.store(Y + r * n_cols + cols, (e * inv).to(Y.dtype.element_ty), mask=cols < n_cols)
 
     @triton.jit
+    def _widen_again(v, opaque_zero):
+        """v (as loaded) in fp32 once more, by a conversion the compiler cannot merge with the one before: a
+        16-bit v is xor-ed with opaque_zero (0 at run time, unknown to the compiler) first, so its second
+        widening is of another value and v itself, not its fp32 copy, stays live in between."""
+        if v.dtype.primitive_bitwidth == 16:
+            v = (v.to(tl.int16, bitcast=True) ^ opaque_zero.to(tl.int16)).to(v.dtype, bitcast=True)
+        return v.to(tl.float32)
+
+    @triton.jit
     def _bwd_persist_kernel(
         Y, DY, DX, n_rows, n_cols, stride_dyr, stride_dyc, tq, diag, scale,
-        BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, STAGES: tl.constexpr,
+        BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, STAGES: tl.constexpr, NARROW: tl.constexpr = False,
     ):
+        """NARROW: as the tile kernel's (y and dy held as loaded, widened again for dx): at 32768 columns on
+        32 warps the widened row spills 40 bytes a thread (Triton 3.6), the narrow one does not."""
         cols = tl.arange(0, BLOCK_N)
         for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=STAGES):
             r = tl.cast(row, tl.int64)
             lim = _row_limit(r, n_cols, tq, diag, CAUSAL)
             keep = cols < lim
-            y = tl.load(Y + r * n_cols + cols, mask=keep, other=0.0).to(tl.float32)
-            dy = tl.load(DY + r * stride_dyr + cols * stride_dyc, mask=keep, other=0.0).to(tl.float32)
+            y_in = tl.load(Y + r * n_cols + cols, mask=keep, other=0.0)
+            dy_in = tl.load(DY + r * stride_dyr + cols * stride_dyc, mask=keep, other=0.0)
+            y, dy = y_in.to(tl.float32), dy_in.to(tl.float32)
             dot = tl.sum(y * dy, axis=0)
+            if NARROW:
+                zero = n_cols >> 31  # (n_cols > 0)
+                y, dy = _widen_again(y_in, zero), _widen_again(dy_in, zero)
             dx = tl.where(keep, scale * y * (dy - dot), 0.0)
             tl.store(DX + r * n_cols + cols, dx.to(DX.dtype.element_ty), mask=cols < n_cols)
 
@@ -259,15 +274,6 @@ if triton is not None:
             dot = tl.sum(tl.load(stat + p, mask=p < splits, other=0.0, cache_modifier=".cg"), axis=0)
             dx = tl.where(keep, scale * y * (dy - dot), 0.0)
             tl.store(DX + row * n_cols + cols, dx.to(DX.dtype.element_ty), mask=cols < n_cols)
-
-    @triton.jit
-    def _widen_again(v, opaque_zero):
-        """v (as loaded) in fp32 once more, by a conversion the compiler cannot merge with the one before: a
-        16-bit v is xor-ed with opaque_zero (0 at run time, unknown to the compiler) first, so its second
-        widening is of another value and v itself, not its fp32 copy, stays live in between."""
-        if v.dtype.primitive_bitwidth == 16:
-            v = (v.to(tl.int16, bitcast=True) ^ opaque_zero.to(tl.int16)).to(v.dtype, bitcast=True)
-        return v.to(tl.float32)
 
     @triton.jit
     def _bwd_tile_kernel(
