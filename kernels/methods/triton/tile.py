@@ -292,9 +292,9 @@ if triton is not None:
         y_at = Y + rows64[:, None] * n_cols + cols[None, :]
         dy_at = DY + rows64[:, None] * stride_dyr + cols[None, :] * stride_dyc
         y_in = tl.load(y_at, mask=ld, other=0.0)
-        dy_in = tl.load(dy_at, mask=ld, other=0.0)
         y = tl.where(keep, y_in.to(tl.float32), 0.0)
-        dy = tl.where(keep, dy_in.to(tl.float32), 0.0)
+        dy_in = tl.load(dy_at, mask=ld, other=0.0)
+        dy = tl.where(keep, dy_in.to(tl.float32), 0.0)  # (this order: the held path's SASS as before NARROW)
         dot = tl.sum(y * dy, axis=1)
         if RELOAD:
             y = tl.where(keep, tl.load(y_at, mask=ld, other=0.0, cache_modifier=".ca").to(tl.float32), 0.0)
