@@ -23,6 +23,9 @@
 #   study    python -m harness.study (STUDY_ARGS)
 #   profile  Nsight Compute on scripts/profile_softmax.py (PROFILE_ARGS: method, N, direction; NCU_KERNEL:
 #            kernel-name filter, default the fused methods' kernels; NCU_ARGS: launches and sections, see below)
+#   profile-attention  Nsight Compute on scripts/profile_attention.py (ATTN_PROFILE_ARGS: method, shape,
+#            direction; ATTN_FWD, ATTN_BWD: flash plan knobs, e.g. ATTN_FWD="gluon=2 overlap=1"; NCU_KERNEL,
+#            default flash's kernels; NCU_ARGS as for profile: --launch-skip counts the warm-up call's launches)
 # Logs and results go to $OUT (or outputs/device); the last lines printed are a short summary.
 set -uo pipefail
 OUT=${OUT:-outputs/device}
@@ -102,6 +105,15 @@ for stage in "$@"; do
         python3 scripts/profile_softmax.py ${PROFILE_ARGS:-} > "$OUT/ncu.txt" 2>&1
       grep -E "path:|  [a-z_]*kernel|Duration|DRAM Throughput|Achieved Occupancy|Warp Cycles Per Issued|==ERR|==PROF==" "$OUT/ncu.txt" | tail -40
       summary+=("profile: see $OUT/ncu.txt")
+      ;;
+    profile-attention)
+      timeout ${PROFILE_TIMEOUT:-300} ncu --clock-control none -k "${NCU_KERNEL:-regex:_(fwd|bwd|dkdv|dq|delta)[a-z_]*kernel}" \
+        ${NCU_ARGS:---launch-skip 1 --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats} \
+        python3 scripts/profile_attention.py ${ATTN_PROFILE_ARGS:-} --fwd "${ATTN_FWD:-}" --bwd "${ATTN_BWD:-}" \
+        > "$OUT/ncu_attention.txt" 2>&1
+      grep -E "plans:|  [A-Za-z_]*kernel|Duration|Compute \(SM\) Throughput|Issue Slots Busy|Achieved Occupancy|Warp Cycles Per Issued|==ERR|==PROF==" \
+        "$OUT/ncu_attention.txt" | tail -40
+      summary+=("profile-attention: see $OUT/ncu_attention.txt")
       ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac

@@ -320,3 +320,29 @@ def test_host_profile_cli_profiles_the_softmax(tmp_path):
     assert any(e["name"] == "aten::_softmax" for e in saved[0]["events"])
     with pytest.raises(SystemExit):
         main(["host-profile", "--shapes", "1,2,8", "--out", str(tmp_path)])
+
+
+def test_attention_profile_script_runs_a_method_and_flash_plans(capsys, monkeypatch):
+    """scripts/profile_attention.py (what `scripts/device.sh profile-attention` runs under ncu): a method's
+    causal forward and backward at (B, H, T, d); for flash, plan knobs over the table's plan (printed, and
+    the plans the kernels then get); clear errors for a bad shape, knobs that make no plan and knobs for
+    another method."""
+    import runpy
+
+    mod = runpy.run_path(str(Path(__file__).resolve().parent.parent / "scripts" / "profile_attention.py"))
+    mod["main"](["--method", "torch", "--shape", "1,2,16,8", "--direction", "both", "--repeat", "2", "--dtype", "float32"])
+    assert "torch: 2 x both at (1, 2, 16, 8) float32 (causal)" in capsys.readouterr().out
+    from kernels.methods.flash import fwd
+
+    fp, bp = mod["_plans"]((1, 2, 64, 64), torch.bfloat16, "block_m=32 num_warps=2", "fused=0 dq_mode=atomic",
+                           pytest.fail)
+    assert (fp.block_m, fp.num_warps, bp.dq_mode) == (32, 2, "atomic")
+    got = []  # the plan the flash forward then runs (the kernel launch itself stood in for)
+    monkeypatch.setattr(fwd.fastlaunch, "launch", lambda fn, grid, args, kw, *rest: got.append(kw))
+    mod["main"](["--shape", "1,2,64,64", "--fwd", "block_m=32 block_n=16 num_warps=2", "--repeat", "1"])
+    assert "flash plans: FwdPlan(block_m=32, block_n=16, num_warps=2" in capsys.readouterr().out
+    assert got and all(kw["BLOCK_M"] == 32 and kw["BLOCK_N"] == 16 and kw["num_warps"] == 2 for kw in got)
+    for bad in (["--shape", "1,2,16"], ["--shape", "1,2,16,8", "--repeat", "0"],
+                ["--method", "torch", "--fwd", "block_m=32"], ["--fwd", "block_m=31"], ["--fwd", "block_m=32,64"]):
+        with pytest.raises(SystemExit):
+            mod["main"](bad)
