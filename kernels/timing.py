@@ -30,6 +30,16 @@ def bench_ms(fn: Callable[[], object], rep_ms: int = 100) -> float:
     return statistics.median(times)
 
 
+def warm_then_repeat(fn: Callable[[], object], repeat: int) -> None:
+    """For a profiler that picks launches by count (Nsight Compute's --launch-skip): one warm-up call of fn
+    (JIT, first-use builds), then ``repeat`` calls, the device synchronized after each part."""
+    for calls in (1, repeat):
+        for _ in range(calls):
+            fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+
 def bench_graph_ms(fn: Callable[[], object], rep_ms: int = 100) -> tuple[float, bool]:
     """Median time of fn's GPU work: captured once in a CUDA graph and timed by replaying it, so the
     host-side cost of launching (Python, autograd, dispatch) does not hide inside kernel times.

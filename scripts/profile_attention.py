@@ -23,6 +23,7 @@ import dataclasses
 import torch
 
 import kernels
+from kernels.timing import warm_then_repeat
 
 
 def _plans(shape: tuple, dtype: torch.dtype, fwd: str, bwd: str, error):
@@ -87,13 +88,7 @@ def main(argv: list[str] | None = None) -> None:
             torch.autograd.grad(out, (qq, kk, vv), do)
 
     with use:
-        once()  # warm-up (JIT, first-use builds)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        for _ in range(a.repeat):
-            once()
-        if device == "cuda":
-            torch.cuda.synchronize()
+        warm_then_repeat(once, a.repeat)
     print(f"{a.method}: {a.repeat} x {a.direction} at {shape} {a.dtype} (causal), after one warm-up call")
 
 

@@ -19,6 +19,7 @@ import argparse
 import torch
 
 import kernels
+from kernels.timing import warm_then_repeat
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -53,13 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         if a.direction != "fwd":
             torch.autograd.grad(y, xx, dy)
 
-    once()  # warm-up (JIT, first-use builds)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    for _ in range(a.repeat):
-        once()
-    if device == "cuda":
-        torch.cuda.synchronize()
+    warm_then_repeat(once, a.repeat)
     print(f"{a.method}: {a.repeat} x {a.direction} on {rows} x {a.n} {a.dtype} ({device})")
 
 

@@ -346,3 +346,11 @@ def test_attention_profile_script_runs_a_method_and_flash_plans(capsys, monkeypa
                 ["--method", "torch", "--fwd", "block_m=32"], ["--fwd", "block_m=31"], ["--fwd", "block_m=32,64"]):
         with pytest.raises(SystemExit):
             mod["main"](bad)
+
+
+def test_warm_then_repeat_calls_once_then_repeat_times():
+    from kernels.timing import warm_then_repeat
+
+    calls = []
+    warm_then_repeat(lambda: calls.append(1), 3)
+    assert len(calls) == 4
