@@ -310,6 +310,20 @@ def test_host_profile_attributes_each_calls_host_time(tmp_path):
         run_host_profile(["torch"], "cross_entropy", [(1, 2, 16, 8)], tmp_path)
 
 
+def test_host_profile_tells_python_events_where_torch_does_not_flag_them():
+    """torch 2.11's FunctionEvent has no is_python_function (run AA): the Python tracer's events are then told
+    by their names."""
+    from types import SimpleNamespace
+
+    from harness.bench.host_profile import _kind
+
+    assert _kind(SimpleNamespace(name="kernels/compose.py(19): attention")) == "python"
+    assert _kind(SimpleNamespace(name="<built-in method run_backward of torch._C._EngineBase object>")) == "python"
+    assert _kind(SimpleNamespace(name="aten::bmm")) == "op"
+    assert _kind(SimpleNamespace(name="cudaLaunchKernel")) == "runtime"
+    assert _kind(SimpleNamespace(name="aten::bmm", is_python_function=True)) == "python"
+
+
 def test_host_profile_cli_profiles_the_softmax(tmp_path):
     from harness.bench import main
 

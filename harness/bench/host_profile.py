@@ -68,8 +68,12 @@ class ProfileRow:
     error: str = ""
 
 
+_PY_NAME = re.compile(r"^(<built-in |.*\.py\(\d+\): )")  # a Python function's event, where torch does not flag it
+
+
 def _kind(e) -> str:
-    if e.is_python_function:
+    flagged = getattr(e, "is_python_function", None)  # (torch 2.11's FunctionEvent has no such field)
+    if flagged or (flagged is None and _PY_NAME.match(e.name)):
         return "python"
     if _RUNTIME.match(e.name):
         return "runtime"
