@@ -130,7 +130,7 @@ def test_persistent_backward_narrow_gives_the_held_rows_result(causal, dtype, se
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("n,warps,stages", [(32768, 32, 2), (32768, 32, 3), (16384, 16, 2)])
+@pytest.mark.parametrize("n,warps,stages", [(32768, 32, 2), (16384, 16, 2)])  # (3 stages at 32768: 262 KB)
 def test_persistent_backward_narrow_on_the_gpu(n, warps, stages, seeded):
     """On the GPU: the persistent backward holding y and dy 16-bit gives the widened rows' gradient bit for
     bit at the lengths the sweep tries it."""
