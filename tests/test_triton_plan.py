@@ -29,7 +29,10 @@ def test_plan_packs_short_rows_splits_long_ones_and_streams_longer_ones():
     assert not tp.plan(tp.SPLIT_ABOVE_N, 2).split and not tp.plan(tp.SPLIT_ABOVE_N, 2, backward=True).split
     assert tp.plan(262144, 2).split and tp.plan(262144, 2).block_n == tp.SPLIT_BLOCK_N
     assert tp.plan(65536, 2, backward=True, gluon=False).split
-    assert tp.plan(32768, 2, gluon=False).stages and tp.plan(32768, 2, backward=True).stages  # persistent, 16-bit
+    assert tp.plan(32768, 2, gluon=False).stages  # the forward's fallback: persistent, 16-bit
+    bwd = tp.plan(32768, 2, backward=True)  # the backward: one row a program on 32 warps, held 16-bit (run AA)
+    assert not bwd.stages and bwd.narrow and (bwd.rows, bwd.num_warps) == (1, 32)
+    assert not tp.plan(16384, 2, backward=True).narrow and not tp.plan(32768, 2).narrow
     assert not tp.plan(32768, 4).stages and not tp.plan(1024, 2, causal=True).stages
     widest = tp.MAX_SPLITS * tp.SPLIT_BLOCK_N
     assert tp.plan(widest, 2).split and tp.plan(widest + 1, 2).long  # too many chunks: the long path

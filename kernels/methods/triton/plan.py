@@ -90,10 +90,14 @@ SPLIT_WARPS = {False: 8, True: 8}
 _SPLIT_FROM = {False: 65537, True: 32769}
 # Persistent tile path (rows pipelined through shared memory), 16-bit rows: BLOCK_N -> (warps, stages),
 # by direction (forward: two rows prefetched, 128 KB of shared memory; backward: y and dy of one row).
-# Only at 32768, where the sweep put it ahead of the plain tile (docs/perf.md has the numbers); at 65536
-# a row does not fit twice in shared memory. On a GPU the forward takes the hybrid path instead; this
-# plan is its fallback.
-_PERSIST = {False: {32768: (32, 3)}, True: {32768: (32, 2)}}
+# Only the forward at 32768, where the sweep put it ahead of the plain tile (docs/perf.md has the numbers);
+# at 65536 a row does not fit twice in shared memory. On a GPU the forward takes the hybrid path instead; this
+# plan is its fallback. The backward's plain tile holding 16-bit rows (_BWD_NARROW) beat it at 32768 (run AA).
+_PERSIST = {False: {32768: (32, 3)}, True: {}}
+# Backward tiles that hold y and dy as loaded (Plan.narrow): at 32768 the one-row tile on 32 warps, 2955 GB/s
+# (0.99 of copy) against 2605 (0.87) for the persistent path held and 2823 narrow, Liger 2973, in one run on
+# an H100 (run AA, docs/perf.md); a 16-bit row's widened copy spilled there.
+_BWD_NARROW = {32768}
 # Causal backward rows (the attention shape B=8, H=12, T=1024, from the sweep): (rows per program, warps,
 # round_mask); other lengths use _BWD_TILE.
 _CAUSAL_BWD_TILE = {1024: (1, 4, True)}
@@ -154,7 +158,7 @@ def plan(n_cols: int, elem_bytes: int, backward: bool = False, causal: bool = Fa
     table = _BWD_TILE if backward else _FWD_TILE
     if block_n in table:
         rows, warps = table[block_n]
-        return Plan(False, block_n, rows, warps)
+        return Plan(False, block_n, rows, warps, narrow=backward and block_n in _BWD_NARROW)
     rows = max(1, 4096 // block_n)  # short rows: several per program, ~16 elements per thread
     return Plan(False, block_n, rows, max(1, min(8, rows * block_n // (32 * 16))))
 
