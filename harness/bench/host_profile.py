@@ -45,7 +45,8 @@ DEFAULT_SHAPES = {"attention": "16,12,1024,64;4,12,4096,64;1,12,16384,64",
                   "softmax": "8,12,1024,1024"}
 WINDOW = "harness.bench.host_profile: calls"
 #: events of the profiler itself (entering its range, its Python), never the call's
-_PROFILER_OWN = re.compile(r"torch/profiler/|torch/autograd/profiler|_record_function_|^" + re.escape(WINDOW))
+_PROFILER_OWN = re.compile(r"torch/profiler/|torch/autograd/profiler|_record_function_|^Activity Buffer Request|^"
+                           + re.escape(WINDOW))  # (CUPTI's buffer requests: run AB's largest "event")
 _RUNTIME = re.compile(r"^cu(da)?[A-Z]")
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # <built-in method to of Tensor object at 0x...>: one name for every tensor
 
