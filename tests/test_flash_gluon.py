@@ -50,12 +50,16 @@ def test_gluon_plan_limits():
     assert all(dataclasses.replace(GLUON, gluon=g, overlap=True).overlap for g in (1, 2))
     with pytest.raises(ValueError, match="overlap=True. is the Gluon forward's"):
         plans.FwdPlan(overlap=True)
-    # three consumers: a 192-query work tile, the Gluon kernel's only (a Triton block is a power of two), d = 64
+    # three consumers: a 192-query work tile, the Gluon kernel's only (a Triton block is a power of two); their
+    # 160 registers hold d = 64's tiles, and d = 128's with 64-key tiles only
     assert dataclasses.replace(GLUON, block_m=192).block_m == 192
     with pytest.raises(ValueError, match="powers of two"):
         plans.FwdPlan(block_m=192)
     assert fwd_gluon.budget_reason(64, 128, 2, True, 192) is None
-    assert "d = 64" in fwd_gluon.budget_reason(128, 64, 2, False, 192)
+    assert fwd_gluon.budget_reason(128, 64, 4, True, 192) is None  # (230400 bytes: 96 KB of q, 4 slots of 32 KB)
+    assert "block_n=64 or block_m=128" in fwd_gluon.budget_reason(128, 128, 2, False, 192)
+    assert "d=96" in fwd_gluon.budget_reason(96, 64, 2, False, 192)
+    assert "shared memory" in fwd_gluon.budget_reason(128, 64, 5, True, 192)
     assert fwd_gluon.shared_bytes(64, 128, 2, consumers=3) == fwd_gluon.shared_bytes(64, 128, 2) + 64 * 64 * 2
     assert fwd_gluon.shared_bytes(128, 128, 3) <= fwd_gluon.SHARED_LIMIT < fwd_gluon.shared_bytes(128, 128, 4)
     # persistent programs hold a second pair of q tiles (the next work tile's)
@@ -224,8 +228,9 @@ _GPU_CASES = [  # (B, H, Tq, Tk, d, dtype, causal, layout, scale)
 _GPU_PLANS = [(2, 128, 2, False, False, 128), (2, 64, 3, False, True, 128), (1, 128, 2, False, False, 128),
               (2, 128, 2, True, True, 128), (1, 64, 3, True, False, 128), (1, 128, 2, True, True, 128),
               (1, 64, 3, False, True, 128), (2, 64, 3, True, True, 192), (1, 128, 2, False, False, 192),
-              (1, 64, 2, True, True, 192)]
-# (gluon, block_n, num_stages, persistent, overlap, block_m: 192 is three consumers, d = 64 only)
+              (1, 64, 2, True, True, 192), (1, 64, 4, True, False, 192)]
+# (gluon, block_n, num_stages, persistent, overlap, block_m: 192 is three consumers: d = 64, or d = 128 with
+# 64-key tiles)
 
 
 @pytest.mark.gpu
@@ -240,8 +245,8 @@ def test_gluon_forward_and_gradients_on_the_gpu(case, gplan, monkeypatch):
     consumers, both tile widths, a program a work tile and persistent (the GPU's SM count of programs:
     several tiles a program in the (4, 12, 1024) case, at most one in the others)."""
     B, H, tq, tk, d, dtype, causal, layout, scale = case
-    if gplan[5] == 192 and d != 64:
-        pytest.skip("three consumers (160 registers a thread) take d = 64 only")
+    if gplan[5] == 192 and d != 64 and gplan[1] != 64:
+        pytest.skip("three consumers (160 registers a thread) take d = 128 with 64-key tiles only")
     q, k, v = make_qkv(B, H, tq, tk, d, dtype, layout=layout, device="cuda")
     _need_gluon(q, k, v)
     plan = plans.FwdPlan(block_m=gplan[5], block_n=gplan[1], num_stages=gplan[2], gluon=gplan[0], persistent=gplan[3],
@@ -277,12 +282,11 @@ def test_gluon_persistent_forward_with_few_programs_on_the_gpu(case, pingpong, o
     the q buffers, ring slots and ping-pong turns (two consumers, or three in a ring) carried from one work
     tile to the next give out and lse element by element as the Triton forward's."""
     B, H, tq, tk, d, dtype, causal, layout, scale = case
-    if block_m == 192 and d != 64:
-        pytest.skip("three consumers (160 registers a thread) take d = 64 only")
+    block_n = 64 if block_m == 192 and d == 128 else 128  # (three consumers hold d = 128's 64-key tiles only)
     q, k, v = (t.detach() for t in make_qkv(B, H, tq, tk, d, dtype, layout=layout, device="cuda"))
     _need_gluon(q, k, v)
     s = d ** -0.5 if scale is None else scale
-    out, lse = fwd_gluon.launch_fwd(q, k, v, s, causal, block_m, 128, 2, pingpong=pingpong, persistent=True,
+    out, lse = fwd_gluon.launch_fwd(q, k, v, s, causal, block_m, block_n, 2, pingpong=pingpong, persistent=True,
                                     programs=3, overlap=overlap)
     out_t, lse_t = launch_fwd(q, k, v, s, causal, plans.FwdPlan(block_m=64, block_n=64))
     tol = 2e-2 if dtype == torch.bfloat16 else 3e-3

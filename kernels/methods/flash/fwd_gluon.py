@@ -24,8 +24,8 @@ How the consumers order their products (plan ``gluon`` and ``overlap``):
   ping-pong that passed the turn only once its products had finished: slower than free-running everywhere.)
 Scores of tiles every query sees whole take one FMA each before the exponential (scale and max folded; the
 Triton forward's SCALE_NONNEG).
-With ``block_m=192`` (d = 64 only) three consumer warpgroups of 160 registers share the program (FA3's
-head-dim-64 shape): a 192-query work tile, each key tile read once for three warpgroups' queries, and one more
+With ``block_m=192`` three consumer warpgroups of 160 registers share the program (FA3's head-dim-64 shape;
+at d = 128 with 64-key tiles only, whose scores take half the registers of 128-key ones): a 192-query work tile, each key tile read once for three warpgroups' queries, and one more
 warpgroup's products to fill the tensor cores while the others run their softmax; ping-pong turns then go
 round the three.
 
@@ -77,11 +77,13 @@ def shared_bytes(d: int, block_n: int, stages: int, persistent: bool = False, co
 
 def budget_reason(d: int, block_n: int, stages: int, persistent: bool = False, block_m: int = 128) -> Optional[str]:
     """Why the forward's buffers or registers do not fit a program (None: they do). block_m: the work tile's
-    queries, 64 a consumer warpgroup (192: three consumers of 160 registers, which hold d = 64's tiles only)."""
+    queries, 64 a consumer warpgroup (192: three consumers of 160 registers, which hold d = 64's accumulator and
+    scores, or d = 128's with 64-key tiles: 64 + 32 fp32 and 16 for p a thread)."""
     consumers = block_m // 64
-    if consumers == 3 and d != 64:
+    if consumers == 3 and d != 64 and not (d == 128 and block_n == 64):
         return (f"the Gluon forward's three consumers (block_m=192) have {CONSUMER_REGS_3} registers a thread, which "
-                f"hold d = 64's accumulator and scores only (got d={d}; block_m=128 takes it)")
+                f"hold d = 64's accumulator and scores, or d = 128's with 64-key tiles (got d={d}, block_n={block_n}; "
+                f"block_n=64 or block_m=128 takes it)")
     need = shared_bytes(d, block_n, stages, persistent, consumers)
     if need > SHARED_LIMIT:
         return (f"the Gluon forward's shared memory at d={d}, block_n={block_n}, {stages} slots"
@@ -169,7 +171,7 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
                block_n: int, stages: int, pingpong: bool = True, persistent: bool = False,
                programs: Optional[int] = None, overlap: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """out and lse as ``fwd.launch_fwd`` (inputs ``supported`` takes); block_m: queries per work tile (128:
-    two consumer warpgroups of 64; 192: three, d = 64 only), block_n: keys per tile, stages: ring slots;
+    two consumer warpgroups of 64; 192: three, d = 64, or d = 128 with block_n=64), block_n: keys per tile, stages: ring slots;
     pingpong: the consumers take turns at issuing their products (``_consumer_lagged``), else they run free;
     overlap: each consumer's softmax runs while its previous tile's p v does (``_consumer_lagged``), else each
     product is waited for at once (``_consumer`` where free-running); persistent: one program per SM (at

@@ -50,7 +50,7 @@ class FwdPlan:
     warp_specialize: bool = False  # tl.range(..., warp_specialize=True): producer/consumer warps
     group: int = 1
     gluon: int = 0  # the Gluon kernel (fwd_gluon): 1 consumers free-running, 2 ping-pong; block_m = 128 (two
-    # consumer warpgroups) or 192 (three, d = 64 only), block_n 64 or 128, num_stages = ring slots (0: Triton's)
+    # consumer warpgroups) or 192 (three: d = 64, or d = 128 with block_n 64), block_n 64 or 128, num_stages = ring slots (0: Triton's)
     persistent: bool = False  # (Gluon) a program per SM looping over work tiles, the next one's loads under this one
     overlap: bool = False  # (Gluon) a tile's softmax runs while the previous tile's p v does (FA3's intra-warpgroup
     # overlap: p v issued a tile late, behind the next q k^T)
