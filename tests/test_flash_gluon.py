@@ -50,6 +50,13 @@ def test_gluon_plan_limits():
     assert all(dataclasses.replace(GLUON, gluon=g, overlap=True).overlap for g in (1, 2))
     with pytest.raises(ValueError, match="overlap=True. is the Gluon forward's"):
         plans.FwdPlan(overlap=True)
+    # the persistent order's sections of heads: MB of keys and values, the persistent Gluon forward's only
+    assert dataclasses.replace(GLUON, persistent=True, section_mb=32).section_mb == 32
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="an int >= 0"):
+            dataclasses.replace(GLUON, persistent=True, section_mb=bad)
+    with pytest.raises(ValueError, match="persistent=True"):
+        dataclasses.replace(GLUON, section_mb=32)
     # three consumers: a 192-query work tile, the Gluon kernel's only (a Triton block is a power of two); their
     # 160 registers hold d = 64's tiles, and d = 128's with 64-key tiles only
     assert dataclasses.replace(GLUON, block_m=192).block_m == 192
@@ -116,6 +123,35 @@ def test_the_plans_pick_the_consumers_and_the_scale_fold(monkeypatch):
         launch_bwd(torch.zeros_like(out), q, q, q, out, lse, 0.125, True, plan)
     dkdv = [m["OVERLAP"] for _, m in seen if "DQ" in m]
     assert dkdv == [False, True] and sum("STAGES" in m and "DQ" not in m for _, m in seen) == 2  # (and 2 dq passes)
+
+
+def test_the_persistent_order_takes_heads_in_sections_of_section_mb(monkeypatch):
+    """``section_heads``: as many heads as have keys and values (Tk x (d + dv) x 2 bytes each) within section_mb
+    MB, at least one, at most every head; 0 is every head. The count reaches the kernel as n_sec, from the plan."""
+    assert fwd_gluon.section_heads(32, 2048, 128, 128, 2, 128) == 32  # (1 MB a head)
+    assert fwd_gluon.section_heads(32, 4096, 64, 64, 2, 48) == 32
+    assert fwd_gluon.section_heads(32, 16384, 64, 64, 2, 12) == 8
+    assert fwd_gluon.section_heads(32, 1024, 64, 64, 2, 192) == 128
+    assert fwd_gluon.section_heads(1, 8192, 128, 128, 2, 12) == 1  # (4 MB a head: still one)
+    assert fwd_gluon.section_heads(64, 100, 64, 64, 2, 6) == 6  # (never more than there are)
+    assert fwd_gluon.section_heads(0, 2048, 128, 128, 2, 128) == 128
+    for bad in (-1, 2.0, False):
+        with pytest.raises(ValueError, match="an int >= 0"):
+            fwd_gluon.section_heads(bad, 2048, 128, 128, 2, 128)
+    if fwd_gluon.GLUON_ERROR:
+        pytest.skip(fwd_gluon.GLUON_ERROR)
+    from kernels.methods.triton import fastlaunch
+
+    seen = []
+    monkeypatch.setattr(fastlaunch, "launch", lambda kernel, grid, args, meta, device=None: seen.append((args, meta)))
+    monkeypatch.setattr(gluon_common, "supported", lambda *t: None)
+    monkeypatch.setattr(fwd_gluon, "device_props", lambda device: type("P", (), {"multi_processor_count": 132}))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    q = torch.zeros(1, 6, 4096, 64, dtype=torch.bfloat16)  # (1 MB of keys and values a head)
+    for mb, heads in ((0, 6), (2, 2), (4, 4), (64, 6)):
+        launch_fwd(q, q, q, 0.125, True, dataclasses.replace(GLUON, persistent=True, section_mb=mb))
+        args, meta = seen[-1]
+        assert args[-1] == heads and args[-2] == 6 and meta["LEVELS"]  # (n_sec after n_bh)
 
 
 def test_gluon_descriptors_skip_the_checks_only_where_they_come_out_the_same(monkeypatch):
@@ -296,3 +332,39 @@ def test_gluon_persistent_forward_with_few_programs_on_the_gpu(case, pingpong, o
     torch.testing.assert_close(lse[fin], lse_t[fin], atol=1e-3, rtol=1e-4)
 
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [_GPU_CASES[i] for i in (0, 11)], ids=["300-d64", "4x12x1024-d64"])
+@pytest.mark.parametrize("heads,programs,block_m", [(1, 3, 128), (4, 3, 192), (5, None, 128), (7, 5, 192)])
+def test_gluon_persistent_forward_in_sections_on_the_gpu(case, heads, programs, block_m, monkeypatch):
+    """The persistent causal order taken a section of heads at a time (``FwdPlan.section_mb``; here the heads a
+    section holds set directly, the last section smaller where they do not divide the heads: 6 and 48 of them):
+    every work tile taken once, out and lse element by element as the Triton forward's."""
+    B, H, tq, tk, d, dtype, causal, layout, scale = case
+    q, k, v = (t.detach() for t in make_qkv(B, H, tq, tk, d, dtype, layout=layout, device="cuda"))
+    _need_gluon(q, k, v)
+    monkeypatch.setattr(fwd_gluon, "section_heads", lambda *a: heads)
+    s = d ** -0.5
+    out, lse = fwd_gluon.launch_fwd(q, k, v, s, causal, block_m, 128, 2, pingpong=False, persistent=True,
+                                    programs=programs, section_mb=1)
+    out_t, lse_t = launch_fwd(q, k, v, s, causal, plans.FwdPlan(block_m=64, block_n=64))
+    torch.testing.assert_close(out, out_t, atol=2e-2, rtol=2e-2,
+                               msg=lambda m: f"{m}\n{where(out, out_t, 2e-2, 2e-2, 128)}")
+    assert torch.equal(torch.isinf(lse), torch.isinf(lse_t))
+    fin = torch.isfinite(lse_t)
+    torch.testing.assert_close(lse[fin], lse_t[fin], atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_gluon_forward_plan_with_sections_on_the_gpu(monkeypatch):
+    """A table-style plan with ``section_mb`` (1 MB: one head a section at (1, 4, 2048, 128)) through the method's
+    launch path, forward and gradients against float64."""
+    q, k, v = make_qkv(1, 4, 2048, 2048, 128, torch.float16, layout="bthd", device="cuda")
+    _need_gluon(q, k, v)
+    plan = plans.FwdPlan(block_m=128, block_n=128, num_stages=2, gluon=1, persistent=True, section_mb=1)
+    launches = []
+    real = fwd_gluon.launch_fwd
+    monkeypatch.setattr(fwd_gluon, "launch_fwd", lambda *a, **kw: (launches.append(kw), real(*a, **kw))[1])
+    run_and_compare(q, k, v, causal=True, scale=None, plan=(plan, None))
+    assert [kw["section_mb"] for kw in launches] == [1]

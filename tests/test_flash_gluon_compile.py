@@ -30,7 +30,7 @@ for case in sys.argv[1:]:
              "OVERLAP": bool(overlap), "SCALE_NONNEG": True, "CONSUMERS": consumers}
     sig = {"desc_q": desc(64), "desc_k": desc(BN), "desc_v": desc(BN), "O": "*bf16", "LSE": "*fp32", "sob": "i32",
            "soh": "i32", "som": "i32", "H": "i32", "TQ": "i32", "TK": "i32", "qk_scale": "fp32", "n_m": "i32",
-           "n_bh": "i32", **{k: "constexpr" for k in const}}
+           "n_bh": "i32", "n_sec": "i32", **{k: "constexpr" for k in const}}
     src = GluonASTSource(fn=G._fwd_ws_kernel, signature=sig, constexprs=const,
                          attrs={(3,): [["tt.divisibility", 16]], (4,): [["tt.divisibility", 16]]})
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
@@ -71,8 +71,8 @@ def _assert_released_after_the_warpgroup(ptx: str, case: str) -> None:
 def test_gluon_forward_compiles_for_sm90_warp_specialized():
     """Compiled for Hopper without a GPU (tests.compiled_report: a subprocess without TRITON_INTERPRET, the
     Triton of HARNESS_COMPILE_PYTHON where set), ping-pong and free-running, with and without the overlap, a
-    program a work tile and persistent, both head dims and tiles, two consumers and (d = 64) three at 160
-    registers (``_check_waits``: where the waits are):
+    program a work tile and persistent, both head dims and tiles, two consumers and three at 160
+    registers (d = 64, and d = 128 with 64-key tiles) (``_check_waits``: where the waits are):
     TMA loads of 4-D boxes whose barrier expects exactly a q tile's bytes and a k plus v tile's, wgmma,
     the consumers' registers set (setmaxnreg: 240, or 160 for three), every barrier release by one elected
     thread (the slots' barriers count one arrival per consumer, the others one), no spill, and the buffers
@@ -83,7 +83,7 @@ def test_gluon_forward_compiles_for_sm90_warp_specialized():
         pytest.skip(fwd_gluon.GLUON_ERROR)
     cases = ["64,128,3,1,1,0,1,2", "128,128,2,0,1,0,0,2", "64,128,2,1,1,1,1,2", "128,64,2,1,0,1,0,2",
              "64,128,2,1,0,1,1,2", "128,128,2,1,1,1,1,2", "64,64,3,1,1,1,1,3", "64,128,2,1,0,1,0,3",
-             "64,64,2,0,0,0,1,3"]
+             "64,64,2,0,0,0,1,3", "128,64,4,1,0,1,0,3"]
     for case, k in zip(cases, compile_cases(_COMPILE, cases, timeout=900)):
         d, block_n, stages, _, _, persistent, overlap, consumers = (int(a) for a in case.split(","))
         _check_compiled(k, case, {64 * d * 2, 2 * block_n * d * 2},

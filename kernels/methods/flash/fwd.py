@@ -167,7 +167,7 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
         if why is None:
             return fwd_gluon.launch_fwd(q, k, v, scale, causal, plan.block_m, plan.block_n, plan.num_stages,
                                         pingpong=plan.gluon == 2, persistent=plan.persistent,
-                                        overlap=plan.overlap)
+                                        overlap=plan.overlap, section_mb=plan.section_mb)
         if chosen:
             raise ValueError(f"{plan} cannot run here: {why}")
         # a table plan for inputs the Gluon kernel takes: elsewhere, the Triton kernel's measured plan

@@ -38,7 +38,10 @@ log-sum-exp per query row, as the Triton forward (a row with no key: out = 0, ls
 A program takes one work tile (CONSUMERS x BLOCK_M queries of a (batch, head)), or with ``persistent`` (plan
 ``FwdPlan.persistent``) one program per SM takes a tile a round (causal: every head's heaviest block
 first, then the next lighter ones; the programs in order on even rounds and in reverse on odd ones, so
-their loads even out). One
+their loads even out). With ``FwdPlan.section_mb`` the causal order goes through the heads a section at a
+time, a section's keys and values at most that many MB, so they stay in L2 while its tiles run (FA3's L2
+swizzle): level by level over every head, each query block reads its keys and values from memory again
+once the heads' keys and values outgrow L2 (at (8, 16, 2048, 128), 128 MB against the H100's 50). One
 program fits an SM (the consumers' registers), so without it each tile starts with the tensor cores
 idle until its q and first key tiles arrive and ends with its stores; persistent, the producer loads
 the next tile's q (a second q buffer) and key tiles while the consumers finish this one, and the ring's
@@ -66,13 +69,24 @@ from kernels.methods.flash.tiles import LOG2E, empty_bthd
 from kernels.methods.triton import fastlaunch
 from kernels.methods.triton.plan import device_props
 
-__all__ = ["GLUON_ERROR", "budget_reason", "launch_fwd", "shared_bytes", "supported"]
+__all__ = ["GLUON_ERROR", "budget_reason", "launch_fwd", "section_heads", "shared_bytes", "supported"]
 
 
 def shared_bytes(d: int, block_n: int, stages: int, persistent: bool = False, consumers: int = 2) -> int:
     """The buffers' shared memory (a 64-query q tile per consumer, twice when persistent; the k and v ring;
     16-bit) and 1 KB for the barriers and the reductions' scratch."""
     return (2 if persistent else 1) * consumers * 64 * d * 2 + stages * 2 * block_n * d * 2 + 1024
+
+
+def section_heads(section_mb: int, tk: int, d: int, dv: int, itemsize: int, n_bh: int) -> int:
+    """Heads a section of the persistent causal tile order holds (``_work_tile``): as many as have keys and values
+    within section_mb MB (at least one, at most n_bh); section_mb = 0: every head (n_bh)."""
+    if not isinstance(section_mb, int) or isinstance(section_mb, bool) or section_mb < 0:
+        raise ValueError(f"section_mb={section_mb!r}: MB of keys and values a section of heads holds, an int >= 0 "
+                         f"(0: every head in one section)")
+    if section_mb == 0:
+        return n_bh
+    return max(1, min(n_bh, (section_mb << 20) // (max(tk, 1) * (d + dv) * itemsize)))
 
 
 def budget_reason(d: int, block_n: int, stages: int, persistent: bool = False, block_m: int = 128) -> Optional[str]:
@@ -95,15 +109,15 @@ def budget_reason(d: int, block_n: int, stages: int, persistent: bool = False, b
 if gluon is not None:
 
     @gluon.jit
-    def _producer(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, n_m, n_bh, H,
-                  TQ, TK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr,
-                  CAUSAL: gl.constexpr, LEVELS: gl.constexpr, CONSUMERS: gl.constexpr):
+    def _producer(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, n_m, n_bh,
+                  n_sec, H, TQ, TK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, LEVELS: gl.constexpr, CONSUMERS: gl.constexpr):
         """The program's work tiles one after another: each consumer's q tile into its slot of the tile's q
         buffer (once the consumer released what it held there, Q_BUFS tiles ago), then the key and value
         tiles through the ring; slots and phases count on across work tiles."""
         kv = 0
         for it in range(_tile_count(n_m * n_bh)):
-            b, h, m0, n_tiles = _work_tile(_tile_of(it), n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL, LEVELS,
+            b, h, m0, n_tiles = _work_tile(_tile_of(it), n_m, n_bh, n_sec, H, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL, LEVELS,
                                            CONSUMERS)
             qs = (it % Q_BUFS) * CONSUMERS
             for c in gl.static_range(CONSUMERS):
@@ -120,7 +134,7 @@ if gluon is not None:
                 kv += 1
 
     @gluon.jit
-    def _fwd_ws_kernel(desc_q, desc_k, desc_v, O, LSE, sob, soh, som, sod, H, TQ, TK, qk_scale, n_m, n_bh,
+    def _fwd_ws_kernel(desc_q, desc_k, desc_v, O, LSE, sob, soh, som, sod, H, TQ, TK, qk_scale, n_m, n_bh, n_sec,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, Q_BUFS: gl.constexpr, LEVELS: gl.constexpr,
                        OVERLAP: gl.constexpr = False, SCALE_NONNEG: gl.constexpr = False, CONSUMERS: gl.constexpr = 2):
@@ -143,41 +157,45 @@ if gluon is not None:
         if CONSUMERS == 3:
             gl.warp_specialize(
                 [(_producer, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty,
-                              n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, STAGES, Q_BUFS, CAUSAL, LEVELS, CONSUMERS)),
+                              n_m, n_bh, n_sec, H, TQ, TK, BLOCK_M, BLOCK_N, STAGES, Q_BUFS, CAUSAL, LEVELS,
+                              CONSUMERS)),
                  (_consumer_of, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh,
-                                 som, sod, n_m, n_bh, H, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS,
-                                 CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS)),
+                                 som, sod, n_m, n_bh, n_sec, H, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D, STAGES,
+                                 Q_BUFS, CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS)),
                  (_consumer_of, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh,
-                                 som, sod, n_m, n_bh, H, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS,
-                                 CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS)),
+                                 som, sod, n_m, n_bh, n_sec, H, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D, STAGES,
+                                 Q_BUFS, CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS)),
                  (_consumer_of, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh,
-                                 som, sod, n_m, n_bh, H, TQ, TK, qk_scale, 2, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS,
-                                 CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS))],
+                                 som, sod, n_m, n_bh, n_sec, H, TQ, TK, qk_scale, 2, BLOCK_M, BLOCK_N, D, STAGES,
+                                 Q_BUFS, CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS))],
                 [4, 4, 4], [160, 160, 160])  # (CONSUMER_REGS_3)
         else:
             gl.warp_specialize(
                 [(_producer, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty,
-                              n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, STAGES, Q_BUFS, CAUSAL, LEVELS, CONSUMERS)),
+                              n_m, n_bh, n_sec, H, TQ, TK, BLOCK_M, BLOCK_N, STAGES, Q_BUFS, CAUSAL, LEVELS,
+                              CONSUMERS)),
                  (_consumer_of, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh,
-                                 som, sod, n_m, n_bh, H, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS,
-                                 CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS)),
+                                 som, sod, n_m, n_bh, n_sec, H, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D, STAGES,
+                                 Q_BUFS, CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS)),
                  (_consumer_of, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh,
-                                 som, sod, n_m, n_bh, H, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS,
-                                 CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS))],
+                                 som, sod, n_m, n_bh, n_sec, H, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D, STAGES,
+                                 Q_BUFS, CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS))],
                 [4, 4], [240, 240])  # (CONSUMER_REGS)
 
 
 def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, block_m: int,
                block_n: int, stages: int, pingpong: bool = True, persistent: bool = False,
-               programs: Optional[int] = None, overlap: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+               programs: Optional[int] = None, overlap: bool = False,
+               section_mb: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """out and lse as ``fwd.launch_fwd`` (inputs ``supported`` takes); block_m: queries per work tile (128:
-    two consumer warpgroups of 64; 192: three, d = 64, or d = 128 with block_n=64), block_n: keys per tile, stages: ring slots;
-    pingpong: the consumers take turns at issuing their products (``_consumer_lagged``), else they run free;
-    overlap: each consumer's softmax runs while its previous tile's p v does (``_consumer_lagged``), else each
-    product is waited for at once (``_consumer`` where free-running); persistent: one program per SM (at
-    most), each taking a work tile a round (``_tile_of``; causal: heaviest blocks of every head first), the
-    next tile's q and first key tiles loading while one runs; else a program a tile. programs: at most this
-    many persistent programs (None: the GPU's SM count)."""
+    two consumer warpgroups of 64; 192: three, d = 64, or d = 128 with block_n=64), block_n: keys per tile,
+    stages: ring slots; pingpong: the consumers take turns at issuing their products (``_consumer_lagged``),
+    else they run free; overlap: each consumer's softmax runs while its previous tile's p v does
+    (``_consumer_lagged``), else each product is waited for at once (``_consumer`` where free-running);
+    persistent: one program per SM (at most), each taking a work tile a round (``_tile_of``; causal: heaviest
+    blocks first, in sections of heads whose keys and values take at most section_mb MB, 0: every head in
+    one section; ``section_heads``), the next tile's q and first key tiles loading while one runs; else a
+    program a tile. programs: at most this many persistent programs (None: the GPU's SM count)."""
     if block_m not in (128, 192) or block_n not in (64, 128) or stages < 2:
         raise ValueError(f"the Gluon forward takes 128 or 192 queries a work tile (two or three warpgroups of 64), 64 "
                          f"or 128 keys a tile and 2 or more ring slots (its consumers hold one slot while the next "
@@ -207,7 +225,7 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
     fastlaunch.launch(
         _fwd_ws_kernel, (programs,),
         (_descriptor(q, half), _descriptor(k, block_n), _descriptor(v, block_n), out, lse, *out.stride(), H, TQ, TK,
-         scale * LOG2E, n_m, B * H),
+         scale * LOG2E, n_m, B * H, section_heads(section_mb, TK, D, v.shape[-1], q.element_size(), B * H)),
         dict(BLOCK_M=half, BLOCK_N=block_n, D=D, STAGES=stages, CAUSAL=causal, PINGPONG=pingpong,
              Q_BUFS=2 if persistent else 1, LEVELS=persistent and causal, OVERLAP=overlap, SCALE_NONNEG=scale >= 0,
              CONSUMERS=block_m // 64, num_warps=4))

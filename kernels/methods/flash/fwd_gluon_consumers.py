@@ -60,11 +60,12 @@ if gluon is not None:
         gl.store(ptrs, (acc * inv[:, None]).to(O.dtype.element_ty), mask=(rows[:, None] >= 0) & (rows[:, None] < TQ))
 
     @gluon.jit
-    def _tile_start(it, q_bar, n_m, n_bh, H, TQ, TK, C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, LEVELS: gl.constexpr, CONSUMERS: gl.constexpr):
+    def _tile_start(it, q_bar, n_m, n_bh, n_sec, H, TQ, TK, C: gl.constexpr, BLOCK_M: gl.constexpr,
+                    BLOCK_N: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, LEVELS: gl.constexpr,
+                    CONSUMERS: gl.constexpr):
         """Consumer C's start of its program's it-th work tile: (b, h, the tile's key tiles, its first query r0,
         its keys' bounds hi and full (``_key_range``), its q buffer once the q tile is there)."""
-        b, h, m0, n_tiles = _work_tile(_tile_of(it), n_m, n_bh, H, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL, LEVELS,
+        b, h, m0, n_tiles = _work_tile(_tile_of(it), n_m, n_bh, n_sec, H, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL, LEVELS,
                                        CONSUMERS)
         r0 = m0 + C * BLOCK_M
         hi, full = _key_range(r0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
@@ -74,7 +75,7 @@ if gluon is not None:
 
     @gluon.jit
     def _consumer(q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, O, LSE, sob, soh, som, sod, n_m, n_bh,
-                  H, TQ, TK, qk_scale, C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  n_sec, H, TQ, TK, qk_scale, C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   D: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
                   LEVELS: gl.constexpr, SCALE_NONNEG: gl.constexpr, CONSUMERS: gl.constexpr):
         """A consumer running free: per key tile, q k^T, the softmax, p v, each waited for at once; its q
@@ -85,8 +86,8 @@ if gluon is not None:
         zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
         kv = 0
         for it in range(_tile_count(n_m * n_bh)):
-            b, h, n_tiles, r0, hi, full, qs = _tile_start(it, q_bar, n_m, n_bh, H, TQ, TK, C, BLOCK_M, BLOCK_N,
-                                                          Q_BUFS, CAUSAL, LEVELS, CONSUMERS)
+            b, h, n_tiles, r0, hi, full, qs = _tile_start(it, q_bar, n_m, n_bh, n_sec, H, TQ, TK, C, BLOCK_M,
+                                                          BLOCK_N, Q_BUFS, CAUSAL, LEVELS, CONSUMERS)
             offs_m = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
             l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -113,10 +114,10 @@ if gluon is not None:
 
     @gluon.jit
     def _consumer_lagged(q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh, som, sod,
-                         n_m, n_bh, H, TQ, TK, qk_scale, C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                         D: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
-                         LEVELS: gl.constexpr, SCALE_NONNEG: gl.constexpr, PINGPONG: gl.constexpr,
-                         OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr):
+                         n_m, n_bh, n_sec, H, TQ, TK, qk_scale, C: gl.constexpr, BLOCK_M: gl.constexpr,
+                         BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr,
+                         CAUSAL: gl.constexpr, LEVELS: gl.constexpr, SCALE_NONNEG: gl.constexpr,
+                         PINGPONG: gl.constexpr, OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr):
         """A consumer whose p v lags a tile behind: step t issues tile t's q k^T and then tile t - 1's p v (FA3's
         schedule). With OVERLAP it waits for the q k^T alone, runs tile t's softmax while its p v runs on the
         tensor cores, and only then waits for that p v (FA3's intra-warpgroup overlap; the previous p stays in
@@ -134,8 +135,8 @@ if gluon is not None:
         kv = 0
         g = 0
         for it in range(_tile_count(n_m * n_bh)):
-            b, h, n_tiles, r0, hi, full, qs = _tile_start(it, q_bar, n_m, n_bh, H, TQ, TK, C, BLOCK_M, BLOCK_N,
-                                                          Q_BUFS, CAUSAL, LEVELS, CONSUMERS)
+            b, h, n_tiles, r0, hi, full, qs = _tile_start(it, q_bar, n_m, n_bh, n_sec, H, TQ, TK, C, BLOCK_M,
+                                                          BLOCK_N, Q_BUFS, CAUSAL, LEVELS, CONSUMERS)
             n_mine = gl.minimum((hi + BLOCK_N - 1) // BLOCK_N, n_tiles)  # the tiles this consumer computes: a prefix
             offs_m = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -205,7 +206,7 @@ if gluon is not None:
 
     @gluon.jit
     def _consumer_of(q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh, som, sod, n_m,
-                     n_bh, H, TQ, TK, qk_scale, C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     n_bh, n_sec, H, TQ, TK, qk_scale, C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                      D: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
                      LEVELS: gl.constexpr, SCALE_NONNEG: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
                      CONSUMERS: gl.constexpr):
@@ -213,9 +214,9 @@ if gluon is not None:
         (which takes no turns), so one list of partitions serves every plan."""
         if PINGPONG or OVERLAP:
             _consumer_lagged(q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh, som,
-                             sod, n_m, n_bh, H, TQ, TK, qk_scale, C, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS, CAUSAL,
+                             sod, n_m, n_bh, n_sec, H, TQ, TK, qk_scale, C, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS, CAUSAL,
                              LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS)
         else:
             _consumer(q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, O, LSE, sob, soh, som, sod, n_m,
-                      n_bh, H, TQ, TK, qk_scale, C, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS, CAUSAL, LEVELS,
+                      n_bh, n_sec, H, TQ, TK, qk_scale, C, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS, CAUSAL, LEVELS,
                       SCALE_NONNEG, CONSUMERS)

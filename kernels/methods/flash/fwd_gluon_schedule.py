@@ -38,21 +38,27 @@ if gluon is not None:
         return t
 
     @gluon.jit
-    def _work_tile(t, n_m, n_bh, H, TQ, TK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+    def _work_tile(t, n_m, n_bh, n_sec, H, TQ, TK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                    LEVELS: gl.constexpr, CONSUMERS: gl.constexpr):
         """The forward's work tile t of n_m query blocks (CONSUMERS x BLOCK_M queries) x n_bh (batch, head) pairs:
         (b, h, its first query m0, the key tiles up to its last visible key). Head by head, each head's blocks
         heaviest first when causal (a grid of one tile a program starts them in this order); LEVELS
-        (persistent programs, causal): every head's heaviest block, then every head's next, ..., so a
-        round of the programs' tiles is of about one weight (the programs' loads stay even).
+        (persistent programs, causal): the heads in sections of n_sec (the last one may be smaller), and in a
+        section every head's heaviest block, then every head's next, ..., so a round of the programs' tiles is
+        of few weights (the programs' loads stay even) while the keys and values they read are a section's
+        (FA3's L2 swizzle: sized to stay in L2, they are read from memory about once; n_sec = n_bh: every
+        head in one section).
 
         Causal with three consumers, the blocks end at Tq rather than start at 0 (m0 may be negative: TMA
         reads those rows as zeros, and their consumers find no key and store nothing): Tq is rarely a multiple
         of 192, and the partial block, where one or two consumers idle, is then the lightest, not the heaviest
         (at Tq = 1024: 27 key-tile steps a head instead of 32)."""
         if LEVELS:
-            bh = t % n_bh
-            blk = n_m - 1 - t // n_bh
+            sec = t // (n_sec * n_m)
+            j = t - sec * (n_sec * n_m)
+            heads = gl.minimum(n_sec, n_bh - sec * n_sec)
+            bh = sec * n_sec + j % heads
+            blk = n_m - 1 - j // heads
         else:
             bh = t // n_m
             blk = t % n_m

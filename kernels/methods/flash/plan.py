@@ -50,10 +50,13 @@ class FwdPlan:
     warp_specialize: bool = False  # tl.range(..., warp_specialize=True): producer/consumer warps
     group: int = 1
     gluon: int = 0  # the Gluon kernel (fwd_gluon): 1 consumers free-running, 2 ping-pong; block_m = 128 (two
-    # consumer warpgroups) or 192 (three: d = 64, or d = 128 with block_n 64), block_n 64 or 128, num_stages = ring slots (0: Triton's)
+    # consumer warpgroups) or 192 (three: d = 64, or d = 128 with block_n 64), block_n 64 or 128, num_stages = ring
+    # slots (0: Triton's)
     persistent: bool = False  # (Gluon) a program per SM looping over work tiles, the next one's loads under this one
     overlap: bool = False  # (Gluon) a tile's softmax runs while the previous tile's p v does (FA3's intra-warpgroup
     # overlap: p v issued a tile late, behind the next q k^T)
+    section_mb: int = 0  # (Gluon, persistent, causal) the heaviest-first order a section of heads at a time, their
+    # keys and values at most this many MB (they stay in L2; FA3's L2 swizzle); 0: every head in one section
 
     def __post_init__(self) -> None:
         _check_blocks(self, ("block_n",) if self.gluon and self.block_m == 192 else ("block_m", "block_n"))
@@ -68,6 +71,12 @@ class FwdPlan:
         if self.persistent and not self.gluon:
             raise ValueError("FwdPlan(persistent=True) is the Gluon forward's (gluon=1 or 2); the Triton kernel runs "
                              "a program a tile")
+        if not isinstance(self.section_mb, int) or isinstance(self.section_mb, bool) or self.section_mb < 0:
+            raise ValueError(f"FwdPlan.section_mb={self.section_mb!r}: MB of keys and values a section of heads "
+                             f"holds, an int >= 0 (0: every head in one section)")
+        if self.section_mb and not self.persistent:
+            raise ValueError("FwdPlan(section_mb > 0) orders the persistent Gluon forward's work tiles "
+                             "(persistent=True); a program a tile starts head by head already")
         if self.overlap and not self.gluon:
             raise ValueError("FwdPlan(overlap=True) is the Gluon forward's (gluon=1 or 2); the Triton kernel's "
                              "pipelining is Triton's")
