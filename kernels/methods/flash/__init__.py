@@ -14,16 +14,20 @@ Code paths (each module opens with its own details):
   lse = +inf, so the backward's exp(s - lse) is exactly 0 (zero gradient, no NaN).
 * Forward in Gluon (``fwd_gluon``, plan ``FwdPlan.gluon``; Hopper, 16-bit, d = dv in {64, 128}):
   FA3's structure, warp-specialized: a producer partition streams k and v tiles by TMA through a
-  ring of shared-memory slots, two consumer warpgroups of 64 queries each (three with ``block_m=192``,
-  d = 64) run q k^T, the online softmax and p v (same masking and outputs as above); with ``gluon=2``
-  they take turns at issuing their products (FA3's ping-pong), so one's softmax overlaps the others'
-  wgmmas, with ``gluon=1`` they run free; with ``overlap`` each runs a tile's softmax under its previous
-  tile's p v; with ``persistent`` a program per SM loops over the work tiles, loading the next one's q
-  and key tiles under this one's math. An explicit plan it cannot take refuses with the reason; a table
-  plan falls back to the Triton kernel's measured plan (``plan.triton_plans``). On the H200
-  (docs/perf.md, run Y, before ``overlap``, three consumers and the issue-order turns, which are not yet
-  timed) it won only at d = 128 (persistent, 128-key steps: +7% over the Triton kernel, the table's
-  entry there); at d = 64 it ran 11-33% below the Triton kernel.
+  ring of shared-memory slots, two consumer warpgroups of 64 queries each (three with ``block_m=192``:
+  d = 64, or d = 128 with 64-key tiles) run q k^T, the online softmax and p v (same masking and outputs
+  as above); with ``gluon=2`` they take turns at issuing their products (FA3's ping-pong), so one's
+  softmax overlaps the others' wgmmas, with ``gluon=1`` they run free; with ``overlap`` each runs a
+  tile's softmax under its previous tile's p v; with ``persistent`` a program per SM loops over the work
+  tiles, loading the next one's q and key tiles under this one's math (causal: heaviest blocks first,
+  with ``section_mb`` a section of heads at a time, their keys and values kept in L2). An explicit plan
+  it cannot take refuses with the reason; a table plan falls back to the Triton kernel's measured plan
+  (``plan.triton_plans``). Measured (docs/perf.md), on an H100: three consumers +6-8% over two at d = 64,
+  1.07x cuDNN at (4, 12, 4096, 64) (run AA; the table's entry beyond T = 1024); at (8, 16, 2048, 128)
+  three consumers with 64-key steps and 32 MB sections 1.46x run Y's two consumers, 0.89x cuDNN in the
+  sweep (run AC; the table's d = 128 entry: without sections the keys and values of all 128 heads were
+  read from memory again for every query block); ``overlap`` and ping-pong lost to free-running
+  consumers at every shape (run AA, -2% to -14%).
   Its consumers are in ``fwd_gluon_consumers``, its work-tile schedule in ``fwd_gluon_schedule``.
 * ``gluon_common``: what the Gluon kernels share (wgmma layouts, program prologues, ring barriers, masks,
   which inputs they take, their TMA descriptors).

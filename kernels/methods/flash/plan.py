@@ -208,11 +208,14 @@ TABLE: dict[tuple[int, str, bool], tuple[tuple[int, FwdPlan, BwdPlan], ...]] = {
          BwdPlan(block_m1=64, block_n1=128, block_m2=128, block_n2=64, num_warps=4, num_stages=3, dq_warps=8,
                  dq_stages=4, dq_mode="tma_add", gluon=1)),
     ),
-    # at (8, 16, 2048, 128), run Y: forward 402 by the persistent Gluon kernel, 128-key steps (the Triton
-    # kernel's 64 x 64 tiles: 374; default 8-warp 128 x 64: 342); forward + backward 345 by the Gluon dk/dv
-    # (128 keys) and Gluon dq passes, against 329 for run V's Triton plan (default 205)
+    # at (8, 16, 2048, 128): forward by the persistent Gluon kernel's three consumers, 64-key steps, 3 slots, heads
+    # in sections of 32 MB of keys and values (run AC, H100: 472 TFLOP/s against 322 for run Y's two consumers with
+    # 128-key steps, 405 for three without sections, cuDNN 531; run Y, H200: two consumers 402, the Triton
+    # kernel's 64 x 64 tiles 374); forward + backward by the Gluon dk/dv (128 keys) and Gluon dq passes (run Y: 345
+    # against 329 for run V's Triton plan, default 205; run AC: 380 against 341 for the dk/dv pass adding dq split)
     (128, "bfloat16", True): (
-        (1 << 30, FwdPlan(block_m=128, block_n=128, num_warps=4, num_stages=2, gluon=1, persistent=True),
+        (1 << 30, FwdPlan(block_m=192, block_n=64, num_warps=4, num_stages=3, gluon=1, persistent=True,
+                          section_mb=32),
          BwdPlan(block_m1=64, block_n1=128, block_m2=128, block_n2=64, num_warps=4, num_stages=2, dq_warps=8,
                  dq_stages=3, gluon=2)),
     ),
