@@ -172,7 +172,7 @@ def main(argv=None) -> None:
         print(f"d={d}: {fp}\n      {bp}")
         try:
             calls = record(d, dtype, causal, fp, bp)
-        except ValueError as exc:  # (a plan this head dim cannot take, e.g. three consumers at d = 128 with 128-key tiles)
+        except ValueError as exc:  # (a plan this head dim cannot take: three consumers at d = 128, 128-key tiles)
             print(f"  not compiled: {exc}")
             continue
         for fn, args, kw in calls:

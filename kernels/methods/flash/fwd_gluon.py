@@ -25,9 +25,9 @@ How the consumers order their products (plan ``gluon`` and ``overlap``):
 Scores of tiles every query sees whole take one FMA each before the exponential (scale and max folded; the
 Triton forward's SCALE_NONNEG).
 With ``block_m=192`` three consumer warpgroups of 160 registers share the program (FA3's head-dim-64 shape;
-at d = 128 with 64-key tiles only, whose scores take half the registers of 128-key ones): a 192-query work tile, each key tile read once for three warpgroups' queries, and one more
-warpgroup's products to fill the tensor cores while the others run their softmax; ping-pong turns then go
-round the three.
+at d = 128 with 64-key tiles only, whose scores take half the registers of 128-key ones): a 192-query work
+tile, each key tile read once for three warpgroups' queries, and one more warpgroup's products to fill the
+tensor cores while the others run their softmax; ping-pong turns then go round the three.
 
 Per consumer, key tiles before its first diagonal key need no mask; the diagonal tiles and a ragged
 last tile get the causal / boundary mask (-inf before the exponential); tiles past its last visible
@@ -41,7 +41,9 @@ first, then the next lighter ones; the programs in order on even rounds and in r
 their loads even out). With ``FwdPlan.section_mb`` the causal order goes through the heads a section at a
 time, a section's keys and values at most that many MB, so they stay in L2 while its tiles run (FA3's L2
 swizzle): level by level over every head, each query block reads its keys and values from memory again
-once the heads' keys and values outgrow L2 (at (8, 16, 2048, 128), 128 MB against the H100's 50). One
+once the heads' keys and values outgrow L2 (at (8, 16, 2048, 128), 128 MB against the H100's 50; Nsight
+Compute saw 2.6 TB/s of DRAM reads and 18% L2 hits, and 32 MB sections took the forward +17-21%; at the
+d = 64 shapes, 48 MB of heads, they bought at most 3% and cost up to 27%: docs/perf.md, run AC). One
 program fits an SM (the consumers' registers), so without it each tile starts with the tensor cores
 idle until its q and first key tiles arrive and ends with its stores; persistent, the producer loads
 the next tile's q (a second q buffer) and key tiles while the consumers finish this one, and the ring's

@@ -52,8 +52,8 @@ from kernels.timing import bench_ms, error_on_device
 #: waiting for each product only where it is needed next (BwdPlan.overlap; a Triton plan has none: skipped).
 FWD_PHASES = ("block_m=64,128 block_n=32,64,128 num_warps=4,8 num_stages=2,3,4 | tma=off,host,device | "
               "group=1,4,8,16 | gluon=1,2 block_m=128 block_n=64,128 num_stages=2,3 persistent=0,1 overlap=0,1 tma=off "
-              "group=1 | gluon=1,2 block_m=192 block_n=64,128 num_stages=2,3,4 persistent=1 overlap=0,1 tma=off group=1 | "
-              "section_mb=0,16,32")
+              "group=1 | gluon=1,2 block_m=192 block_n=64,128 num_stages=2,3,4 persistent=1 overlap=0,1 tma=off "
+              "group=1 | section_mb=0,16,32")
 BWD_PHASES = ("block_m1=32,64 block_n1=64,128 num_warps=4,8 num_stages=2,3,4 | "
               "block_m2=64,128 block_n2=32,64 dq_warps=4,8 dq_stages=2,3,4 | tma=off,host,device | fused=0,1 | "
               "fused=0 delta_in_dq=1 | "
