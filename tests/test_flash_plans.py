@@ -187,7 +187,7 @@ def test_sweep_checks_and_times_both_dq_modes(tmp_path):
 
     from kernels.methods.flash import sweep
 
-    out = tmp_path / "sweep.json"
+    out = tmp_path / "new" / "sweep.json"  # (its folder made)
     sweep.main(["--shapes", "1,2,40,16", "--device", DEVICE, "--no-baselines", "--rep-ms", "1", "--out", str(out),
                 "--fwd-phases", "block_m=16 block_n=16",
                 "--bwd-phases", "block_m1=16 block_n1=16 block_m2=16 block_n2=16 pre_block=16 | fused=1 | "
@@ -208,8 +208,8 @@ def test_sweep_tries_the_program_order_only_where_causal(tmp_path):
 
     from kernels.methods.flash import sweep
 
-    out = tmp_path / "sweep.json"
-    sweep.main(["--shapes", "2,3,40,16", "--device", DEVICE, "--no-baselines", "--rep-ms", "1", "--out", str(out),
+    out = tmp_path / "flash_sweep.json"  # (--out a folder: the file goes inside, as the other sweeps write)
+    sweep.main(["--shapes", "2,3,40,16", "--device", DEVICE, "--no-baselines", "--rep-ms", "1", "--out", str(tmp_path),
                 "--causal", "both", "--mode", "fwd", "--fwd-phases", "block_m=16 block_n=16 | group=1,2,4"])
     recs = json.loads(out.read_text())["results"]
     groups = {causal: {r["plan"]["group"] for r in recs if r["shape"].split("/")[1] == causal} for causal in

@@ -115,6 +115,9 @@ class Sweep:
         self.best: dict[str, dict] = {}
         self.t0 = time.time()
         self.out = Path(args.out)
+        if self.out.is_dir():  # (a folder, as the other sweeps and benchmarks take: the file goes inside)
+            self.out = self.out / "flash_sweep.json"
+        self.out.parent.mkdir(parents=True, exist_ok=True)
         self.seen: dict[tuple, float] = {}  # (shape, direction, plan) -> ms, so a later phase does not re-time
 
     def over_budget(self) -> bool:
@@ -280,7 +283,8 @@ def main(argv=None) -> None:
     p.add_argument("--max-seconds", type=float, default=0, help="stop starting candidates after this long")
     p.add_argument("--no-baselines", action="store_true")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--out", default="flash-sweep.json")
+    p.add_argument("--out", default="flash-sweep.json",
+                   help="the JSON file to write, or a folder to write flash_sweep.json into")
     p.add_argument("--verbose", action="store_true", help="print the traceback of failing candidates")
     a = p.parse_args(argv)
     sweep = Sweep(a)
@@ -288,7 +292,7 @@ def main(argv=None) -> None:
     for shape in parse_shapes(a.shapes):
         for causal in causals:
             sweep.run_shape(shape, causal)
-    print(f"\nwrote {a.out} ({len(sweep.records)} records, {time.time() - sweep.t0:.0f} s)")
+    print(f"\nwrote {sweep.out} ({len(sweep.records)} records, {time.time() - sweep.t0:.0f} s)")
 
 
 if __name__ == "__main__":
