@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 
 import torch
 
@@ -29,20 +28,14 @@ from kernels.timing import warm_then_repeat
 def _plans(shape: tuple, dtype: torch.dtype, fwd: str, bwd: str, error):
     """The flash plans for the shape: the table's (plans_for), with the given knobs over them."""
     from kernels.methods.flash import plan as plans
-    from kernels.methods.flash.sweep import parse_phases
+    from kernels.methods.flash.sweep import knobs_over
 
     _, _, t, d = shape
     f0, b0 = plans.plans_for(d, d, dtype, True, t, t)
-    knobs = []
-    for text, cls in ((fwd, plans.FwdPlan), (bwd, plans.BwdPlan)):
-        phases = parse_phases(text, cls)
-        if len(phases) > 1 or any(len(v) != 1 for ph in phases for v in ph.values()):
-            error(f"--fwd / --bwd take one value per knob (knob=value ...), no phases; got {text!r}")
-        knobs.append({k: v[0] for k, v in (phases[0] if phases else {}).items()})
     try:
-        return dataclasses.replace(f0, **knobs[0]), dataclasses.replace(b0, **knobs[1])
-    except ValueError as exc:  # knobs that make no plan
-        error(str(exc))
+        return knobs_over(f0, fwd), knobs_over(b0, bwd)
+    except ValueError as exc:  # several values, phases, or knobs that make no plan
+        error(f"--fwd / --bwd: {exc}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,7 +17,6 @@ fit shared memory shows here before any GPU time is spent; timings come from ``s
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import re
 import subprocess
@@ -35,7 +34,7 @@ from triton.compiler import ASTSource, make_backend  # noqa: E402
 
 from kernels.methods.flash import bwd, bwd_gluon, fwd, fwd_gluon, gluon_common  # noqa: E402
 from kernels.methods.flash import plan as plans  # noqa: E402
-from kernels.methods.flash.sweep import parse_phases  # noqa: E402
+from kernels.methods.flash.sweep import knobs_over  # noqa: E402
 from kernels.methods.flash.tiles import TensorDescriptor  # noqa: E402
 
 _TY = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -162,11 +161,8 @@ def main(argv=None) -> None:
     print(f"triton {triton.__version__}, target sm_{a.arch}")
     for d in (int(x) for x in a.d.split(",")):
         f0, b0 = plans.plans_for(d, d, dtype, causal, 4096, 4096)
-        fo = parse_phases(a.fwd, plans.FwdPlan)
-        bo = parse_phases(a.bwd, plans.BwdPlan)
         try:
-            fp = dataclasses.replace(f0, **{k: v[0] for k, v in (fo[0] if fo else {}).items()})
-            bp = dataclasses.replace(b0, **{k: v[0] for k, v in (bo[0] if bo else {}).items()})
+            fp, bp = knobs_over(f0, a.fwd), knobs_over(b0, a.bwd)
         except ValueError as exc:  # (knobs that make no plan over d's table plan)
             p.error(f"d={d}: {exc}")
         print(f"d={d}: {fp}\n      {bp}")

@@ -67,6 +67,7 @@ from kernels.methods.flash.fwd_gluon_consumers import _consumer_of
 from kernels.methods.flash.fwd_gluon_schedule import _tile_count, _tile_of, _work_tile
 from kernels.methods.flash.gluon_common import (CONSUMER_REGS_3, GLUON_ERROR, SHARED_LIMIT, _descriptor, _ring_barriers,
                                                 _tma_load, fence_async_shared, gl, gluon, mbarrier, supported)
+from kernels.methods.flash.plan import check_section_mb
 from kernels.methods.flash.tiles import LOG2E, empty_bthd
 from kernels.methods.triton import fastlaunch
 from kernels.methods.triton.plan import device_props
@@ -83,9 +84,7 @@ def shared_bytes(d: int, block_n: int, stages: int, persistent: bool = False, co
 def section_heads(section_mb: int, tk: int, d: int, dv: int, itemsize: int, n_bh: int) -> int:
     """Heads a section of the persistent causal tile order holds (``_work_tile``): as many as have keys and values
     within section_mb MB (at least one, at most n_bh); section_mb = 0: every head (n_bh)."""
-    if not isinstance(section_mb, int) or isinstance(section_mb, bool) or section_mb < 0:
-        raise ValueError(f"section_mb={section_mb!r}: MB of keys and values a section of heads holds, an int >= 0 "
-                         f"(0: every head in one section)")
+    check_section_mb(section_mb)
     if section_mb == 0:
         return n_bh
     return max(1, min(n_bh, (section_mb << 20) // (max(tk, 1) * (d + dv) * itemsize)))

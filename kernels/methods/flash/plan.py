@@ -71,9 +71,7 @@ class FwdPlan:
         if self.persistent and not self.gluon:
             raise ValueError("FwdPlan(persistent=True) is the Gluon forward's (gluon=1 or 2); the Triton kernel runs "
                              "a program a tile")
-        if not isinstance(self.section_mb, int) or isinstance(self.section_mb, bool) or self.section_mb < 0:
-            raise ValueError(f"FwdPlan.section_mb={self.section_mb!r}: MB of keys and values a section of heads "
-                             f"holds, an int >= 0 (0: every head in one section)")
+        check_section_mb(self.section_mb, "FwdPlan.section_mb")
         if self.section_mb and not self.persistent:
             raise ValueError("FwdPlan(section_mb > 0) orders the persistent Gluon forward's work tiles "
                              "(persistent=True); a program a tile starts head by head already")
@@ -148,6 +146,14 @@ class BwdPlan:
             raise ValueError(f"BwdPlan(gluon=2) takes block_m2=128 (two consumer warpgroups of 64 queries), "
                              f"block_n2 64 or 128 and dq_stages >= 2; got block_m2={self.block_m2}, "
                              f"block_n2={self.block_n2}, dq_stages={self.dq_stages}")
+
+
+def check_section_mb(value, name: str = "section_mb") -> None:
+    """The persistent Gluon forward's sections of heads (``FwdPlan.section_mb``, ``fwd_gluon.launch_fwd``): MB of
+    keys and values a section holds, an int >= 0."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name}={value!r}: MB of keys and values a section of heads holds, an int >= 0 (0: every "
+                         f"head in one section)")
 
 
 def _check_blocks(plan, names) -> None:

@@ -84,6 +84,16 @@ def parse_phases(text: str, cls) -> list[dict]:
     return phases
 
 
+def knobs_over(plan, text: str):
+    """plan with 'knob=value ...' set over it (one value a knob, no phases; typed as ``parse_phases`` types them):
+    what compile_check and scripts/profile_attention.py take. ValueError where the text is phases or several
+    values, or the knobs make no plan."""
+    phases = parse_phases(text, type(plan))
+    if len(phases) > 1 or any(len(v) != 1 for ph in phases for v in ph.values()):
+        raise ValueError(f"one value per knob (knob=value ...), no phases; got {text!r}")
+    return dataclasses.replace(plan, **{k: v[0] for k, v in (phases[0] if phases else {}).items()})
+
+
 def flops(B: int, H: int, tq: int, tk: int, d: int, dv: int, causal: bool) -> float:
     """Forward FLOPs: 2 (q k^T) + 2 (p v) per visible (query, key) pair per head dim; causal Tq = Tk
     counts half the square (the anchors' convention), other causal shapes their visible pairs."""
