@@ -290,7 +290,7 @@ def test_launch_plan_table_lookup(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["off", "host", "device", "warp_specialize", "fused", "atomic", "atomic-d128",
-                                     "atomic-host", "tma_add", "tma_add-d128", "tma_add-host"])
+                                     "atomic-host", "tma_add", "tma_add-d128", "tma_add-host", "maxnreg"])
 def test_gpu_hopper_switches_are_correct(variant):
     f, b = plans.default_plans(64, torch.bfloat16, True)
     if variant in plans.TMA_MODES:
@@ -298,6 +298,8 @@ def test_gpu_hopper_switches_are_correct(variant):
     elif variant == "warp_specialize":  # Triton 3.6 cannot build it with 4 warps on Hopper
         f = dataclasses.replace(f, warp_specialize=True, num_warps=8)
         b = dataclasses.replace(b, warp_specialize=True, num_warps=8, dq_warps=8)
+    elif variant == "maxnreg":  # registers capped below what the compiler takes (128 there): spills, same result
+        f = dataclasses.replace(f, block_m=64, block_n=64, num_stages=2, maxnreg=80)
     elif variant.startswith(("atomic", "tma_add")):
         d = 128 if variant.endswith("d128") else 64
         f, b = plans.default_plans(d, torch.bfloat16, True)
@@ -375,6 +377,22 @@ def test_delta_in_the_dq_pass_runs_dq_first_and_no_delta_kernel(monkeypatch):
     want = launch_bwd(do, q, k, v, out, lse, 0.25, True, SMALL_BWD)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, atol=2e-3, rtol=2e-3)  # (delta summed in another order)
+
+
+def test_the_forward_register_cap_reaches_the_launch_and_keeps_the_result(monkeypatch):
+    """FwdPlan.maxnreg: the Triton forward launched with ``maxnreg`` (ptxas's cap; none for 0), the same output
+    as without it; refused for the Gluon kernel (it sets its own registers) and outside 24..255."""
+    capped = dataclasses.replace(SMALL_FWD, maxnreg=96)
+    seen = _recorded_launches(monkeypatch, (capped, SMALL_BWD))
+    assert seen[0][2]["maxnreg"] == 96 and all("maxnreg" not in m for _, _, m in seen[1:])
+    q, k, v = make_qkv(1, 2, 37, 37, 16, torch.float16, layout="bthd")
+    for got, want in zip(launch_fwd(q, k, v, 0.25, True, capped), launch_fwd(q, k, v, 0.25, True, SMALL_FWD)):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert "maxnreg" not in _recorded_launches(monkeypatch, (SMALL_FWD, SMALL_BWD), run=False)[0][2]
+    for bad in (dict(maxnreg=16), dict(maxnreg=256), dict(maxnreg=96.0),
+                dict(maxnreg=96, gluon=1, block_m=128, block_n=64, num_stages=2)):
+        with pytest.raises(ValueError, match="maxnreg"):
+            plans.FwdPlan(**bad)
 
 
 def test_delta_in_dq_plan_limits():

@@ -54,7 +54,7 @@ def _signature(fn, args, kw):
     params = fn.params
     sig, attrs, consts = {}, {}, {}
     values = dict(zip([p.name for p in params], args))
-    values.update({k: v for k, v in kw.items() if k not in ("num_warps", "num_stages")})
+    values.update({k: v for k, v in kw.items() if k not in ("num_warps", "num_stages", "maxnreg")})
     for i, p in enumerate(params):
         a = values[p.name]
         if p.is_constexpr:
@@ -86,7 +86,8 @@ def _signature(fn, args, kw):
 def compile_call(fn, args, kw, target: GPUTarget) -> dict:
     sig, attrs, consts = _signature(fn, args, kw)
     backend = make_backend(target)
-    opts = backend.parse_options({"num_warps": kw.get("num_warps", 4), "num_stages": kw.get("num_stages", 3)})
+    opts = backend.parse_options({"num_warps": kw.get("num_warps", 4), "num_stages": kw.get("num_stages", 3),
+                                  **({"maxnreg": kw["maxnreg"]} if "maxnreg" in kw else {})})
     source = ASTSource
     if getattr(fn, "is_gluon", lambda: False)():
         from triton.experimental.gluon._runtime import GluonASTSource as source

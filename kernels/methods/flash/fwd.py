@@ -189,7 +189,7 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
            dict(D=D, DV=DV, D_PAD=d_pad, DV_PAD=dv_pad, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
                 SCALE_NONNEG=scale >= 0, TMA=TMA_CODE[tma], WARP_SPEC=plan.warp_specialize,
                 PREC=precision(q.dtype), GROUP=plan.group if causal else 1, num_warps=plan.num_warps,
-                num_stages=plan.num_stages))
+                num_stages=plan.num_stages, **({"maxnreg": plan.maxnreg} if plan.maxnreg else {})))
     fastlaunch.launch(*one)
     if site_key is not None and tma != "device":  # (host descriptors: prepare declines them)
         prep = fastlaunch.prepare(*one)

@@ -57,6 +57,9 @@ class FwdPlan:
     # overlap: p v issued a tile late, behind the next q k^T)
     section_mb: int = 0  # (Gluon, persistent, causal) the heaviest-first order a section of heads at a time, their
     # keys and values at most this many MB (they stay in L2; FA3's L2 swizzle); 0: every head in one section
+    maxnreg: int = 0  # (the Triton kernel) registers a thread at most (ptxas's cap: more programs an SM where
+    # registers bound them, e.g. 96 for five 4-warp programs); 0: the compiler's choice. Run AD, (16, 12, 1024, 64):
+    # 96 lost (255-261 TFLOP/s against 278), since 3 slots' shared memory holds four programs an SM anyway
 
     def __post_init__(self) -> None:
         _check_blocks(self, ("block_n",) if self.gluon and self.block_m == 192 else ("block_m", "block_n"))
@@ -78,6 +81,9 @@ class FwdPlan:
         if self.overlap and not self.gluon:
             raise ValueError("FwdPlan(overlap=True) is the Gluon forward's (gluon=1 or 2); the Triton kernel's "
                              "pipelining is Triton's")
+        if self.maxnreg and (self.gluon or not isinstance(self.maxnreg, int) or not 24 <= self.maxnreg <= 255):
+            raise ValueError(f"FwdPlan.maxnreg={self.maxnreg!r}: the Triton kernel's (gluon=0) register cap a thread, "
+                             f"an int in 24..255, or 0 for the compiler's choice (the Gluon kernel sets its own)")
 
 
 @dataclass(frozen=True)

@@ -36,10 +36,11 @@ from kernels.methods.flash.fwd import launch_fwd
 from kernels.reference import ATTN_BWD_TOL, ATTN_FWD_TOL, reference_attention
 from kernels.timing import bench_ms, error_on_device
 
-#: The default phases (about 94 forward and 111 backward candidates a shape). warp_specialize is left
+#: The default phases (about 96 forward and 111 backward candidates a shape). warp_specialize is left
 #: out: Triton 3.6 does not specialize these loops on Hopper (compile_check); add "| warp_specialize=0,1"
 #: to measure it (on Blackwell, say). The forward's last phase tries the grouped causal program order
-#: (FwdPlan.group; left out where not causal, where it changes nothing), then the Gluon kernel (FwdPlan.gluon:
+#: (FwdPlan.group; left out where not causal, where it changes nothing), then the Triton kernel's register cap
+#: (FwdPlan.maxnreg: more programs an SM), then the Gluon kernel (FwdPlan.gluon:
 #: Hopper only; elsewhere its candidates fail with the reason), a program a work tile or persistent, with and
 #: without the softmax under the previous p v (FwdPlan.overlap), then three consumers (block_m=192, persistent; d = 64,
 #: or d = 128 with 64-key tiles: elsewhere its candidates fail with the reason), then the best plan's causal order
@@ -51,9 +52,9 @@ from kernels.timing import bench_ms, error_on_device
 #: Gluon dq pass, then the best plan's Gluon passes
 #: waiting for each product only where it is needed next (BwdPlan.overlap; a Triton plan has none: skipped).
 FWD_PHASES = ("block_m=64,128 block_n=32,64,128 num_warps=4,8 num_stages=2,3,4 | tma=off,host,device | "
-              "group=1,4,8,16 | gluon=1,2 block_m=128 block_n=64,128 num_stages=2,3 persistent=0,1 overlap=0,1 tma=off "
-              "group=1 | gluon=1,2 block_m=192 block_n=64,128 num_stages=2,3,4 persistent=1 overlap=0,1 tma=off "
-              "group=1 | section_mb=0,16,32")
+              "group=1,4,8,16 | maxnreg=0,96 | gluon=1,2 block_m=128 block_n=64,128 num_stages=2,3 persistent=0,1 "
+              "overlap=0,1 tma=off group=1 maxnreg=0 | gluon=1,2 block_m=192 block_n=64,128 num_stages=2,3,4 persistent=1 "
+              "overlap=0,1 tma=off group=1 maxnreg=0 | section_mb=0,16,32")
 BWD_PHASES = ("block_m1=32,64 block_n1=64,128 num_warps=4,8 num_stages=2,3,4 | "
               "block_m2=64,128 block_n2=32,64 dq_warps=4,8 dq_stages=2,3,4 | tma=off,host,device | fused=0,1 | "
               "fused=0 delta_in_dq=1 | "
