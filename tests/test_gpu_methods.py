@@ -105,7 +105,7 @@ def test_cuda_code_paths_by_row_length():
         (torch.bfloat16, False): {1024: "register", 16384: "register", 16385: "register", 32768: "register",
                                   32769: "hybrid", 49152: "hybrid", 49160: "hybrid", 65536: "hybrid", 65537: "split",
                                   128 * 16384: "split", 128 * 16384 + 1: "stream"},  # > kMaxSplits slices
-        (torch.bfloat16, True): {8192: "register", 8193: "persist", 16384: "persist", 16385: "cluster",
+        (torch.bfloat16, True): {8192: "register", 8193: "register", 16384: "register", 16385: "cluster",
                                  131072: "cluster", 131073: "split", 128 * 8192: "split", 128 * 8192 + 1: "stream"},
         (torch.float32, False): {16384: "register", 16385: "cluster-persist", 32768: "cluster-persist",
                                  32769: "split"},
