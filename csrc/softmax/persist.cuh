@@ -198,15 +198,7 @@ __global__ void __launch_bounds__(L, 1)
     }
     prefetch(buf, r + B * step);
     const int lim = row_limit(r, cols, tq, diag, causal);
-    float dot = 0.f;
-#pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int c0 = first + i * L * VEC;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j)
-        if (c0 + j < lim) dot += Words<T>::get(ya[i], j) * Words<T>::get(ga[i], j);
-    }
-    dot = row_sum<L>(dot, red[k & 1]);
+    float dot = row_sum<L>(masked_dot<T, VEC, NV, L>(ya, ga, first, lim), red[k & 1]);
     if constexpr (C > 1) {
       float total = 0.f;
       xchg(xs, rank, k, dot, [&](float o) { total += o; });

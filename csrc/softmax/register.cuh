@@ -152,16 +152,7 @@ __global__ void __launch_bounds__(L* ROWS, CAP ? min_blocks(L * ROWS, NV * 8, NV
   }
   const unsigned n_ctas = CLUSTER ? cg::this_cluster().num_blocks() : 1;
   if constexpr (CLUSTER) cluster_begin(cslots, n_ctas);
-  float dot = 0.f;
-#pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    const int c0 = first + i * L * VEC;
-    const bool whole = c0 + VEC <= lim;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j)
-      if (whole || c0 + j < lim) dot += Words<T>::get(ya[i], j) * Words<T>::get(ga[i], j);
-  }
-  dot = row_sum<L>(dot, red);
+  float dot = row_sum<L>(masked_dot<T, VEC, NV, L>(ya, ga, first, lim), red);
   if constexpr (CLUSTER) {
     float total = 0.f;
     cluster_xchg(cslots, n_ctas, (unsigned)part, dot, [&](float o) { total += o; });
