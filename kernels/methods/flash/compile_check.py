@@ -38,6 +38,8 @@ from kernels.methods.flash.sweep import knobs_over  # noqa: E402
 from kernels.methods.flash.tiles import TensorDescriptor  # noqa: E402
 
 _TY = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+#: a launch's compile options among its meta keywords (not kernel parameters), with Triton's defaults where given
+_OPTIONS = {"num_warps": 4, "num_stages": 3, "maxnreg": None}
 
 
 class _Recorder:
@@ -54,7 +56,7 @@ def _signature(fn, args, kw):
     params = fn.params
     sig, attrs, consts = {}, {}, {}
     values = dict(zip([p.name for p in params], args))
-    values.update({k: v for k, v in kw.items() if k not in ("num_warps", "num_stages", "maxnreg")})
+    values.update({k: v for k, v in kw.items() if k not in _OPTIONS})
     for i, p in enumerate(params):
         a = values[p.name]
         if p.is_constexpr:
@@ -86,8 +88,7 @@ def _signature(fn, args, kw):
 def compile_call(fn, args, kw, target: GPUTarget) -> dict:
     sig, attrs, consts = _signature(fn, args, kw)
     backend = make_backend(target)
-    opts = backend.parse_options({"num_warps": kw.get("num_warps", 4), "num_stages": kw.get("num_stages", 3),
-                                  **({"maxnreg": kw["maxnreg"]} if "maxnreg" in kw else {})})
+    opts = backend.parse_options({k: kw.get(k, default) for k, default in _OPTIONS.items()})
     source = ASTSource
     if getattr(fn, "is_gluon", lambda: False)():
         from triton.experimental.gluon._runtime import GluonASTSource as source
