@@ -221,23 +221,34 @@ def test_launch_bwd_wires_the_gluon_dkdv_adding_dq(monkeypatch, deterministic, s
 
 
 @pytest.mark.gpu
-def test_gluon_dkdv_after_the_dq_pass_that_forms_delta(monkeypatch):
-    """BwdPlan(gluon=1, delta_in_dq=True): the Triton dq pass first (forming delta), then the Gluon dk/dv
-    pass reading it, no delta kernel; the same gradients as with the delta kernel (to its summation order)."""
+@pytest.mark.parametrize("gluon", [1, 2])
+@pytest.mark.parametrize("d", [64, 128])
+def test_gluon_dkdv_after_the_dq_pass_that_forms_delta(monkeypatch, gluon, d):
+    """BwdPlan(gluon=1 or 2, delta_in_dq=True): the dq pass (Triton's, or the Gluon one) first, forming delta,
+    then the Gluon dk/dv pass reading it, no delta kernel; the same gradients as with the delta kernel (to its
+    summation order), on rows that end inside a tile (T = 300) and with do's rows past T zero-filled."""
     from kernels.methods.flash import bwd as fb
 
-    q, k, v, out, lse, do = _backward_inputs()
+    if d == 64:
+        q, k, v, out, lse, do = _backward_inputs()
+    else:
+        q, k, v = (t.detach() for t in make_qkv(2, 3, 300, 300, 128, torch.bfloat16, layout="bthd", device="cuda"))
+        _need_gluon(q, k, v)
+        out, lse = launch_fwd(q, k, v, 128 ** -0.5, True, plans.FwdPlan(block_m=64, block_n=64))
+        do = torch.randn_like(out)
+    scale = d ** -0.5
+    base = dataclasses.replace(GLUON_BWD2 if gluon == 2 else GLUON_BWD, block_m1=32 if d == 128 else 64)
     order = []
-    real_dkdv, real_launch = bwd_gluon.launch_dkdv, fb.fastlaunch.launch
-    monkeypatch.setattr(bwd_gluon, "launch_dkdv",
-                        lambda *a, **kw: (order.append("gluon dk/dv"), real_dkdv(*a, **kw))[1])
+    real_launch = fb.fastlaunch.launch
     monkeypatch.setattr(fb.fastlaunch, "launch", lambda kernel, grid, args, meta, *r: (
         order.append(getattr(kernel, "fn", kernel).__name__), real_launch(kernel, grid, args, meta, *r))[1])
-    got = launch_bwd(do, q, k, v, out, lse, 0.125, True, dataclasses.replace(GLUON_BWD, delta_in_dq=True))
-    # the Triton dq pass, then the Gluon dk/dv pass (and its kernel's own launch); no delta kernel
-    assert order[:2] == ["_bwd_kernel", "gluon dk/dv"] and order.count("_bwd_kernel") == 1, order
-    assert "_delta_kernel" not in order, order
-    want = launch_bwd(do, q, k, v, out, lse, 0.125, True, GLUON_BWD)
+    got = launch_bwd(do, q, k, v, out, lse, scale, True, dataclasses.replace(base, delta_in_dq=True))
+    # the dq pass (forming delta), then the Gluon dk/dv pass; no delta kernel
+    first = "_bwd_kernel" if gluon == 1 else "_dq_ws_kernel"
+    assert order == [first, "_dkdv_ws_kernel"], order
+    order.clear()
+    want = launch_bwd(do, q, k, v, out, lse, scale, True, base)
+    assert order[0] == "_delta_kernel", order
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         atol = 1e-2 * w.abs().max().item()
         torch.testing.assert_close(g, w, atol=atol, rtol=1e-2, msg=lambda m: f"{name}: {m}\n{where(g, w, atol, 1e-2)}")

@@ -396,11 +396,12 @@ def test_the_forward_register_cap_reaches_the_launch_and_keeps_the_result(monkey
 
 
 def test_delta_in_dq_plan_limits():
-    for bad in (dict(fused=True), dict(dq_mode="atomic"), dict(dq_mode="tma_add"),
-                dict(gluon=2, block_n1=128, block_m1=32, block_m2=128, block_n2=64, num_stages=2, dq_stages=2)):
+    for bad in (dict(fused=True), dict(dq_mode="atomic"), dict(dq_mode="tma_add")):
         with pytest.raises(ValueError, match="delta_in_dq=True"):
             plans.BwdPlan(delta_in_dq=True, **bad)
     assert plans.BwdPlan(delta_in_dq=True, gluon=1, block_n1=128, num_stages=2).delta_in_dq  # the Triton dq pass
+    assert plans.BwdPlan(delta_in_dq=True, gluon=2, block_n1=128, block_m1=32, block_m2=128, block_n2=64,
+                         num_stages=2, dq_stages=2).delta_in_dq  # the Gluon dq pass
 
 
 @pytest.mark.gpu

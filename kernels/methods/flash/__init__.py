@@ -35,12 +35,14 @@ Code paths (each module opens with its own details):
   same structure. The dk/dv pass (``gluon=1``, 2): a producer streams the q and do tiles by TMA, two
   consumer warpgroups of 64 keys each run the transposed recurrence below; the dq pass (``gluon=2``):
   the producer streams k and v, two consumers of 64 queries each. The delta kernel stays Triton's (and
-  the dq pass with ``gluon=1``). With ``gluon=1, dq_mode="tma_add"`` there is no dq pass: FA3's
+  the dq pass with ``gluon=1``); with ``delta_in_dq`` the dq pass, Triton's or the Gluon one, forms delta
+  instead and runs first. With ``gluon=1, dq_mode="tma_add"`` there is no dq pass: FA3's
   backward, the dk/dv kernel adds dq itself (the consumers take turns forming each query tile's share
   over the program's 128 keys from their ds^T in shared memory, one TMA reduction per tile into an
   fp32 buffer the delta kernel zeroed; the dq pass instead under deterministic algorithms). In the
   table (run Y): ``gluon=1, dq_mode="tma_add"`` for d = 64 beyond T = 1024 (+6% forward + backward at
-  (4, 12, 4096, 64) over the Triton passes), ``gluon=2`` at d = 128 (+5%). With ``overlap`` the dk/dv
+  (4, 12, 4096, 64) over the Triton passes), ``gluon=2`` at d = 128 (+5%), since run AG with
+  ``delta_in_dq`` (+1.6%: no delta kernel). With ``overlap`` the dk/dv
   consumers issue dp^T with s^T and wait only for the product needed next (not yet timed).
 * Backward (``bwd``): delta = rowsum(o * do) (a small kernel); a dk/dv kernel (a program per
   BLOCK_N1 keys, looping over the queries that see them, diagonal blocks masked) and a dq kernel (a
@@ -48,8 +50,8 @@ Code paths (each module opens with its own details):
   log2(e)) from q, k and lse; dS = P * (dP - delta) with dP = do v^T; dv = P^T do, dk = scale *
   dS^T q, dq = scale * dS k. No Tq x Tk tensor. The two run as two launches or one fused launch
   (plan ``fused``); with plan ``delta_in_dq`` the dq pass forms delta for its rows (it reads do anyway,
-  and o once) and runs first, and there is no delta kernel (run Y: +2.7% forward + backward at
-  (4, 12, 4096, 64), -0.5% at d = 128; in no table entry: the table's plans are fused or Gluon ones). With plan ``dq_mode="atomic"`` (FA2's structure) there is no dq pass: the dk/dv
+  and o once) and runs first, and there is no delta kernel (run Y, the Triton dq pass: +2.7% forward +
+  backward at (4, 12, 4096, 64), -0.5% at d = 128; run AG, the Gluon one at d = 128: +1.6%, the table's). With plan ``dq_mode="atomic"`` (FA2's structure) there is no dq pass: the dk/dv
   programs add each tile's scale * dS k into an fp32 dq buffer by atomic adds (five matmuls per tile
   pair instead of seven; dq's summation order then varies from run to run), cast once at the end.
   Measured slower than the dq pass at every swept shape (docs/perf.md, run S: the atomics cost more

@@ -286,8 +286,8 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     acc_d = D if add_dq else d_pad if atomic else 0
     dq_acc = torch.empty((B, H, TQ, acc_d), dtype=torch.float32, device=q.device) if acc_d else None
     delta = torch.empty((B, H, TQ), dtype=torch.float32, device=q.device)
-    # delta in the dq pass (the plan's switch; dq_mode "pass", unfused, the Triton dq pass): that pass
-    # first, then dk/dv, and no delta kernel
+    # delta in the dq pass (the plan's switch; dq_mode "pass", unfused; the Triton dq pass, or the Gluon one
+    # with gluon=2): that pass first, then dk/dv, and no delta kernel
     delta_in_dq = plan.delta_in_dq and not atomic and not add_dq
     launches = []
     if not delta_in_dq:
@@ -335,13 +335,16 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         launches.append(one)
 
     if plan.gluon:  # dk/dv by the Gluon kernel; dq by it too (tma_add), the Triton pass (1) or the Gluon one (2)
-        if delta_in_dq:  # (the Triton dq pass first: it forms delta)
+        if delta_in_dq and plan.gluon == 1:  # (the dq pass first: it forms delta)
             launch(n_q, 0, False, True, plan.dq_warps, plan.dq_stages)
+        elif delta_in_dq:
+            bwd_gluon.launch_dq(do, q, k, v, lse, delta, dq, scale, causal, plan.block_m2, plan.block_n2,
+                                plan.dq_stages, out)
         bwd_gluon.launch_dkdv(do, q, k, v, lse, delta, dk, dv, scale, causal, plan.block_n1, plan.block_m1,
                               plan.num_stages, dq_acc, overlap=plan.overlap, dq_split=plan.dq_split and add_dq)
         if add_dq:
             dq.copy_(dq_acc)
-        elif plan.gluon == 2:
+        elif plan.gluon == 2 and not delta_in_dq:
             bwd_gluon.launch_dq(do, q, k, v, lse, delta, dq, scale, causal, plan.block_m2, plan.block_n2,
                                 plan.dq_stages)
         elif not delta_in_dq:

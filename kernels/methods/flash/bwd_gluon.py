@@ -1,7 +1,7 @@
 """The flash backward in Gluon for Hopper (sm_90): the dk/dv pass (plan ``BwdPlan.gluon`` = 1, the
 dq pass then the Triton one of ``bwd``, or none: with ``dq_mode="tma_add"`` the dk/dv pass adds dq
 itself) and the dq pass too (``gluon`` = 2); warp-specialized like the Gluon forward. The delta kernel
-stays the Triton one.
+stays the Triton one, unless the Gluon dq pass forms delta itself (``BwdPlan.delta_in_dq``, then run first).
 
 Both passes share one producer partition (the default one, 4 warps): it loads each consumer's fixed
 tiles once and streams the other two tensors' tiles by TMA (4-D descriptors with the tensors' strides;
@@ -29,7 +29,8 @@ consumer warpgroups have read them.
 * dq: a program takes 2 x BLOCK_M queries (heaviest first when causal); the fixed tiles are each
   consumer's q and do, the streamed ones k and v, up to the program's last visible key. Per key tile:
   s = q k^T and dp = do v^T, p = exp2(s * scale * log2(e) - lse * log2(e)) (masked as in the
-  forward), ds = p * (dp - delta), dq += ds k.
+  forward), ds = p * (dp - delta), dq += ds k. With ``delta_in_dq`` each consumer first forms its rows'
+  delta = rowsum(o * do) (o read by pointers, do from its fixed tile) and stores it for the dk/dv pass.
 
 Rows past Tq get lse = +inf (p = 0). dk, dv, dq (dk and dq times scale) go out in the tensors' own
 strides (the (B, T, H, d) memory layout). Takes what the Gluon forward takes (``gluon_common.supported``):
@@ -324,12 +325,15 @@ if gluon is not None:
 
     @gluon.jit
     def _dq_consumer(q_bufs, do_bufs, k_bufs, v_bufs, qd_bar, ready, empty, LSE, DELTA, DQ, s_dqb, s_dqh, s_dqm,
-                     s_dqd, b, h, H, m0, n_tiles, TQ, TK, qk_scale, scale, C: gl.constexpr, BLOCK_M: gl.constexpr,
-                     BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                     s_dqd, O, s_ob, s_oh, s_om, s_od, b, h, H, m0, n_tiles, TQ, TK, qk_scale, scale, C: gl.constexpr,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+                     CAUSAL: gl.constexpr, DELTA_IN_DQ: gl.constexpr):
         """dq of this consumer's BLOCK_M queries: per key tile s = q k^T and dp = do v^T (both issued,
         then waited for), p = exp2(s * c - lse * log2(e)), ds = p * (dp - delta), dq += ds k. (Waiting for s
         alone and forming p under dp's product compiles to no overlap: ptxas moves the second wait up to the
-        first exponential, Triton 3.6.)"""
+        first exponential, Triton 3.6.) DELTA_IN_DQ: delta = rowsum(o * do) of these rows formed here (o read
+        by pointers before the wait for do, do from its shared tile) and stored for the dk/dv pass, which runs
+        after this one (no delta kernel)."""
         dtype: gl.constexpr = q_bufs.dtype
         s_layout: gl.constexpr = mma_layout(BLOCK_N)
         o_layout: gl.constexpr = mma_layout(D)
@@ -338,12 +342,22 @@ if gluon is not None:
         offs_m = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         row = (b * H + h).to(gl.int64) * TQ
         lse2 = gl.load(LSE + row + offs_m, mask=offs_m < TQ, other=float("inf")) * 1.4426950408889634
-        delta = gl.load(DELTA + row + offs_m, mask=offs_m < TQ, other=0.0)
+        rows = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+        cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+        if DELTA_IN_DQ:
+            o = gl.load(O + b.to(gl.int64) * s_ob + h.to(gl.int64) * s_oh + rows[:, None].to(gl.int64) * s_om
+                        + cols[None, :] * s_od, mask=rows[:, None] < TQ, other=0.0)
+        else:
+            delta = gl.load(DELTA + row + offs_m, mask=offs_m < TQ, other=0.0)
         dq = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
         zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
         mbarrier.wait(qd_bar.index(C), 0)
         q = q_bufs.index(C).reshape([BLOCK_M, D])
         do = do_bufs.index(C).reshape([BLOCK_M, D])
+        if DELTA_IN_DQ:  # (rows past TQ: o masked to 0, do's tile zero-filled by TMA)
+            od = gl.sum(o.to(gl.float32) * do.load(o_layout).to(gl.float32), axis=1)
+            delta = gl.convert_layout(od, gl.SliceLayout(1, s_layout))
+            gl.store(DELTA + row + offs_m, delta, mask=offs_m < TQ)
         for j in range(n_tiles):
             s = j % STAGES
             mbarrier.wait(ready.index(s), (j // STAGES) & 1)
@@ -359,18 +373,17 @@ if gluon is not None:
                 dq = warpgroup_mma(gl.convert_layout(ds.to(dtype), operand_layout(D)), k, dq, is_async=True)
                 dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
             mbarrier.arrive(empty.index(s), count=1)
-        rows = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-        cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
         ptrs = (DQ + b.to(gl.int64) * s_dqb + h.to(gl.int64) * s_dqh + rows[:, None].to(gl.int64) * s_dqm
                 + cols[None, :] * s_dqd)
         gl.store(ptrs, (dq * scale).to(dtype), mask=rows[:, None] < TQ)
 
     @gluon.jit
-    def _dq_ws_kernel(desc_q, desc_do, desc_k, desc_v, LSE, DELTA, DQ, s_dqb, s_dqh, s_dqm, s_dqd, H, TQ, TK,
-                      qk_scale, scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
-                      STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    def _dq_ws_kernel(desc_q, desc_do, desc_k, desc_v, LSE, DELTA, DQ, s_dqb, s_dqh, s_dqm, s_dqd, O, s_ob, s_oh,
+                      s_om, s_od, H, TQ, TK, qk_scale, scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, DELTA_IN_DQ: gl.constexpr):
         """One program: dq of 2 x BLOCK_M queries of (batch, head); the producer loads q and do once per
-        consumer and streams the k and v tiles up to the program's last visible key, heaviest first."""
+        consumer and streams the k and v tiles up to the program's last visible key, heaviest first.
+        DELTA_IN_DQ: the consumers form delta from O (see ``_dq_consumer``)."""
         b, h, m0, n_tiles = _query_program(TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
         q_bufs, do_bufs, k_bufs, v_bufs, qd_bar, ready, empty = _pass_buffers(desc_q, desc_do, desc_k, desc_v, STAGES)
         fence_async_shared()
@@ -378,19 +391,21 @@ if gluon is not None:
             [(_producer, (desc_q, desc_do, desc_k, desc_v, q_bufs, do_bufs, k_bufs, v_bufs, qd_bar, ready, empty, b,
                           h, m0, 0, n_tiles, BLOCK_M, BLOCK_N, STAGES)),
              (_dq_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, qd_bar, ready, empty, LSE, DELTA, DQ, s_dqb, s_dqh,
-                             s_dqm, s_dqd, b, h, H, m0, n_tiles, TQ, TK, qk_scale, scale, 0, BLOCK_M, BLOCK_N, D,
-                             STAGES, CAUSAL)),
+                             s_dqm, s_dqd, O, s_ob, s_oh, s_om, s_od, b, h, H, m0, n_tiles, TQ, TK, qk_scale, scale,
+                             0, BLOCK_M, BLOCK_N, D, STAGES, CAUSAL, DELTA_IN_DQ)),
              (_dq_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, qd_bar, ready, empty, LSE, DELTA, DQ, s_dqb, s_dqh,
-                             s_dqm, s_dqd, b, h, H, m0, n_tiles, TQ, TK, qk_scale, scale, 1, BLOCK_M, BLOCK_N, D,
-                             STAGES, CAUSAL))],
+                             s_dqm, s_dqd, O, s_ob, s_oh, s_om, s_od, b, h, H, m0, n_tiles, TQ, TK, qk_scale, scale,
+                             1, BLOCK_M, BLOCK_N, D, STAGES, CAUSAL, DELTA_IN_DQ))],
             [4, 4], [240, 240])
 
 
 def launch_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
               delta: torch.Tensor, dq: torch.Tensor, scale: float, causal: bool, block_m: int, block_n: int,
-              stages: int) -> None:
+              stages: int, out: Optional[torch.Tensor] = None) -> None:
     """dq (allocated by the caller, any strides) for inputs ``gluon_common.supported`` takes and do; block_m:
-    queries per program (two consumers of block_m / 2), block_n: keys per tile, stages: ring slots."""
+    queries per program (two consumers of block_m / 2), block_n: keys per tile, stages: ring slots. out: the
+    forward's output (any strides), to form delta = rowsum(out * do) into ``delta`` here (then no delta
+    kernel, and the dk/dv pass after this one); None: ``delta`` holds it already."""
     B, H, TQ, D = q.shape
     TK = k.shape[2]
     if block_m != 128 or block_n not in (64, 128):
@@ -403,8 +418,10 @@ def launch_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     fastlaunch.launch(
         _dq_ws_kernel, (-(-TQ // block_m), H, B),
         (_descriptor(q, half), _descriptor(do, half), _descriptor(k, block_n), _descriptor(v, block_n), lse, delta,
-         dq, *dq.stride(), H, TQ, TK, scale * LOG2E, scale),
-        dict(BLOCK_M=half, BLOCK_N=block_n, D=D, STAGES=stages, CAUSAL=causal, num_warps=4))
+         dq, *dq.stride(), dq if out is None else out, *(dq if out is None else out).stride(), H, TQ, TK,
+         scale * LOG2E, scale),
+        dict(BLOCK_M=half, BLOCK_N=block_n, D=D, STAGES=stages, CAUSAL=causal, DELTA_IN_DQ=out is not None,
+             num_warps=4))
 
 
 def launch_dkdv(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,

@@ -112,8 +112,9 @@ class BwdPlan:
     gluon: int = 0  # 1: the dk/dv pass in Gluon (bwd_gluon): block_n1 = 128, block_m1 32 or 64, num_stages slots,
     # with dq_mode "pass" the Triton dq pass after it, "tma_add" dq added by it (TMA reductions, block_m1 = 64);
     # 2: the dq pass in Gluon too: block_m2 = 128, block_n2 64 or 128, dq_stages slots
-    delta_in_dq: bool = False  # the Triton dq pass forms delta = rowsum(o * do) for its rows and runs first, the
-    # dk/dv pass reading it: no delta kernel (one launch and one read of do fewer); dq_mode "pass", unfused
+    delta_in_dq: bool = False  # the dq pass (Triton's, or with gluon=2 the Gluon one) forms delta = rowsum(o * do)
+    # for its rows and runs first, the dk/dv pass reading it: no delta kernel (one launch and one read of do
+    # fewer); dq_mode "pass", unfused
     overlap: bool = False  # (the Gluon dk/dv pass) dp^T issued with s^T, each wait for the product needed next:
     # p^T's exponentials run under dp^T, ds^T under dv's product
     dq_split: bool = False  # (the Gluon dk/dv pass adding dq) both consumers form half of dq's columns every query
@@ -138,10 +139,9 @@ class BwdPlan:
             raise ValueError(f"BwdPlan(gluon={self.gluon}, dq_mode='tma_add'): dq added by the Gluon dk/dv kernel "
                              f"takes gluon=1 (no dq pass) and block_m1=64 (a warpgroup's 64-query dq tile); got "
                              f"block_m1={self.block_m1}")
-        if self.delta_in_dq and (self.dq_mode != "pass" or self.fused or self.gluon == 2):
-            raise ValueError(f"BwdPlan(delta_in_dq=True): the Triton dq pass forms delta and runs before dk/dv, so "
-                             f"dq_mode='pass', fused=False and gluon 0 or 1; got dq_mode={self.dq_mode!r}, "
-                             f"fused={self.fused}, gluon={self.gluon}")
+        if self.delta_in_dq and (self.dq_mode != "pass" or self.fused):
+            raise ValueError(f"BwdPlan(delta_in_dq=True): the dq pass forms delta and runs before dk/dv, so "
+                             f"dq_mode='pass' and fused=False; got dq_mode={self.dq_mode!r}, fused={self.fused}")
         if self.dq_split and not (self.gluon == 1 and self.dq_mode == "tma_add"):
             raise ValueError(f"BwdPlan(dq_split=True) splits the dq that the Gluon dk/dv kernel adds: gluon=1 and "
                              f"dq_mode='tma_add'; got gluon={self.gluon}, dq_mode={self.dq_mode!r}")
@@ -224,12 +224,13 @@ TABLE: dict[tuple[int, str, bool], tuple[tuple[int, FwdPlan, BwdPlan], ...]] = {
     # in sections of 32 MB of keys and values (run AC, H100: 472 TFLOP/s against 322 for run Y's two consumers with
     # 128-key steps, 405 for three without sections, cuDNN 531; run Y, H200: two consumers 402, the Triton
     # kernel's 64 x 64 tiles 374); forward + backward by the Gluon dk/dv (128 keys) and Gluon dq passes (run Y: 345
-    # against 329 for run V's Triton plan, default 205; run AC: 380 against 341 for the dk/dv pass adding dq split)
+    # against 329 for run V's Triton plan, default 205; run AC: 380 against 341 for the dk/dv pass adding dq split),
+    # the dq pass first, forming delta (run AG, H100: 360.7 against 355.0 with the delta kernel, cuDNN 400.9)
     (128, "bfloat16", True): (
         (1 << 30, FwdPlan(block_m=192, block_n=64, num_warps=4, num_stages=3, gluon=1, persistent=True,
                           section_mb=32),
          BwdPlan(block_m1=64, block_n1=128, block_m2=128, block_n2=64, num_warps=4, num_stages=2, dq_warps=8,
-                 dq_stages=3, gluon=2)),
+                 dq_stages=3, gluon=2, delta_in_dq=True)),
     ),
 }
 

@@ -49,7 +49,7 @@ from kernels.timing import bench_ms, error_on_device
 #: the dk/dv programs (element atomics or TMA reductions, no dq pass),
 #: then re-tune the dk/dv tiles for whichever dq mode won, then the Gluon dk/dv pass (BwdPlan.gluon; Hopper only) with the Triton dq pass, then adding dq
 #: itself (TMA reductions of both consumers' shares, by turns or split by columns: BwdPlan.dq_split), then with the
-#: Gluon dq pass, then the best plan's Gluon passes
+#: Gluon dq pass (delta formed by the delta kernel or by that pass), then the best plan's Gluon passes
 #: waiting for each product only where it is needed next (BwdPlan.overlap; a Triton plan has none: skipped).
 FWD_PHASES = ("block_m=64,128 block_n=32,64,128 num_warps=4,8 num_stages=2,3,4 | tma=off,host,device | "
               "group=1,4,8,16 | maxnreg=0,96 | gluon=1,2 block_m=128 block_n=64,128 num_stages=2,3 persistent=0,1 "
@@ -63,7 +63,7 @@ BWD_PHASES = ("block_m1=32,64 block_n1=64,128 num_warps=4,8 num_stages=2,3,4 | "
               "gluon=1 block_n1=128 block_m1=32,64 num_stages=2,3 fused=0 dq_mode=pass delta_in_dq=0,1 tma=off | "
               "gluon=1 block_n1=128 block_m1=64 num_stages=2,3 fused=0 dq_mode=tma_add delta_in_dq=0 tma=off "
               "dq_split=0,1 | "
-              "gluon=2 block_n1=128 block_m1=32,64 num_stages=2,3 fused=0 dq_mode=pass delta_in_dq=0 tma=off dq_split=0 "
+              "gluon=2 block_n1=128 block_m1=32,64 num_stages=2,3 fused=0 dq_mode=pass delta_in_dq=0,1 tma=off dq_split=0 "
               "block_m2=128 block_n2=64,128 dq_stages=2,3 | overlap=0,1")
 
 
