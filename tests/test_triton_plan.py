@@ -33,6 +33,9 @@ def test_plan_packs_short_rows_splits_long_ones_and_streams_longer_ones():
     bwd = tp.plan(32768, 2, backward=True)  # the backward: one row a program on 32 warps, held 16-bit (run AA)
     assert not bwd.stages and bwd.narrow and (bwd.rows, bwd.num_warps) == (1, 32)
     assert not tp.plan(16384, 2, backward=True).narrow and not tp.plan(32768, 2).narrow
+    # rows masked over a quarter of their 16384-column tile or more hold 16-bit values too (run AF)
+    assert [tp.plan(n, 2, backward=True).narrow for n in (8192, 8193, 12288, 12289, 16384)] == [
+        False, True, True, False, False]
     assert not tp.plan(32768, 4).stages and not tp.plan(1024, 2, causal=True).stages
     widest = tp.MAX_SPLITS * tp.SPLIT_BLOCK_N
     assert tp.plan(widest, 2).split and tp.plan(widest + 1, 2).long  # too many chunks: the long path

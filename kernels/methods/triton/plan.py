@@ -94,10 +94,12 @@ _SPLIT_FROM = {False: 65537, True: 32769}
 # at 65536 a row does not fit twice in shared memory. On a GPU the forward takes the hybrid path instead; this
 # plan is its fallback. The backward's plain tile holding 16-bit rows (_BWD_NARROW) beat it at 32768 (run AA).
 _PERSIST = {False: {32768: (32, 3)}, True: {}}
-# Backward tiles that hold y and dy as loaded (Plan.narrow): at 32768 the one-row tile on 32 warps, 2955 GB/s
-# (0.99 of copy) against 2605 (0.87) for the persistent path held and 2823 narrow, Liger 2973, in one run on
-# an H100 (run AA, docs/perf.md); a 16-bit row's widened copy spilled there.
-_BWD_NARROW = {32768}
+# Backward tiles that hold y and dy as loaded (Plan.narrow), by BLOCK_N: the longest row that takes it. At 32768
+# the one-row tile on 32 warps, 2955 GB/s (0.99 of copy) against 2605 (0.87) for the persistent path held and
+# 2823 narrow, Liger 2973, in one run on an H100 (run AA, docs/perf.md); a 16-bit row's widened copy spilled
+# there. At 16384 rows of up to 12288 columns (a quarter of the tile masked or more): 2991 against 2944 held
+# (half the registers: two programs an SM), where full rows lose 3001 -> 2979 (run AF, H100).
+_BWD_NARROW = {16384: 12288, 32768: 32768}
 # Causal backward rows (the attention shape B=8, H=12, T=1024, from the sweep): (rows per program, warps,
 # round_mask); other lengths use _BWD_TILE.
 _CAUSAL_BWD_TILE = {1024: (1, 4, True)}
@@ -158,7 +160,7 @@ def plan(n_cols: int, elem_bytes: int, backward: bool = False, causal: bool = Fa
     table = _BWD_TILE if backward else _FWD_TILE
     if block_n in table:
         rows, warps = table[block_n]
-        return Plan(False, block_n, rows, warps, narrow=backward and block_n in _BWD_NARROW)
+        return Plan(False, block_n, rows, warps, narrow=backward and n_cols <= _BWD_NARROW.get(block_n, 0))
     rows = max(1, 4096 // block_n)  # short rows: several per program, ~16 elements per thread
     return Plan(False, block_n, rows, max(1, min(8, rows * block_n // (32 * 16))))
 
