@@ -105,12 +105,18 @@ def test_backward_tile_reload_and_narrow_give_the_held_rows_result(shape, causal
     """The backward tile path reading y and dy again for dx (``Plan.reload``), or holding them as loaded and
     widening them again (``Plan.narrow``; fp32 rows are widened as they are), computes what the plan that
     holds the widened rows does, bit for bit (the same operations on the same values), masked columns and
-    rows past the end included, and matches the reference."""
+    rows past the end included, and matches the reference. Compiled for a GPU, fp32 rows to a few units in
+    the last place: ptxas may contract y * dy into the dot's adds in one kernel and not in the other (seen on
+    an H100 with reload at (9, 37)); the 16-bit rows' rounding hides that."""
     y = launch_fwd(random_scores(shape, dtype, DEVICE, gen=seeded), 0.5, causal, tp.Plan(False, 64, 1, 1))
     dy = random_scores(shape, dtype, DEVICE, gen=seeded)
     held = launch_bwd(y, dy, 0.5, causal, tp.Plan(False, 64, rows, 1))
     again = launch_bwd(y, dy, 0.5, causal, tp.Plan(False, 64, rows, 1, **{variant: True}))
-    assert torch.equal(again, held)
+    if dtype == torch.float32 and again.is_cuda:
+        atol = 4 * torch.finfo(torch.float32).eps * held.abs().max().item()
+        torch.testing.assert_close(again, held, rtol=4 * torch.finfo(torch.float32).eps, atol=atol)
+    else:
+        assert torch.equal(again, held)
     assert kernels.relative_error(again, kernels.reference_softmax_backward(y, dy, scale=0.5)) <= BWD_TOL[dtype]
 
 
