@@ -38,17 +38,19 @@ constexpr bool fwd_packed(int block_n) { return block_n > 16384; }  // (packed r
 constexpr int fwd_items(int block_n) {
   return block_n == 8192 ? 16 : block_n < 8192 || fwd_packed(block_n) ? 32 : 64;
 }
-// Backward register rows: 8 elements per thread up to 8192 columns; 16-bit rows of 8193-16384 columns
-// 1024 threads x 16 (run AD, H100: 2999 GB/s, 1.00 of copy, against 2877 for the persistent path they
-// took before and 3002 for Liger's one-row kernel).
-constexpr int bwd_items(int block_n) { return block_n > 8192 ? 16 : 8; }
+// Backward register rows: 8 elements per thread up to 8192 columns; 16-bit rows of 8193-32768 columns 32
+// (512 or 1024 threads), except rows of 12289-16384 columns (over three quarters of their tile): 1024 x 16
+// (cuda-sweep, run AF, H100, GB/s: 12288 2997 against 2906 for 16 elements a thread; 16384 2998 against
+// 2986-2989 for 32; 32768 2971 against 2925-2932 for the two-CTA cluster path they took before).
+constexpr int bwd_items(int block_n) { return block_n > 8192 ? 32 : 8; }
+constexpr int kBwdFullTileN = 16384, kBwdFullTileItems = 16, kBwdFullTileFrom = 12289;
 constexpr bool kBwdCap = false;     // ... with uncapped registers (see min_blocks)
 
 // Longest rows one block keeps in registers: forward 32768 16-bit (packed) or 16384 fp32 columns,
-// backward 16384 16-bit or 4096 fp32 columns (longer rows: the persistent path, then the cluster path).
+// backward 32768 16-bit or 4096 fp32 columns (longer rows: the persistent path (fp32), then the cluster path).
 template <typename T, bool BWD>
 constexpr int reg_max() {
-  return !BWD ? (sizeof(T) == 2 ? 32768 : 16384) : sizeof(T) == 2 ? 16384 : 4096;
+  return !BWD ? (sizeof(T) == 2 ? 32768 : 16384) : sizeof(T) == 2 ? 32768 : 4096;
 }
 // Hybrid path (16-bit forward rows of 32769-65536 columns): 512 threads x 64 elements in registers
 // (packed) and 32 (up to 49152 columns) or 64 more in shared memory, a block per row, two blocks per SM
@@ -57,8 +59,8 @@ constexpr int reg_max() {
 constexpr int kHybridThreads = 512, kHybridRegItems = 64;
 // Persistent path, forward: fp32 rows over a cluster of two CTAs only (cluster-persist: 2 x 512
 // threads x 32 elements, 64 KB each; 16-bit rows take the hybrid path). Backward: rows of up to 32 KB,
-// 1024 threads, one buffer (y and dy of the next row); since run AD only fp32 rows (4097-8192 columns)
-// take it, 16-bit rows of that size being faster in registers.
+// 1024 threads, one buffer (y and dy of the next row); only fp32 rows (4097-8192 columns) take it, 16-bit
+// rows of that size being faster in registers (run AD).
 template <typename T, bool BWD>
 constexpr int persist_max() {
   return BWD ? 32768 / (int)sizeof(T) : 16384;
@@ -100,9 +102,11 @@ template <typename T, bool BWD>
 struct Launch {
   template <int BN>
   static cudaError_t reg(const Args& a) {
-    if constexpr (BWD)
+    if constexpr (BWD) {
+      if constexpr (BN == kBwdFullTileN)
+        if (a.cols >= kBwdFullTileFrom) return launch_bwd_register<T, BN, kBwdFullTileItems, kBwdCap>(a);
       return launch_bwd_register<T, BN, bwd_items(BN), kBwdCap>(a);
-    else
+    } else
       return launch_fwd_register<T, BN, fwd_items(BN), fwd_packed(BN), fwd_packed(BN)>(a);
   }
   template <int BN, int C>

@@ -105,8 +105,8 @@ def test_cuda_code_paths_by_row_length():
         (torch.bfloat16, False): {1024: "register", 16384: "register", 16385: "register", 32768: "register",
                                   32769: "hybrid", 49152: "hybrid", 49160: "hybrid", 65536: "hybrid", 65537: "split",
                                   128 * 16384: "split", 128 * 16384 + 1: "stream"},  # > kMaxSplits slices
-        (torch.bfloat16, True): {8192: "register", 8193: "register", 16384: "register", 16385: "cluster",
-                                 131072: "cluster", 131073: "split", 128 * 8192: "split", 128 * 8192 + 1: "stream"},
+        (torch.bfloat16, True): {8192: "register", 8193: "register", 16384: "register", 32768: "register",
+                                 32769: "cluster", 131072: "cluster", 131073: "split", 128 * 8192: "split", 128 * 8192 + 1: "stream"},
         (torch.float32, False): {16384: "register", 16385: "cluster-persist", 32768: "cluster-persist",
                                  32769: "split"},
         (torch.float32, True): {4096: "register", 4097: "persist", 8192: "persist", 8193: "cluster",
@@ -122,7 +122,7 @@ def test_cuda_code_paths_by_row_length():
 @pytest.mark.parametrize("shape,causal", [((3, 8200), False), ((2, 5, 20000), False), ((1, 3, 40000), True),
                                           ((1, 9000, 9000), True), ((64, 100000), False), ((1000, 16384), False),
                                           ((300, 65536), False), ((1, 2, 600, 60000), True), ((8, 200000), False),
-                                          ((2, 64, 32776), True)])
+                                          ((2, 64, 32776), True), ((2, 3, 30001), True)])
 def test_cuda_long_row_paths(shape, causal, dtype):
     """Long rows: the register path at its longest (16-bit rows kept packed), the 16-bit forward's hybrid
     path (half the row in registers, the rest in shared memory; (2, 64, 32776) causal: rows whose
