@@ -45,7 +45,7 @@ import torch
 
 from kernels.methods.flash.gluon_common import (GLUON_ERROR, SHARED_LIMIT, _descriptor, _key_range, _mask_tile,
                                              _query_program, _ring_barriers, _tma_load, fence_async_shared, gl, gluon,
-                                             mbarrier, mma_layout, operand_layout, tma, warpgroup_mma,
+                                             mbarrier, mma_layout, operand_layout, row_layout, tma, warpgroup_mma,
                                              warpgroup_mma_wait)
 from kernels.methods.flash.tiles import LOG2E
 from kernels.methods.triton import fastlaunch
@@ -342,11 +342,12 @@ if gluon is not None:
         offs_m = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         row = (b * H + h).to(gl.int64) * TQ
         lse2 = gl.load(LSE + row + offs_m, mask=offs_m < TQ, other=float("inf")) * 1.4426950408889634
-        rows = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-        cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-        if DELTA_IN_DQ:
-            o = gl.load(O + b.to(gl.int64) * s_ob + h.to(gl.int64) * s_oh + rows[:, None].to(gl.int64) * s_om
-                        + cols[None, :] * s_od, mask=rows[:, None] < TQ, other=0.0)
+        if DELTA_IN_DQ:  # (o's rows as 16-byte vectors)
+            r_layout: gl.constexpr = row_layout(D)
+            o_rows = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, r_layout))
+            o_cols = gl.arange(0, D, layout=gl.SliceLayout(0, r_layout))
+            o = gl.load(O + b.to(gl.int64) * s_ob + h.to(gl.int64) * s_oh + o_rows[:, None].to(gl.int64) * s_om
+                        + o_cols[None, :] * s_od, mask=o_rows[:, None] < TQ, other=0.0)
         else:
             delta = gl.load(DELTA + row + offs_m, mask=offs_m < TQ, other=0.0)
         dq = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
@@ -355,7 +356,7 @@ if gluon is not None:
         q = q_bufs.index(C).reshape([BLOCK_M, D])
         do = do_bufs.index(C).reshape([BLOCK_M, D])
         if DELTA_IN_DQ:  # (rows past TQ: o masked to 0, do's tile zero-filled by TMA)
-            od = gl.sum(o.to(gl.float32) * do.load(o_layout).to(gl.float32), axis=1)
+            od = gl.sum(o.to(gl.float32) * do.load(r_layout).to(gl.float32), axis=1)
             delta = gl.convert_layout(od, gl.SliceLayout(1, s_layout))
             gl.store(DELTA + row + offs_m, delta, mask=offs_m < TQ)
         for j in range(n_tiles):
@@ -373,6 +374,8 @@ if gluon is not None:
                 dq = warpgroup_mma(gl.convert_layout(ds.to(dtype), operand_layout(D)), k, dq, is_async=True)
                 dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
             mbarrier.arrive(empty.index(s), count=1)
+        rows = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+        cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
         ptrs = (DQ + b.to(gl.int64) * s_dqb + h.to(gl.int64) * s_dqh + rows[:, None].to(gl.int64) * s_dqm
                 + cols[None, :] * s_dqd)
         gl.store(ptrs, (dq * scale).to(dtype), mask=rows[:, None] < TQ)

@@ -42,7 +42,7 @@ SHARED_LIMIT = 227 * 1024  # shared memory one program may opt in to on sm_90
 
 
 # (defined below where Gluon is)
-mma_layout = operand_layout = _key_range = _query_program = _ring_barriers = _mask_tile = None
+mma_layout = operand_layout = row_layout = _key_range = _query_program = _ring_barriers = _mask_tile = None
 
 if gluon is not None:
 
@@ -55,6 +55,13 @@ if gluon is not None:
     def operand_layout(n):
         """A 16-bit left operand held in registers, of a product whose accumulator is mma_layout(n)."""
         return gl.DotOperandLayout(operand_index=0, parent=mma_layout(n), k_width=2)
+
+    @gluon.constexpr_function
+    def row_layout(n):
+        """One warpgroup's rows of n 16-bit columns read as 16-byte vectors: a row's n / 8 threads side by side
+        (coalesced from global memory; one swizzle chunk each from an NVMMA-swizzled shared tile)."""
+        return gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 * 8 // n, n // 8], warps_per_cta=[4, 1],
+                                order=[1, 0])
 
     @gluon.jit
     def _key_range(r0, TQ, TK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
