@@ -42,8 +42,9 @@ Code paths (each module opens with its own details):
   fp32 buffer the delta kernel zeroed; the dq pass instead under deterministic algorithms). In the
   table (run Y): ``gluon=1, dq_mode="tma_add"`` for d = 64 beyond T = 1024 (+6% forward + backward at
   (4, 12, 4096, 64) over the Triton passes), ``gluon=2`` at d = 128 (+5%), since run AG with
-  ``delta_in_dq`` (+1.6%: no delta kernel). With ``overlap`` the dk/dv
-  consumers issue dp^T with s^T and wait only for the product needed next (not yet timed).
+  ``delta_in_dq`` (no delta kernel: 30-36 us less kernel time by Nsight Compute, runs AH-AI). With
+  ``overlap`` the dk/dv consumers issue dp^T with s^T and wait only for the product needed next (not
+  yet timed).
 * Backward (``bwd``): delta = rowsum(o * do) (a small kernel); a dk/dv kernel (a program per
   BLOCK_N1 keys, looping over the queries that see them, diagonal blocks masked) and a dq kernel (a
   program per BLOCK_M2 queries, looping over their keys); both recompute P = exp2(s * c - lse *
@@ -51,7 +52,9 @@ Code paths (each module opens with its own details):
   dS^T q, dq = scale * dS k. No Tq x Tk tensor. The two run as two launches or one fused launch
   (plan ``fused``); with plan ``delta_in_dq`` the dq pass forms delta for its rows (it reads do anyway,
   and o once) and runs first, and there is no delta kernel (run Y, the Triton dq pass: +2.7% forward +
-  backward at (4, 12, 4096, 64), -0.5% at d = 128; run AG, the Gluon one at d = 128: +1.6%, the table's). With plan ``dq_mode="atomic"`` (FA2's structure) there is no dq pass: the dk/dv
+  backward at (4, 12, 4096, 64), -0.5% at d = 128; runs AG-AI, the Gluon one at d = 128: 0 to +1.6% in
+  the sweeps, 30-36 us less kernel time; the table's). With plan ``dq_mode="atomic"`` (FA2's structure)
+  there is no dq pass: the dk/dv
   programs add each tile's scale * dS k into an fp32 dq buffer by atomic adds (five matmuls per tile
   pair instead of seven; dq's summation order then varies from run to run), cast once at the end.
   Measured slower than the dq pass at every swept shape (docs/perf.md, run S: the atomics cost more

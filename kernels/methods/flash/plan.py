@@ -225,7 +225,8 @@ TABLE: dict[tuple[int, str, bool], tuple[tuple[int, FwdPlan, BwdPlan], ...]] = {
     # 128-key steps, 405 for three without sections, cuDNN 531; run Y, H200: two consumers 402, the Triton
     # kernel's 64 x 64 tiles 374); forward + backward by the Gluon dk/dv (128 keys) and Gluon dq passes (run Y: 345
     # against 329 for run V's Triton plan, default 205; run AC: 380 against 341 for the dk/dv pass adding dq split),
-    # the dq pass first, forming delta (run AG, H100: 360.7 against 355.0 with the delta kernel, cuDNN 400.9)
+    # the dq pass first, forming delta (H100: 360.7 against 355.0 with the delta kernel in run AG's sweep, 357.9
+    # against 358.3 in run AI's, cuDNN 400.9-402.9; Nsight Compute: 964-969 us of kernels against 994-1005)
     (128, "bfloat16", True): (
         (1 << 30, FwdPlan(block_m=192, block_n=64, num_warps=4, num_stages=3, gluon=1, persistent=True,
                           section_mb=32),
