@@ -41,9 +41,10 @@ constexpr int fwd_items(int block_n) {
 // Backward register rows: 8 elements per thread up to 8192 columns; 16-bit rows of 8193-32768 columns 32
 // (512 or 1024 threads), except rows of 12289-16384 columns (over three quarters of their tile): 1024 x 16
 // (cuda-sweep, run AF, H100, GB/s: 12288 2997 against 2906 for 16 elements a thread; 16384 2998 against
-// 2986-2989 for 32; 32768 2971 against 2925-2932 for the two-CTA cluster path they took before).
+// 2986-2989 for 32; 32768 2971 against at most 2932 for the cluster path they took before).
 constexpr int bwd_items(int block_n) { return block_n > 8192 ? 32 : 8; }
-constexpr int kBwdFullTileN = 16384, kBwdFullTileItems = 16, kBwdFullTileFrom = 12289;
+// ... and for rows over three quarters of their tile (a column of the same table; equal where unmeasured)
+constexpr int bwd_items_full(int block_n) { return block_n == 16384 ? 16 : bwd_items(block_n); }
 constexpr bool kBwdCap = false;     // ... with uncapped registers (see min_blocks)
 
 // Longest rows one block keeps in registers: forward 32768 16-bit (packed) or 16384 fp32 columns,
@@ -103,8 +104,8 @@ struct Launch {
   template <int BN>
   static cudaError_t reg(const Args& a) {
     if constexpr (BWD) {
-      if constexpr (BN == kBwdFullTileN)
-        if (a.cols >= kBwdFullTileFrom) return launch_bwd_register<T, BN, kBwdFullTileItems, kBwdCap>(a);
+      if constexpr (bwd_items_full(BN) != bwd_items(BN))
+        if (4 * a.cols > 3 * (int64_t)BN) return launch_bwd_register<T, BN, bwd_items_full(BN), kBwdCap>(a);
       return launch_bwd_register<T, BN, bwd_items(BN), kBwdCap>(a);
     } else
       return launch_fwd_register<T, BN, fwd_items(BN), fwd_packed(BN), fwd_packed(BN)>(a);

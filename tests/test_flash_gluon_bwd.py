@@ -25,11 +25,12 @@ pytestmark = pytest.mark.skipif("flash" not in kernels.runnable_methods(op="atte
                                 reason="flash cannot run here")
 
 
-def _backward_inputs():
-    """q, k, v (2, 3, 300, 64) bf16 in the model's layout, the Triton forward's out and lse, and a random do."""
-    q, k, v = (t.detach() for t in make_qkv(2, 3, 300, 300, 64, torch.bfloat16, layout="bthd", device="cuda"))
+def _backward_inputs(d: int = 64):
+    """q, k, v (2, 3, 300, d) bf16 in the model's layout, the Triton forward's out and lse (scale d^-0.5), and a
+    random do."""
+    q, k, v = (t.detach() for t in make_qkv(2, 3, 300, 300, d, torch.bfloat16, layout="bthd", device="cuda"))
     _need_gluon(q, k, v)
-    out, lse = launch_fwd(q, k, v, 0.125, True, plans.FwdPlan(block_m=64, block_n=64))
+    out, lse = launch_fwd(q, k, v, d ** -0.5, True, plans.FwdPlan(block_m=64, block_n=64))
     return q, k, v, out, lse, torch.randn_like(out)
 
 
@@ -229,13 +230,7 @@ def test_gluon_dkdv_after_the_dq_pass_that_forms_delta(monkeypatch, gluon, d):
     summation order), on rows that end inside a tile (T = 300) and with do's rows past T zero-filled."""
     from kernels.methods.flash import bwd as fb
 
-    if d == 64:
-        q, k, v, out, lse, do = _backward_inputs()
-    else:
-        q, k, v = (t.detach() for t in make_qkv(2, 3, 300, 300, 128, torch.bfloat16, layout="bthd", device="cuda"))
-        _need_gluon(q, k, v)
-        out, lse = launch_fwd(q, k, v, 128 ** -0.5, True, plans.FwdPlan(block_m=64, block_n=64))
-        do = torch.randn_like(out)
+    q, k, v, out, lse, do = _backward_inputs(d)
     scale = d ** -0.5
     base = dataclasses.replace(GLUON_BWD2 if gluon == 2 else GLUON_BWD, block_m1=32 if d == 128 else 64)
     order = []

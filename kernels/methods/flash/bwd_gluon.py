@@ -418,11 +418,11 @@ def launch_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     if why:
         raise ValueError(why)
     half = block_m // 2
+    o = dq if out is None else out  # (unread without out: any 16-bit tensor of the shape)
     fastlaunch.launch(
         _dq_ws_kernel, (-(-TQ // block_m), H, B),
         (_descriptor(q, half), _descriptor(do, half), _descriptor(k, block_n), _descriptor(v, block_n), lse, delta,
-         dq, *dq.stride(), dq if out is None else out, *(dq if out is None else out).stride(), H, TQ, TK,
-         scale * LOG2E, scale),
+         dq, *dq.stride(), o, *o.stride(), H, TQ, TK, scale * LOG2E, scale),
         dict(BLOCK_M=half, BLOCK_N=block_n, D=D, STAGES=stages, CAUSAL=causal, DELTA_IN_DQ=out is not None,
              num_warps=4))
 
