@@ -22,12 +22,12 @@ from tests.compiled_report import report
 from kernels.methods.flash import fwd_gluon as G
 
 for case in sys.argv[1:]:
-    D, BN, STAGES, causal, pingpong, persistent, overlap, consumers = (int(a) for a in case.split(","))
+    D, BN, STAGES, causal, pingpong, persistent, overlap, consumers, *rest = (int(a) for a in case.split(","))
     lay = lambda rows: gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], gl.bfloat16)  # noqa: E731
     desc = lambda rows: f"tensordesc<bf16[1,1,{rows},{D}],{lay(rows)}>"  # noqa: E731
     const = {"sod": 1, "BLOCK_M": 64, "BLOCK_N": BN, "D": D, "STAGES": STAGES, "CAUSAL": bool(causal),
              "PINGPONG": bool(pingpong), "Q_BUFS": 2 if persistent else 1, "LEVELS": bool(persistent and causal),
-             "OVERLAP": bool(overlap), "SCALE_NONNEG": True, "CONSUMERS": consumers}
+             "OVERLAP": bool(overlap), "SCALE_NONNEG": True, "CONSUMERS": consumers, "SUM_MMA": bool(rest and rest[0])}
     sig = {"desc_q": desc(64), "desc_k": desc(BN), "desc_v": desc(BN), "O": "*bf16", "LSE": "*fp32", "sob": "i32",
            "soh": "i32", "som": "i32", "H": "i32", "TQ": "i32", "TK": "i32", "qk_scale": "fp32", "n_m": "i32",
            "n_bh": "i32", "n_sec": "i32", **{k: "constexpr" for k in const}}
@@ -76,19 +76,23 @@ def test_gluon_forward_compiles_for_sm90_warp_specialized():
     TMA loads of 4-D boxes whose barrier expects exactly a q tile's bytes and a k plus v tile's, wgmma,
     the consumers' registers set (setmaxnreg: 240, or 160 for three), every barrier release by one elected
     thread (the slots' barriers count one arrival per consumer, the others one), no spill, and the buffers
-    within the H200's shared memory."""
+    within the H200's shared memory; with the row sums by the tensor cores (sum_mma), their n = 16 products."""
     from tests.compiled_report import compile_cases
 
     if fwd_gluon.GLUON_ERROR:
         pytest.skip(fwd_gluon.GLUON_ERROR)
     cases = ["64,128,3,1,1,0,1,2", "128,128,2,0,1,0,0,2", "64,128,2,1,1,1,1,2", "128,64,2,1,0,1,0,2",
              "64,128,2,1,0,1,1,2", "128,128,2,1,1,1,1,2", "64,64,3,1,1,1,1,3", "64,128,2,1,0,1,0,3",
-             "64,64,2,0,0,0,1,3", "128,64,4,1,0,1,0,3"]
+             "64,64,2,0,0,0,1,3", "128,64,4,1,0,1,0,3", "64,128,3,1,0,1,0,3,1", "128,64,3,1,0,1,0,3,1",
+             "64,128,2,0,0,0,0,2,1"]
     for case, k in zip(cases, compile_cases(_COMPILE, cases, timeout=900)):
-        d, block_n, stages, _, _, persistent, overlap, consumers = (int(a) for a in case.split(","))
+        d, block_n, stages, _, _, persistent, overlap, consumers, *rest = (int(a) for a in case.split(","))
+        sums = bool(rest and rest[0])
         _check_compiled(k, case, {64 * d * 2, 2 * block_n * d * 2},
-                        fwd_gluon.shared_bytes(d, block_n, stages, bool(persistent), consumers),
+                        fwd_gluon.shared_bytes(d, block_n, stages, bool(persistent), consumers, sums),
                         240 if consumers == 2 else 160)
+        # sum_mma: the row sums as products with a 16-column tile of ones (wgmma n = 16), a thread's adds of p gone
+        assert ("wgmma.mma_async.sync.aligned.m64n16k16" in k["ptx"]) == sums, case
         # each ring slot's release barrier counts every consumer; the rest (each consumer's q buffers' two, the
         # slots' ready ones, the turns) one arrival
         inits = re.findall(r"mbarrier\.init\.shared(?:::cta)?\.b64 \[%r\d+\], (\d+);", k["ptx"])

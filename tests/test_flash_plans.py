@@ -462,3 +462,33 @@ def test_atomic_dq_ignores_keys_past_tk_when_every_score_is_very_negative(mode):
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         assert torch.isfinite(g).all(), name
         torch.testing.assert_close(g, w, atol=2e-2 * w.abs().max().item(), rtol=2e-2, msg=name)
+
+
+@pytest.mark.parametrize("tq,tk,dtype", [(37, 30, torch.float16), (30, 37, torch.bfloat16), (1, 1, torch.float16),
+                                          (40, 40, torch.float32)])
+def test_row_sums_by_the_tensor_cores_keep_the_result(monkeypatch, tq, tk, dtype):
+    """FwdPlan.sum_mma: the Triton forward launched with SUM_MMA forms each row's sum l as p times a tile of ones
+    beside p v: out and the gradients within the float64 tolerances, out and lse within a rounding of the
+    reduction's (l then sums the 16-bit p), rows with no key (Tq > Tk) still 0 with lse +inf; refused where
+    the consumers lag (ping-pong, the overlap)."""
+    summed = dataclasses.replace(SMALL_FWD, sum_mma=True)
+    seen = _recorded_launches(monkeypatch, (summed, SMALL_BWD), run=False)
+    assert seen[0][2]["SUM_MMA"] is True
+    assert _recorded_launches(monkeypatch, SMALL, run=False)[0][2]["SUM_MMA"] is False
+    monkeypatch.undo()
+    q, k, v = make_qkv(2, 2, tq, tk, 16, dtype, layout="bthd")
+    run_and_compare(q, k, v, causal=True, plan=(summed, SMALL_BWD))
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+    out, lse = launch_fwd(qd, kd, vd, 0.25, True, summed)
+    out_r, lse_r = launch_fwd(qd, kd, vd, 0.25, True, SMALL_FWD)
+    tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}[dtype]
+    torch.testing.assert_close(out, out_r, atol=tol, rtol=tol)
+    assert torch.equal(torch.isinf(lse), torch.isinf(lse_r)) and (torch.isinf(lse).any() == (tq > tk))
+    fin = torch.isfinite(lse_r)
+    torch.testing.assert_close(lse[fin], lse_r[fin], atol=tol, rtol=tol)
+    if tq > tk:
+        assert (out[:, :, :tq - tk] == 0).all()
+    for bad in (dict(gluon=2, block_m=128, block_n=64, num_stages=2),
+                dict(gluon=1, block_m=128, block_n=64, num_stages=2, overlap=True)):
+        with pytest.raises(ValueError, match="sum_mma=True.*free-running"):
+            plans.FwdPlan(sum_mma=True, **bad)

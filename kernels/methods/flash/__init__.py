@@ -27,7 +27,8 @@ Code paths (each module opens with its own details):
   three consumers with 64-key steps and 32 MB sections 1.46x run Y's two consumers, 0.89x cuDNN in the
   sweep (run AC; the table's d = 128 entry: without sections the keys and values of all 128 heads were
   read from memory again for every query block); ``overlap`` and ping-pong lost to free-running
-  consumers at every shape (run AA, -2% to -14%).
+  consumers at every shape (run AA, -2% to -14%); with ``sum_mma`` the row sums come from the tensor cores
+  (p times a tile of ones beside p v): +1.6-3.5% at d = 64 beyond T = 1024 (run AK, in the table there).
   Its consumers are in ``fwd_gluon_consumers``, its work-tile schedule in ``fwd_gluon_schedule``.
 * ``gluon_common``: what the Gluon kernels share (wgmma layouts, program prologues, ring barriers, masks,
   which inputs they take, their TMA descriptors).

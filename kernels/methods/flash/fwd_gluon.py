@@ -24,6 +24,11 @@ How the consumers order their products (plan ``gluon`` and ``overlap``):
   ping-pong that passed the turn only once its products had finished: slower than free-running everywhere.)
 Scores of tiles every query sees whole take one FMA each before the exponential (scale and max folded; the
 Triton forward's SCALE_NONNEG).
+With ``sum_mma`` (free-running consumers) each row's sum l comes from the tensor cores, p times a shared
+BLOCK_N x 16 tile of ones issued beside p v and waited for with it, in place of a thread's adds and shuffles of
+p (a reduction a tile): l then sums the 16-bit p that p v multiplies, so the output's normalization matches its
+numerator, and lse = m + log(l) lies within 2^-9 of the fp32 sum's. Run AK (H100): +1.6-3.5% with 128-key
+tiles at d = 64 (the table's entry beyond T = 1024), -1.1% with d = 128's 64-key tiles.
 With ``block_m=192`` three consumer warpgroups of 160 registers share the program (FA3's head-dim-64 shape;
 at d = 128 with 64-key tiles only, whose scores take half the registers of 128-key ones): a 192-query work
 tile, each key tile read once for three warpgroups' queries, and one more warpgroup's products to fill the
@@ -75,10 +80,12 @@ from kernels.methods.triton.plan import device_props
 __all__ = ["GLUON_ERROR", "budget_reason", "launch_fwd", "section_heads", "shared_bytes", "supported"]
 
 
-def shared_bytes(d: int, block_n: int, stages: int, persistent: bool = False, consumers: int = 2) -> int:
+def shared_bytes(d: int, block_n: int, stages: int, persistent: bool = False, consumers: int = 2,
+                 sum_mma: bool = False) -> int:
     """The buffers' shared memory (a 64-query q tile per consumer, twice when persistent; the k and v ring;
-    16-bit) and 1 KB for the barriers and the reductions' scratch."""
-    return (2 if persistent else 1) * consumers * 64 * d * 2 + stages * 2 * block_n * d * 2 + 1024
+    with sum_mma the block_n x 16 tile of ones; 16-bit) and 1 KB for the barriers and the reductions' scratch."""
+    return ((2 if persistent else 1) * consumers * 64 * d * 2 + stages * 2 * block_n * d * 2
+            + (block_n * 16 * 2 if sum_mma else 0) + 1024)
 
 
 def section_heads(section_mb: int, tk: int, d: int, dv: int, itemsize: int, n_bh: int) -> int:
@@ -90,7 +97,8 @@ def section_heads(section_mb: int, tk: int, d: int, dv: int, itemsize: int, n_bh
     return max(1, min(n_bh, (section_mb << 20) // (max(tk, 1) * (d + dv) * itemsize)))
 
 
-def budget_reason(d: int, block_n: int, stages: int, persistent: bool = False, block_m: int = 128) -> Optional[str]:
+def budget_reason(d: int, block_n: int, stages: int, persistent: bool = False, block_m: int = 128,
+                  sum_mma: bool = False) -> Optional[str]:
     """Why the forward's buffers or registers do not fit a program (None: they do). block_m: the work tile's
     queries, 64 a consumer warpgroup (192: three consumers of 160 registers, which hold d = 64's accumulator and
     scores, or d = 128's with 64-key tiles: 64 + 32 fp32 and 16 for p a thread)."""
@@ -99,7 +107,7 @@ def budget_reason(d: int, block_n: int, stages: int, persistent: bool = False, b
         return (f"the Gluon forward's three consumers (block_m=192) have {CONSUMER_REGS_3} registers a thread, which "
                 f"hold d = 64's accumulator and scores, or d = 128's with 64-key tiles (got d={d}, block_n={block_n}; "
                 f"block_n=64 or block_m=128 takes it)")
-    need = shared_bytes(d, block_n, stages, persistent, consumers)
+    need = shared_bytes(d, block_n, stages, persistent, consumers, sum_mma)
     if need > SHARED_LIMIT:
         return (f"the Gluon forward's shared memory at d={d}, block_n={block_n}, {stages} slots"
                 f"{', persistent' if persistent else ''}: {need} bytes, over the {SHARED_LIMIT} an H100/H200 program "
@@ -138,7 +146,8 @@ if gluon is not None:
     def _fwd_ws_kernel(desc_q, desc_k, desc_v, O, LSE, sob, soh, som, sod, H, TQ, TK, qk_scale, n_m, n_bh, n_sec,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, Q_BUFS: gl.constexpr, LEVELS: gl.constexpr,
-                       OVERLAP: gl.constexpr = False, SCALE_NONNEG: gl.constexpr = False, CONSUMERS: gl.constexpr = 2):
+                       OVERLAP: gl.constexpr = False, SCALE_NONNEG: gl.constexpr = False, CONSUMERS: gl.constexpr = 2,
+                       SUM_MMA: gl.constexpr = False):
         """Programs over work tiles of CONSUMERS x BLOCK_M queries of one (batch, head) (``_work_tile``): one
         tile a program, or (persistent) a tile a round (``_tile_of``), with Q_BUFS = 2 q buffers so the next
         tile's q loads while this one's run; CONSUMERS (2, or 3 at 160 registers each) consumer warpgroups
@@ -154,40 +163,46 @@ if gluon is not None:
         turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())  # (ping-pong's turns)
         for i in gl.static_range(CONSUMERS):
             mbarrier.init(turn.index(i), count=1)
+        if SUM_MMA:  # (the row sums' right operand: a tile of ones, for every consumer)
+            ones = gl.allocate_shared_memory(dtype, [BLOCK_N, 16], gl.NVMMASharedLayout.get_default_for([BLOCK_N, 16],
+                                                                                                        dtype))
+            ones.store(gl.full([BLOCK_N, 16], 1.0, dtype, layout=gl.BlockedLayout([1, 8], [16, 2], [4, 1], [1, 0])))
+        else:
+            ones = q_bufs  # (unread)
         fence_async_shared()  # (the barriers initialized before any TMA or wait sees them)
         if CONSUMERS == 3:
             gl.warp_specialize(
                 [(_producer, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty,
                               n_m, n_bh, n_sec, H, TQ, TK, BLOCK_M, BLOCK_N, STAGES, Q_BUFS, CAUSAL, LEVELS,
                               CONSUMERS)),
-                 (_consumer_of, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh,
+                 (_consumer_of, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, ones, O, LSE, sob, soh,
                                  som, sod, n_m, n_bh, n_sec, H, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D, STAGES,
-                                 Q_BUFS, CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS)),
-                 (_consumer_of, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh,
+                                 Q_BUFS, CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS, SUM_MMA)),
+                 (_consumer_of, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, ones, O, LSE, sob, soh,
                                  som, sod, n_m, n_bh, n_sec, H, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D, STAGES,
-                                 Q_BUFS, CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS)),
-                 (_consumer_of, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh,
+                                 Q_BUFS, CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS, SUM_MMA)),
+                 (_consumer_of, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, ones, O, LSE, sob, soh,
                                  som, sod, n_m, n_bh, n_sec, H, TQ, TK, qk_scale, 2, BLOCK_M, BLOCK_N, D, STAGES,
-                                 Q_BUFS, CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS))],
+                                 Q_BUFS, CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS, SUM_MMA))],
                 [4, 4, 4], [160, 160, 160])  # (CONSUMER_REGS_3)
         else:
             gl.warp_specialize(
                 [(_producer, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty,
                               n_m, n_bh, n_sec, H, TQ, TK, BLOCK_M, BLOCK_N, STAGES, Q_BUFS, CAUSAL, LEVELS,
                               CONSUMERS)),
-                 (_consumer_of, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh,
+                 (_consumer_of, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, ones, O, LSE, sob, soh,
                                  som, sod, n_m, n_bh, n_sec, H, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D, STAGES,
-                                 Q_BUFS, CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS)),
-                 (_consumer_of, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh,
+                                 Q_BUFS, CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS, SUM_MMA)),
+                 (_consumer_of, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, ones, O, LSE, sob, soh,
                                  som, sod, n_m, n_bh, n_sec, H, TQ, TK, qk_scale, 1, BLOCK_M, BLOCK_N, D, STAGES,
-                                 Q_BUFS, CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS))],
+                                 Q_BUFS, CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS, SUM_MMA))],
                 [4, 4], [240, 240])  # (CONSUMER_REGS)
 
 
 def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, block_m: int,
                block_n: int, stages: int, pingpong: bool = True, persistent: bool = False,
                programs: Optional[int] = None, overlap: bool = False,
-               section_mb: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+               section_mb: int = 0, sum_mma: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """out and lse as ``fwd.launch_fwd`` (inputs ``supported`` takes); block_m: queries per work tile (128:
     two consumer warpgroups of 64; 192: three, d = 64, or d = 128 with block_n=64), block_n: keys per tile,
     stages: ring slots; pingpong: the consumers take turns at issuing their products (``_consumer_lagged``),
@@ -196,12 +211,16 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
     persistent: one program per SM (at most), each taking a work tile a round (``_tile_of``; causal: heaviest
     blocks first, in sections of heads whose keys and values take at most section_mb MB, 0: every head in
     one section; ``section_heads``), the next tile's q and first key tiles loading while one runs; else a
-    program a tile. programs: at most this many persistent programs (None: the GPU's SM count)."""
+    program a tile. programs: at most this many persistent programs (None: the GPU's SM count). sum_mma (free-running
+    consumers): the row sums by the tensor cores (``_consumer``)."""
     if block_m not in (128, 192) or block_n not in (64, 128) or stages < 2:
         raise ValueError(f"the Gluon forward takes 128 or 192 queries a work tile (two or three warpgroups of 64), 64 "
                          f"or 128 keys a tile and 2 or more ring slots (its consumers hold one slot while the next "
                          f"fills); got block_m={block_m}, block_n={block_n}, stages={stages}")
-    why = budget_reason(q.shape[-1], block_n, stages, persistent, block_m)
+    if sum_mma and (pingpong or overlap):
+        raise ValueError("sum_mma (the row sums by the tensor cores) is the free-running consumers' (pingpong=False, "
+                         "overlap=False)")
+    why = budget_reason(q.shape[-1], block_n, stages, persistent, block_m, sum_mma)
     if why:
         raise ValueError(why)
     B, H, TQ, D = q.shape
@@ -229,5 +248,5 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
          scale * LOG2E, n_m, B * H, section_heads(section_mb, TK, D, v.shape[-1], q.element_size(), B * H)),
         dict(BLOCK_M=half, BLOCK_N=block_n, D=D, STAGES=stages, CAUSAL=causal, PINGPONG=pingpong,
              Q_BUFS=2 if persistent else 1, LEVELS=persistent and causal, OVERLAP=overlap, SCALE_NONNEG=scale >= 0,
-             CONSUMERS=block_m // 64, num_warps=4))
+             CONSUMERS=block_m // 64, SUM_MMA=sum_mma, num_warps=4))
     return out, lse

@@ -17,7 +17,7 @@ if gluon is not None:
 
     @gluon.jit
     def _softmax_tile(sc, m_i, l_i, offs_m, n0, full, TQ, TK, qk_scale, BLOCK_N: gl.constexpr,
-                      CAUSAL: gl.constexpr, SCALE_NONNEG: gl.constexpr):
+                      CAUSAL: gl.constexpr, SCALE_NONNEG: gl.constexpr, SUM: gl.constexpr = True):
         """One key tile's online-softmax step from its raw scores sc: (p, alpha, m, l); a row with no key yet
         keeps m = -inf and adds exactly 0. A tile every query sees whole (before `full`) with a scale >= 0 takes
         the max of the raw scores (max(s * c) = max(s) * c) and one FMA a score (s * c - m) before its
@@ -31,7 +31,9 @@ if gluon is not None:
                 p, alpha, m_new = _masked_step(sc, m_i, offs_m, n0, full, TQ, TK, qk_scale, BLOCK_N, CAUSAL)
         else:
             p, alpha, m_new = _masked_step(sc, m_i, offs_m, n0, full, TQ, TK, qk_scale, BLOCK_N, CAUSAL)
-        return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+        if SUM:
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+        return p, alpha, m_new, l_i  # (SUM False: l as it was, the caller sums by its products)
 
     @gluon.jit
     def _masked_step(sc, m_i, offs_m, n0, full, TQ, TK, qk_scale, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
@@ -74,12 +76,14 @@ if gluon is not None:
         return b, h, n_tiles, r0, hi, full, qs
 
     @gluon.jit
-    def _consumer(q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, O, LSE, sob, soh, som, sod, n_m, n_bh,
-                  n_sec, H, TQ, TK, qk_scale, C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    def _consumer(q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, ones, O, LSE, sob, soh, som, sod, n_m,
+                  n_bh, n_sec, H, TQ, TK, qk_scale, C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   D: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
-                  LEVELS: gl.constexpr, SCALE_NONNEG: gl.constexpr, CONSUMERS: gl.constexpr):
+                  LEVELS: gl.constexpr, SCALE_NONNEG: gl.constexpr, CONSUMERS: gl.constexpr, SUM_MMA: gl.constexpr):
         """A consumer running free: per key tile, q k^T, the softmax, p v, each waited for at once; its q
-        buffer handed back once its work tile's key tiles are done, then the tile's rows stored."""
+        buffer handed back once its work tile's key tiles are done, then the tile's rows stored. SUM_MMA: the row
+        sums by the tensor cores, p times ``ones`` (a shared BLOCK_N x 16 tile of ones) into a 64 x 16 tile beside
+        p v, instead of a reduction of p."""
         dtype: gl.constexpr = q_bufs.dtype
         s_layout: gl.constexpr = mma_layout(BLOCK_N)
         o_layout: gl.constexpr = mma_layout(D)
@@ -92,6 +96,7 @@ if gluon is not None:
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
             l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
             acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
+            l_acc = gl.zeros([BLOCK_M, 16], gl.float32, layout=mma_layout(16))
             q = q_bufs.index(qs).reshape([BLOCK_M, D])
             for j in range(n_tiles):
                 s = (kv + j) % STAGES
@@ -103,13 +108,21 @@ if gluon is not None:
                     sc = warpgroup_mma(q, k.permute((1, 0)), zero_s, use_acc=False, is_async=True)
                     sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
                     p, alpha, m_i, l_i = _softmax_tile(sc, m_i, l_i, offs_m, n0, full, TQ, TK, qk_scale, BLOCK_N,
-                                                       CAUSAL, SCALE_NONNEG)
+                                                       CAUSAL, SCALE_NONNEG, not SUM_MMA)
                     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-                    acc = warpgroup_mma(gl.convert_layout(p.to(dtype), operand_layout(D)), v, acc, is_async=True)
-                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                    p_op = gl.convert_layout(p.to(dtype), operand_layout(D))
+                    acc = warpgroup_mma(p_op, v, acc, is_async=True)
+                    if SUM_MMA:
+                        l_acc = l_acc * gl.convert_layout(alpha, gl.SliceLayout(1, mma_layout(16)))[:, None]
+                        l_acc = warpgroup_mma(gl.convert_layout(p_op, operand_layout(16)), ones, l_acc, is_async=True)
+                        acc, l_acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, l_acc))
+                    else:
+                        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
                 mbarrier.arrive(kv_empty.index(s), count=1)
             mbarrier.arrive(q_empty.index(qs), count=1)
             kv += n_tiles
+            if SUM_MMA:  # (its 16 equal columns)
+                l_i = gl.convert_layout(gl.max(l_acc, axis=1), gl.SliceLayout(1, s_layout))
             _store_rows(acc, m_i, l_i, O, LSE, sob, soh, som, sod, b, h, H, r0, TQ, BLOCK_M, BLOCK_N, D)
 
     @gluon.jit
@@ -205,11 +218,11 @@ if gluon is not None:
             _store_rows(acc, m_i, l_i, O, LSE, sob, soh, som, sod, b, h, H, r0, TQ, BLOCK_M, BLOCK_N, D)
 
     @gluon.jit
-    def _consumer_of(q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, O, LSE, sob, soh, som, sod, n_m,
-                     n_bh, n_sec, H, TQ, TK, qk_scale, C: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                     D: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr,
-                     LEVELS: gl.constexpr, SCALE_NONNEG: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
-                     CONSUMERS: gl.constexpr):
+    def _consumer_of(q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, ones, O, LSE, sob, soh, som,
+                     sod, n_m, n_bh, n_sec, H, TQ, TK, qk_scale, C: gl.constexpr, BLOCK_M: gl.constexpr,
+                     BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr,
+                     CAUSAL: gl.constexpr, LEVELS: gl.constexpr, SCALE_NONNEG: gl.constexpr, PINGPONG: gl.constexpr,
+                     OVERLAP: gl.constexpr, CONSUMERS: gl.constexpr, SUM_MMA: gl.constexpr = False):
         """The program's consumer partition C: ``_consumer_lagged`` with PINGPONG or OVERLAP, else ``_consumer``
         (which takes no turns), so one list of partitions serves every plan."""
         if PINGPONG or OVERLAP:
@@ -217,6 +230,6 @@ if gluon is not None:
                              sod, n_m, n_bh, n_sec, H, TQ, TK, qk_scale, C, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS, CAUSAL,
                              LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS)
         else:
-            _consumer(q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, O, LSE, sob, soh, som, sod, n_m,
-                      n_bh, n_sec, H, TQ, TK, qk_scale, C, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS, CAUSAL, LEVELS,
-                      SCALE_NONNEG, CONSUMERS)
+            _consumer(q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, ones, O, LSE, sob, soh, som, sod,
+                      n_m, n_bh, n_sec, H, TQ, TK, qk_scale, C, BLOCK_M, BLOCK_N, D, STAGES, Q_BUFS, CAUSAL, LEVELS,
+                      SCALE_NONNEG, CONSUMERS, SUM_MMA)

@@ -60,6 +60,10 @@ class FwdPlan:
     maxnreg: int = 0  # (the Triton kernel) registers a thread at most (ptxas's cap: more programs an SM where
     # registers bound them, e.g. 96 for five 4-warp programs); 0: the compiler's choice. Run AD, (16, 12, 1024, 64):
     # 96 lost (255-261 TFLOP/s against 278), since 3 slots' shared memory holds four programs an SM anyway
+    sum_mma: bool = False  # the row sums l by the tensor cores (p times a tile of ones beside p v; l then sums the
+    # 16-bit p that p v multiplies: the normalization matches the numerator) instead of a reduction of p. Run AK (H100,
+    # forward): the Gluon three consumers with 128-key tiles +1.6-3.5% at (4, 12, 4096, 64) and (1, 12, 16384, 64);
+    # with 64-key tiles at d = 128 -1.1%; the Triton kernel's 64 x 64 tiles at (16, 12, 1024, 64) -7.5%
 
     def __post_init__(self) -> None:
         _check_blocks(self, ("block_n",) if self.gluon and self.block_m == 192 else ("block_m", "block_n"))
@@ -81,6 +85,9 @@ class FwdPlan:
         if self.overlap and not self.gluon:
             raise ValueError("FwdPlan(overlap=True) is the Gluon forward's (gluon=1 or 2); the Triton kernel's "
                              "pipelining is Triton's")
+        if self.sum_mma and (self.gluon == 2 or self.overlap):
+            raise ValueError("FwdPlan(sum_mma=True) is the Triton kernel's or the free-running Gluon consumers' "
+                             "(gluon=0, or gluon=1 with overlap=False)")
         if self.maxnreg and (self.gluon or not isinstance(self.maxnreg, int) or not 24 <= self.maxnreg <= 255):
             raise ValueError(f"FwdPlan.maxnreg={self.maxnreg!r}: the Triton kernel's (gluon=0) register cap a thread, "
                              f"an int in 24..255, or 0 for the compiler's choice (the Gluon kernel sets its own)")
@@ -211,12 +218,14 @@ TABLE: dict[tuple[int, str, bool], tuple[tuple[int, FwdPlan, BwdPlan], ...]] = {
     # beside the Triton dq pass; applied beyond 4096 too (the tiles' work is the same, there are more of
     # them). The Triton kernels' dq by atomic adds lost at every swept shape (runs S and V). Forward beyond 1024: the
     # Gluon kernel's three consumers (192-query work tiles, 128-key tiles, 3 slots, persistent), 425 TFLOP/s at
-    # (4, 12, 4096, 64) against 398.5 for cuDNN in the same run (H100, run AA; two consumers 399).
+    # (4, 12, 4096, 64) against 398.5 for cuDNN in the same run (H100, run AA; two consumers 399); their row sums by
+    # the tensor cores (sum_mma): 428-432 against 416-418 at 4096, 480-507 against 472-490 at 16384 (run AK).
     (64, "bfloat16", True): (
         (1024, FwdPlan(block_m=64, block_n=64, num_warps=4, num_stages=3),
          BwdPlan(block_m1=32, block_n1=64, block_m2=64, block_n2=64, num_warps=4, num_stages=3, dq_warps=4,
                  dq_stages=3, fused=True)),
-        (1 << 30, FwdPlan(block_m=192, block_n=128, num_warps=4, num_stages=3, gluon=1, persistent=True),
+        (1 << 30, FwdPlan(block_m=192, block_n=128, num_warps=4, num_stages=3, gluon=1, persistent=True,
+                          sum_mma=True),
          BwdPlan(block_m1=64, block_n1=128, block_m2=128, block_n2=64, num_warps=4, num_stages=3, dq_warps=8,
                  dq_stages=4, dq_mode="tma_add", gluon=1)),
     ),
