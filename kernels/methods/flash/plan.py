@@ -87,7 +87,7 @@ class FwdPlan:
                              "pipelining is Triton's")
         if self.sum_mma and (self.gluon == 2 or self.overlap):
             raise ValueError("FwdPlan(sum_mma=True) is the Triton kernel's or the free-running Gluon consumers' "
-                             "(gluon=0, or gluon=1 with overlap=False)")
+                             "(gluon=0, or gluon=1 with overlap=False); ping-pong and the overlap take sum_mma=False")
         if self.maxnreg and (self.gluon or not isinstance(self.maxnreg, int) or not 24 <= self.maxnreg <= 255):
             raise ValueError(f"FwdPlan.maxnreg={self.maxnreg!r}: the Triton kernel's (gluon=0) register cap a thread, "
                              f"an int in 24..255, or 0 for the compiler's choice (the Gluon kernel sets its own)")

@@ -45,7 +45,8 @@ from kernels.timing import bench_ms, error_on_device
 #: without the softmax under the previous p v (FwdPlan.overlap), then three consumers (block_m=192, persistent; d = 64,
 #: or d = 128 with 64-key tiles: elsewhere its candidates fail with the reason), then the best plan's causal order
 #: in sections of heads (FwdPlan.section_mb: persistent Gluon plans only, the others are no plan and skipped), then
-#: the row sums by the tensor cores (FwdPlan.sum_mma; not with ping-pong or the overlap: no plan, skipped). The
+#: the row sums by the tensor cores (FwdPlan.sum_mma; the Gluon phases start without them, since ping-pong and the
+#: overlap take none, and the last phase tries them on the best plan, skipped where it lags). The
 #: backward's phases then try delta formed by the dq pass (BwdPlan.delta_in_dq: no delta kernel), dq added by
 #: the dk/dv programs (element atomics or TMA reductions, no dq pass),
 #: then re-tune the dk/dv tiles for whichever dq mode won, then the Gluon dk/dv pass (BwdPlan.gluon; Hopper only) with the Triton dq pass, then adding dq
@@ -54,9 +55,8 @@ from kernels.timing import bench_ms, error_on_device
 #: waiting for each product only where it is needed next (BwdPlan.overlap; a Triton plan has none: skipped).
 FWD_PHASES = ("block_m=64,128 block_n=32,64,128 num_warps=4,8 num_stages=2,3,4 | tma=off,host,device | "
               "group=1,4,8,16 | maxnreg=0,96 | gluon=1,2 block_m=128 block_n=64,128 num_stages=2,3 persistent=0,1 "
-              "overlap=0,1 tma=off group=1 maxnreg=0 | gluon=1,2 block_m=192 block_n=64,128 num_stages=2,3,4 persistent=1 "
-              "overlap=0,1 tma=off group=1 maxnreg=0 | section_mb=0,16,32 | "
-              "sum_mma=0,1")
+              "overlap=0,1 tma=off group=1 maxnreg=0 sum_mma=0 | gluon=1,2 block_m=192 block_n=64,128 num_stages=2,3,4 "
+              "persistent=1 overlap=0,1 tma=off group=1 maxnreg=0 sum_mma=0 | section_mb=0,16,32 | sum_mma=0,1")
 BWD_PHASES = ("block_m1=32,64 block_n1=64,128 num_warps=4,8 num_stages=2,3,4 | "
               "block_m2=64,128 block_n2=32,64 dq_warps=4,8 dq_stages=2,3,4 | tma=off,host,device | fused=0,1 | "
               "fused=0 delta_in_dq=1 | "
