@@ -121,6 +121,43 @@ def test_backward_tile_reload_and_narrow_give_the_held_rows_result(shape, causal
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("narrow", [False, True])
+def test_backward_tile_of_whole_rows_drops_the_masks_and_keeps_the_result(narrow, dtype, seeded, monkeypatch):
+    """Rows that fill their tile (not causal, n_cols = BLOCK_N, ROWS dividing the rows) take the tile kernel's
+    WHOLE branch (no masks): the launch asks for it exactly there, and it computes what the masked kernel does
+    on the same rows, bit for bit (compiled fp32 rows to a few units in the last place, as above)."""
+    from kernels.methods.triton import launch as tl_launch
+
+    seen = []
+    real = tl_launch._run
+    monkeypatch.setattr(tl_launch, "_run", lambda kernel, grid, args, meta, dev: (seen.append(meta),
+                                                                                  real(kernel, grid, args, meta, dev)))
+    y = launch_fwd(random_scores((8, 64), dtype, DEVICE, gen=seeded), 0.5, False, tp.Plan(False, 64, 1, 1))
+    dy = random_scores((8, 64), dtype, DEVICE, gen=seeded)
+    plan = tp.Plan(False, 64, 2, 1, narrow=narrow)
+    whole = launch_bwd(y, dy, 0.5, False, plan)
+    assert seen[-1]["WHOLE"] is True
+    from kernels.methods.triton import tile
+    masked = torch.empty_like(whole)
+    meta = dict(seen[-1], WHOLE=False)
+    tile._bwd_tile_kernel[(4,)](y, dy, masked, 8, 64, dy.stride(0), dy.stride(1), 1, 0, 0.5, **meta)
+    if dtype == torch.float32 and whole.is_cuda:
+        eps = torch.finfo(torch.float32).eps
+        torch.testing.assert_close(whole, masked, rtol=4 * eps, atol=4 * eps * masked.abs().max().item())
+    else:
+        assert torch.equal(whole, masked)
+    assert kernels.relative_error(whole, kernels.reference_softmax_backward(y, dy, scale=0.5)) <= BWD_TOL[dtype]
+    # ragged rows, rows the programs do not divide, causal rows, and reload plans (which read the rows twice) keep
+    # the masked kernel
+    for shape, causal, rows, reload in (((8, 60), False, 2, False), ((7, 64), False, 2, False),
+                                        ((2, 8, 64), True, 2, False), ((8, 64), False, 2, True)):
+        yy = launch_fwd(random_scores(shape, dtype, DEVICE, gen=seeded), 0.5, causal, tp.Plan(False, 64, 1, 1))
+        launch_bwd(yy, random_scores(shape, dtype, DEVICE, gen=seeded), 0.5, causal,
+                   tp.Plan(False, 64, rows, 1, reload=reload))
+        assert seen[-1]["WHOLE"] is False, (shape, causal, reload)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("causal", [False, True])
 def test_persistent_backward_narrow_gives_the_held_rows_result(causal, dtype, seeded):
     """The persistent backward (rows pipelined through shared memory) holding y and dy as loaded

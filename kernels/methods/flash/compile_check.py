@@ -58,7 +58,7 @@ def _signature(fn, args, kw):
     values = dict(zip([p.name for p in params], args))
     values.update({k: v for k, v in kw.items() if k not in _OPTIONS})
     for i, p in enumerate(params):
-        a = values[p.name]
+        a = values[p.name] if p.name in values or not p.has_default else p.default  # (a constexpr left at its default)
         if p.is_constexpr:
             sig[p.name], consts[p.name] = "constexpr", a
         elif isinstance(a, torch.Tensor):

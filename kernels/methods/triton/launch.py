@@ -223,7 +223,9 @@ def launch_bwd(
             one = (tile._bwd_tile_kernel, (-(-n_rows // p.rows),),
                    (y2, dy2, dx, n_rows, n_cols, dy2.stride(0), dy2.stride(1), tq, diag, scale),
                    dict(BLOCK_N=p.block_n, ROWS=p.rows, CAUSAL=causal, ROUND_MASK=p.round_mask, RELOAD=p.reload,
-                        NARROW=p.narrow, num_warps=p.num_warps))
+                        NARROW=p.narrow,
+                        WHOLE=not causal and n_cols == p.block_n and n_rows % p.rows == 0 and not p.reload,
+                        num_warps=p.num_warps))
         _run(*one, dev)
     if site_key is not None and guard is _NO_GUARD:
         prep = fastlaunch.prepare(*one, dev)
