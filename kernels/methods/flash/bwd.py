@@ -60,9 +60,11 @@ if triton is not None:
                     sqb, sqh, sqm, sqd, sdb, sdh, sdm, sdd,
                     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
                     BLOCK_M: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr,
-                    WARP_SPEC: tl.constexpr, PREC: tl.constexpr, DQ_ATOMIC: tl.constexpr):
+                    WARP_SPEC: tl.constexpr, PREC: tl.constexpr, DQ_ATOMIC: tl.constexpr, mask_end=0):
         """Queries lo .. hi into dk, dv (transposed tiles: keys along the rows). Rows past Tq read
-        q = do = 0 and lse = +inf, so they add exactly 0; MASKED applies the causal mask. DQ_ATOMIC:
+        q = do = 0 and lse = +inf, so they add exactly 0; MASKED applies the causal mask (1: to every
+        tile; 2: to the tiles before ``mask_end``, under a branch the whole program takes alike, so one
+        pipelined loop covers the diagonal and the full tiles: ``BwdPlan.one_loop``). DQ_ATOMIC:
         also scale * dS k into the fp32 rows of DQA ((B H Tq) x D_PAD), by element atomic adds (1) or,
         DQA a descriptor of that buffer as (B, H, Tq, D_PAD) with (1, 1, BLOCK_M, D_PAD) boxes, one TMA
         reduction per tile (2; rows past Tq fall outside the descriptor's bounds and are not written)."""
@@ -74,8 +76,11 @@ if triton is not None:
             lse2 = tl.load(LSE + row + offs_m, mask=offs_m < TQ, other=float("inf")) * 1.4426950408889634
             s_t = mma(k, tl.trans(q), None, PREC)  # (BLOCK_N, BLOCK_M)
             z_t = s_t * qk_scale - lse2[None, :]
-            if MASKED:  # -inf before the exponential: masked scores may exceed lse (exp2 would overflow)
+            if MASKED == 1:  # -inf before the exponential: masked scores may exceed lse (exp2 would overflow)
                 z_t = tl.where(offs_n[:, None] <= offs_m[None, :] + (TK - TQ), z_t, float("-inf"))
+            elif MASKED == 2:
+                if m0 < mask_end:
+                    z_t = tl.where(offs_n[:, None] <= offs_m[None, :] + (TK - TQ), z_t, float("-inf"))
             p_t = tl.math.exp2(z_t)
             do = load_rows(DO, b, h, m0, TQ, sdb, sdh, sdm, sdd, BLOCK_M, DV, DV_PAD, TMA, True)
             dv = mma(p_t.to(do.dtype), do, dv, PREC)
@@ -101,7 +106,8 @@ if triton is not None:
                       B, H, TQ, TK, qk_scale, scale,
                       D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                      TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr, DQ_ATOMIC: tl.constexpr):
+                      TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+                      ONE_LOOP: tl.constexpr):
         if TMA == 2:
             Q = device_descriptor(Q, B, H, TQ, sqb, sqh, sqm, BLOCK_M, D, D_PAD)
             DO = device_descriptor(DO, B, H, TQ, sdb, sdh, sdm, BLOCK_M, DV, DV_PAD)
@@ -116,13 +122,18 @@ if triton is not None:
         dk = tl.zeros([BLOCK_N, D_PAD], tl.float32)
         dv = tl.zeros([BLOCK_N, DV_PAD], tl.float32)
         lo, full = query_bounds(n0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
-        if CAUSAL:
-            dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQA, b, h, lo, full, offs_n, H, TQ, TK,
+        if CAUSAL and ONE_LOOP:
+            dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQA, b, h, lo, TQ, offs_n, H, TQ, TK,
                                  qk_scale, scale, sqb, sqh, sqm, sqd, sdb, sdh, sdm, sdd, D, DV, D_PAD, DV_PAD,
-                                 BLOCK_M, True, TMA, WARP_SPEC, PREC, DQ_ATOMIC)
-        dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQA, b, h, full, TQ, offs_n, H, TQ, TK,
-                             qk_scale, scale, sqb, sqh, sqm, sqd, sdb, sdh, sdm, sdd, D, DV, D_PAD, DV_PAD,
-                             BLOCK_M, False, TMA, WARP_SPEC, PREC, DQ_ATOMIC)
+                                 BLOCK_M, 2, TMA, WARP_SPEC, PREC, DQ_ATOMIC, full)
+        else:
+            if CAUSAL:
+                dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQA, b, h, lo, full, offs_n, H, TQ, TK,
+                                     qk_scale, scale, sqb, sqh, sqm, sqd, sdb, sdh, sdm, sdd, D, DV, D_PAD, DV_PAD,
+                                     BLOCK_M, 1, TMA, WARP_SPEC, PREC, DQ_ATOMIC)
+            dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQA, b, h, full, TQ, offs_n, H, TQ, TK,
+                                 qk_scale, scale, sqb, sqh, sqm, sqd, sdb, sdh, sdm, sdd, D, DV, D_PAD, DV_PAD,
+                                 BLOCK_M, 0, TMA, WARP_SPEC, PREC, DQ_ATOMIC)
         store_rows(DK, (dk * scale).to(k.dtype), b, h, n0, TK, s_dkb, s_dkh, s_dkn, s_dkd, BLOCK_N, D, D_PAD, TMA)
         store_rows(DV_, dv.to(v.dtype), b, h, n0, TK, s_dvb, s_dvh, s_dvn, s_dvd, BLOCK_N, DV, DV_PAD, TMA)
 
@@ -131,19 +142,30 @@ if triton is not None:
                   skb, skh, skn, skd, svb, svh, svn, svd,
                   D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
                   BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr,
-                  WARP_SPEC: tl.constexpr, PREC: tl.constexpr):
+                  WARP_SPEC: tl.constexpr, PREC: tl.constexpr, mask_from=0, EVEN_K: tl.constexpr = False):
+        """Keys lo .. hi into dq. MASKED 1: the causal and key-end mask on every tile; 2: on the tiles from
+        ``mask_from`` on, under a branch the whole program takes alike (``BwdPlan.one_loop``; EVEN_K: Tk a
+        multiple of BLOCK_N, no load needs a row mask)."""
         for n0 in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPEC):
             n0 = tl.multiple_of(n0, BLOCK_N)
-            k = load_rows(K, b, h, n0, TK, skb, skh, skn, skd, BLOCK_N, D, D_PAD, TMA, MASKED)
-            v = load_rows(V, b, h, n0, TK, svb, svh, svn, svd, BLOCK_N, DV, DV_PAD, TMA, MASKED)
+            rows_masked: tl.constexpr = MASKED == 1 or (MASKED == 2 and not EVEN_K)
+            k = load_rows(K, b, h, n0, TK, skb, skh, skn, skd, BLOCK_N, D, D_PAD, TMA, rows_masked)
+            v = load_rows(V, b, h, n0, TK, svb, svh, svn, svd, BLOCK_N, DV, DV_PAD, TMA, rows_masked)
             s = mma(q, tl.trans(k), None, PREC)
             z = s * qk_scale - lse2[:, None]
-            if MASKED:
+            if MASKED == 1:
                 offs_n = n0 + tl.arange(0, BLOCK_N)
                 keep = offs_n[None, :] < TK
                 if CAUSAL:
                     keep = keep & (offs_n[None, :] <= offs_m[:, None] + (TK - TQ))
                 z = tl.where(keep, z, float("-inf"))
+            elif MASKED == 2:
+                if n0 >= mask_from:
+                    offs_n = n0 + tl.arange(0, BLOCK_N)
+                    keep = offs_n[None, :] < TK
+                    if CAUSAL:
+                        keep = keep & (offs_n[None, :] <= offs_m[:, None] + (TK - TQ))
+                    z = tl.where(keep, z, float("-inf"))
             p = tl.math.exp2(z)
             dp = mma(do, tl.trans(v), None, PREC)
             ds = p * (dp - delta[:, None])
@@ -156,7 +178,8 @@ if triton is not None:
                     s_dqb, s_dqh, s_dqm, s_dqd, sob, soh, som, sod, B, H, TQ, TK, qk_scale, scale,
                     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                    TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr, DELTA_IN_DQ: tl.constexpr):
+                    TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr, DELTA_IN_DQ: tl.constexpr,
+                    ONE_LOOP: tl.constexpr, EVEN_K: tl.constexpr):
         """dq of BLOCK_M queries. DELTA_IN_DQ: delta = rowsum(o * do) of those rows formed here (o read by
         pointers) and stored for the dk/dv pass, which runs after this one (no delta kernel)."""
         if TMA == 2:
@@ -179,12 +202,17 @@ if triton is not None:
             delta = tl.load(DELTA + row + offs_m, mask=offs_m < TQ, other=0.0)
         dq = tl.zeros([BLOCK_M, D_PAD], tl.float32)
         full, hi = key_bounds(m0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
-        dq = _dq_inner(dq, q, do, lse2, delta, K, V, b, h, 0, full, offs_m, TQ, TK, qk_scale,
-                       skb, skh, skn, skd, svb, svh, svn, svd, D, DV, D_PAD, DV_PAD,
-                       BLOCK_N, CAUSAL, False, TMA, WARP_SPEC, PREC)
-        dq = _dq_inner(dq, q, do, lse2, delta, K, V, b, h, full, hi, offs_m, TQ, TK, qk_scale,
-                       skb, skh, skn, skd, svb, svh, svn, svd, D, DV, D_PAD, DV_PAD,
-                       BLOCK_N, CAUSAL, True, TMA, WARP_SPEC, PREC)
+        if ONE_LOOP:
+            dq = _dq_inner(dq, q, do, lse2, delta, K, V, b, h, 0, hi, offs_m, TQ, TK, qk_scale,
+                           skb, skh, skn, skd, svb, svh, svn, svd, D, DV, D_PAD, DV_PAD,
+                           BLOCK_N, CAUSAL, 2, TMA, WARP_SPEC, PREC, full, EVEN_K)
+        else:
+            dq = _dq_inner(dq, q, do, lse2, delta, K, V, b, h, 0, full, offs_m, TQ, TK, qk_scale,
+                           skb, skh, skn, skd, svb, svh, svn, svd, D, DV, D_PAD, DV_PAD,
+                           BLOCK_N, CAUSAL, 0, TMA, WARP_SPEC, PREC)
+            dq = _dq_inner(dq, q, do, lse2, delta, K, V, b, h, full, hi, offs_m, TQ, TK, qk_scale,
+                           skb, skh, skn, skd, svb, svh, svn, svd, D, DV, D_PAD, DV_PAD,
+                           BLOCK_N, CAUSAL, 1, TMA, WARP_SPEC, PREC)
         store_rows(DQ, (dq * scale).to(q.dtype), b, h, m0, TQ, s_dqb, s_dqh, s_dqm, s_dqd, BLOCK_M, D, D_PAD, TMA)
 
     @triton.jit
@@ -196,7 +224,7 @@ if triton is not None:
                     BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_M2: tl.constexpr,
                     BLOCK_N2: tl.constexpr, CAUSAL: tl.constexpr, DO_KV: tl.constexpr, DO_Q: tl.constexpr,
                     TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr, DQ_ATOMIC: tl.constexpr,
-                    DELTA_IN_DQ: tl.constexpr):
+                    DELTA_IN_DQ: tl.constexpr, ONE_LOOP: tl.constexpr = False, EVEN_K: tl.constexpr = False):
         """Programs [0, N_KV_PROGRAMS) compute dk/dv (when DO_KV), the others dq (when DO_Q); a
         launch with both is the fused backward. Q, K, V, DO are the dk/dv programs' inputs, Q2 .. DO2
         the dq programs' (the same tensors; with host descriptors, boxes of their tile shapes).
@@ -212,7 +240,7 @@ if triton is not None:
                               sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdm, sdd,
                               s_dkb, s_dkh, s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, B, H, TQ, TK, qk_scale,
                               scale, D, DV, D_PAD, DV_PAD, BLOCK_M1, BLOCK_N1, CAUSAL, TMA, WARP_SPEC, PREC,
-                              DQ_ATOMIC)
+                              DQ_ATOMIC, ONE_LOOP)
         if DO_Q:
             if pid >= N_KV_PROGRAMS:
                 pid_m = pid - N_KV_PROGRAMS
@@ -221,7 +249,8 @@ if triton is not None:
                 _dq_program(pid_m, b, h, Q2, K2, V2, DO2, DQ, LSE, DELTA, O,
                             sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdm, sdd,
                             s_dqb, s_dqh, s_dqm, s_dqd, sob, soh, som, sod, B, H, TQ, TK, qk_scale, scale,
-                            D, DV, D_PAD, DV_PAD, BLOCK_M2, BLOCK_N2, CAUSAL, TMA, WARP_SPEC, PREC, DELTA_IN_DQ)
+                            D, DV, D_PAD, DV_PAD, BLOCK_M2, BLOCK_N2, CAUSAL, TMA, WARP_SPEC, PREC, DELTA_IN_DQ,
+                            ONE_LOOP, EVEN_K)
 
 
 # Prepared launches (fastlaunch.prepare) of the dq-pass backward with pointer tiles, by what fixes every
@@ -303,7 +332,7 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     n_kv, n_q = fastlaunch.cdiv(TK, bn1), fastlaunch.cdiv(TQ, bm2)
     common = dict(D=D, DV=DV, D_PAD=d_pad, DV_PAD=dv_pad, BLOCK_M1=bm1, BLOCK_N1=bn1, BLOCK_M2=bm2,
                   BLOCK_N2=bn2, CAUSAL=causal, TMA=TMA_CODE[tma], WARP_SPEC=plan.warp_specialize,
-                  PREC=precision(q.dtype))
+                  PREC=precision(q.dtype), ONE_LOOP=plan.one_loop, EVEN_K=TK % bn2 == 0)
     if tma == "device":
         ensure_allocator()
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *dk.stride(), *dv.stride(),

@@ -24,7 +24,7 @@ if triton is not None:
                    skb, skh, skn, skd, svb, svh, svn, svd,
                    D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
                    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
-                   SCALE_NONNEG: tl.constexpr, TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr,
+                   SCALE_POS: tl.constexpr, TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr,
                    SUM_MMA: tl.constexpr):
         """Keys lo .. hi into (acc, l, m). MASKED: the causal diagonal and the end of the keys (scores
         -inf there; a row with no key yet keeps m = -inf and adds exactly 0); else no mask at all.
@@ -45,7 +45,7 @@ if triton is not None:
                 m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: exp2(-inf) = 0
                 p = tl.math.exp2(s - m_ref[:, None])
                 alpha = tl.math.exp2(m_i - m_ref)
-            elif SCALE_NONNEG:  # max(s * c) = max(s) * c: one FMA per score
+            elif SCALE_POS:  # max(s * c) = max(s) * c (c > 0): one FMA per score
                 m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
                 p = tl.math.exp2(s * qk_scale - m_new[:, None])
                 alpha = tl.math.exp2(m_i - m_new)
@@ -67,13 +67,53 @@ if triton is not None:
         return acc, l_i, m_i
 
     @triton.jit
+    def _fwd_one_loop(acc, l_i, m_i, q, K, V, b, h, full, hi, offs_m, TQ, TK, qk_scale,
+                      skb, skh, skn, skd, svb, svh, svn, svd,
+                      D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+                      BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, SCALE_POS: tl.constexpr, TMA: tl.constexpr,
+                      PREC: tl.constexpr, EVEN_K: tl.constexpr):
+        """Keys 0 .. hi in one pipelined loop: the tiles from ``full`` on (the causal diagonal, the end of the
+        keys) take the mask under a branch the whole program takes alike, so their loads are issued while
+        the full tiles compute, where ``_fwd_inner``'s second loop starts its own pipeline after the first
+        drains. EVEN_K: Tk is a multiple of BLOCK_N, so no load needs a row mask."""
+        for n0 in tl.range(0, hi, BLOCK_N):
+            n0 = tl.multiple_of(n0, BLOCK_N)
+            k = load_rows(K, b, h, n0, TK, skb, skh, skn, skd, BLOCK_N, D, D_PAD, TMA, not EVEN_K)
+            s = mma(q, tl.trans(k), None, PREC)
+            if n0 >= full:  # (a uniform branch: the scores' mask only, the math after it is shared)
+                offs_n = n0 + tl.arange(0, BLOCK_N)
+                keep = offs_n[None, :] < TK
+                if CAUSAL:
+                    keep = keep & (offs_n[None, :] <= offs_m[:, None] + (TK - TQ))
+                s = tl.where(keep, s, float("-inf"))
+            if SCALE_POS:  # max(s * c) = max(s) * c (c > 0): one FMA per score; -inf stays -inf
+                m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            else:
+                s = tl.where(s == float("-inf"), s, s * qk_scale)
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: exp2(-inf) = 0
+            alpha = tl.math.exp2(m_i - m_ref)
+            acc = acc * alpha[:, None]
+            l_i = l_i * alpha
+            m_i = m_new
+            if SCALE_POS:
+                p = tl.math.exp2(s * qk_scale - m_ref[:, None])
+            else:
+                p = tl.math.exp2(s - m_ref[:, None])
+            v = load_rows(V, b, h, n0, TK, svb, svh, svn, svd, BLOCK_N, DV, DV_PAD, TMA, not EVEN_K)
+            l_i += tl.sum(p, 1)
+            acc = mma(p.to(v.dtype), v, acc, PREC)
+        return acc, l_i, m_i
+
+    @triton.jit
     def _fwd_kernel(Q, K, V, O, LSE,
                     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod,
                     B, H, TQ, TK, qk_scale,
                     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                    SCALE_NONNEG: tl.constexpr, TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr,
-                    GROUP: tl.constexpr, SUM_MMA: tl.constexpr = False):
+                    SCALE_POS: tl.constexpr, TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr,
+                    GROUP: tl.constexpr, SUM_MMA: tl.constexpr = False, ONE_LOOP: tl.constexpr = False,
+                    EVEN_K: tl.constexpr = False):
         pid_m = tl.program_id(0)
         h = tl.program_id(1)
         b = tl.program_id(2)
@@ -105,12 +145,17 @@ if triton is not None:
             l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, DV_PAD], tl.float32)
         full, hi = key_bounds(m0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, b, h, 0, full, offs_m, TQ, TK, qk_scale,
-                                   skb, skh, skn, skd, svb, svh, svn, svd, D, DV, D_PAD, DV_PAD,
-                                   BLOCK_N, CAUSAL, False, SCALE_NONNEG, TMA, WARP_SPEC, PREC, SUM_MMA)
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, b, h, full, hi, offs_m, TQ, TK, qk_scale,
-                                   skb, skh, skn, skd, svb, svh, svn, svd, D, DV, D_PAD, DV_PAD,
-                                   BLOCK_N, CAUSAL, True, SCALE_NONNEG, TMA, WARP_SPEC, PREC, SUM_MMA)
+        if ONE_LOOP:
+            acc, l_i, m_i = _fwd_one_loop(acc, l_i, m_i, q, K, V, b, h, full, hi, offs_m, TQ, TK, qk_scale,
+                                          skb, skh, skn, skd, svb, svh, svn, svd, D, DV, D_PAD, DV_PAD,
+                                          BLOCK_N, CAUSAL, SCALE_POS, TMA, PREC, EVEN_K)
+        else:
+            acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, b, h, 0, full, offs_m, TQ, TK, qk_scale,
+                                       skb, skh, skn, skd, svb, svh, svn, svd, D, DV, D_PAD, DV_PAD,
+                                       BLOCK_N, CAUSAL, False, SCALE_POS, TMA, WARP_SPEC, PREC, SUM_MMA)
+            acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, b, h, full, hi, offs_m, TQ, TK, qk_scale,
+                                       skb, skh, skn, skd, svb, svh, svn, svd, D, DV, D_PAD, DV_PAD,
+                                       BLOCK_N, CAUSAL, True, SCALE_POS, TMA, WARP_SPEC, PREC, SUM_MMA)
         if SUM_MMA:
             l_i = tl.max(l_i, 1)  # (its 16 equal columns)
         # rows with no key (causal, Tq > Tk): l = 0, output 0, lse = +inf (the backward's
@@ -201,8 +246,9 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
     one = (_fwd_kernel, (fastlaunch.cdiv(TQ, bm), H, B),
            (qa, ka, va, oa, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), B, H, TQ, TK, scale * LOG2E),
            dict(D=D, DV=DV, D_PAD=d_pad, DV_PAD=dv_pad, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
-                SCALE_NONNEG=scale >= 0, TMA=TMA_CODE[tma], WARP_SPEC=plan.warp_specialize,
+                SCALE_POS=scale > 0, TMA=TMA_CODE[tma], WARP_SPEC=plan.warp_specialize,
                 PREC=precision(q.dtype), GROUP=plan.group if causal else 1, SUM_MMA=plan.sum_mma,
+                ONE_LOOP=plan.one_loop, EVEN_K=TK % bn == 0,
                 num_warps=plan.num_warps,
                 num_stages=plan.num_stages, **({"maxnreg": plan.maxnreg} if plan.maxnreg else {})))
     fastlaunch.launch(*one)

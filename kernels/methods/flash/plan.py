@@ -65,6 +65,11 @@ class FwdPlan:
     # forward): the Gluon three consumers with 128-key tiles +1.6-3.5% at (4, 12, 4096, 64) and (1, 12, 16384, 64);
     # with 64-key tiles at d = 128 -1.1%; the Triton kernel's 64 x 64 tiles at (16, 12, 1024, 64) -7.5%
 
+    one_loop: bool = False  # (the Triton kernel) the masked tiles (causal diagonal, end of the keys) in the full
+    # tiles' pipelined loop under a branch, not a second loop whose loads start only when the first has drained (sm_90
+    # SASS: 944 instructions against 1490, the second loop's prologue gone). Run AL (H100): (16, 12, 1024, 64)
+    # 276-281 -> 287-295 TFLOP/s; the Triton plan at (8, 16, 2048, 128) 384 -> 410, at (4, 12, 4096, 64) 383 -> 376
+
     def __post_init__(self) -> None:
         _check_blocks(self, ("block_n",) if self.gluon and self.block_m == 192 else ("block_m", "block_n"))
         if not isinstance(self.group, int) or self.group < 1:
@@ -88,6 +93,9 @@ class FwdPlan:
         if self.sum_mma and (self.gluon == 2 or self.overlap):
             raise ValueError("FwdPlan(sum_mma=True) is the Triton kernel's or the free-running Gluon consumers' "
                              "(gluon=0, or gluon=1 with overlap=False); ping-pong and the overlap take sum_mma=False")
+        if self.one_loop and (self.gluon or self.sum_mma or self.warp_specialize):
+            raise ValueError("FwdPlan(one_loop=True) is the Triton kernel's (gluon=0) without sum_mma or "
+                             "warp_specialize; set those to their defaults")
         if self.maxnreg and (self.gluon or not isinstance(self.maxnreg, int) or not 24 <= self.maxnreg <= 255):
             raise ValueError(f"FwdPlan.maxnreg={self.maxnreg!r}: the Triton kernel's (gluon=0) register cap a thread, "
                              f"an int in 24..255, or 0 for the compiler's choice (the Gluon kernel sets its own)")
@@ -126,6 +134,9 @@ class BwdPlan:
     # p^T's exponentials run under dp^T, ds^T under dv's product
     dq_split: bool = False  # (the Gluon dk/dv pass adding dq) both consumers form half of dq's columns every query
     # tile, instead of taking turns at all of them (FA3's split: half the accumulator, no consumer idles)
+    one_loop: bool = False  # (the Triton kernels) the causal diagonal's tiles in the full tiles' pipelined loop, masked
+    # under a branch, not a loop of their own whose loads start only when the other has drained (FwdPlan.one_loop).
+    # Run AL (H100), the fused backward at (16, 12, 1024, 64): forward + backward 254-256 -> 260-262 TFLOP/s
 
     def __post_init__(self) -> None:
         _check_blocks(self, ("block_m1", "block_n1", "block_m2", "block_n2", "pre_block"))
@@ -152,6 +163,9 @@ class BwdPlan:
         if self.dq_split and not (self.gluon == 1 and self.dq_mode == "tma_add"):
             raise ValueError(f"BwdPlan(dq_split=True) splits the dq that the Gluon dk/dv kernel adds: gluon=1 and "
                              f"dq_mode='tma_add'; got gluon={self.gluon}, dq_mode={self.dq_mode!r}")
+        if self.one_loop and (self.gluon == 2 or (self.gluon == 1 and self.dq_mode == "tma_add")):
+            raise ValueError("BwdPlan(one_loop=True) is the Triton kernels' (gluon=0, or gluon=1 with the Triton dq "
+                             "pass, dq_mode='pass'); this plan runs none of them")
         if self.overlap and not self.gluon:
             raise ValueError("BwdPlan(overlap=True) is the Gluon dk/dv pass's (gluon=1 or 2); the Triton kernels' "
                              "pipelining is Triton's")
@@ -219,11 +233,13 @@ TABLE: dict[tuple[int, str, bool], tuple[tuple[int, FwdPlan, BwdPlan], ...]] = {
     # them). The Triton kernels' dq by atomic adds lost at every swept shape (runs S and V). Forward beyond 1024: the
     # Gluon kernel's three consumers (192-query work tiles, 128-key tiles, 3 slots, persistent), 425 TFLOP/s at
     # (4, 12, 4096, 64) against 398.5 for cuDNN in the same run (H100, run AA; two consumers 399); their row sums by
-    # the tensor cores (sum_mma): 428-432 against 416-418 at 4096, 480-507 against 472-490 at 16384 (run AK).
+    # the tensor cores (sum_mma): 428-432 against 416-418 at 4096, 480-507 against 472-490 at 16384 (run AK). T <= 1024
+    # since run AL: both directions' masked tiles inside the full tiles' loop (one_loop): forward 279-281 -> 293-298,
+    # forward + backward 254-256 -> 259-262 (H100; cuDNN 297-304 and 237-240).
     (64, "bfloat16", True): (
-        (1024, FwdPlan(block_m=64, block_n=64, num_warps=4, num_stages=3),
+        (1024, FwdPlan(block_m=64, block_n=64, num_warps=4, num_stages=3, one_loop=True),
          BwdPlan(block_m1=32, block_n1=64, block_m2=64, block_n2=64, num_warps=4, num_stages=3, dq_warps=4,
-                 dq_stages=3, fused=True)),
+                 dq_stages=3, fused=True, one_loop=True)),
         (1 << 30, FwdPlan(block_m=192, block_n=128, num_warps=4, num_stages=3, gluon=1, persistent=True,
                           sum_mma=True),
          BwdPlan(block_m1=64, block_n1=128, block_m2=128, block_n2=64, num_warps=4, num_stages=3, dq_warps=8,
@@ -247,7 +263,8 @@ TABLE: dict[tuple[int, str, bool], tuple[tuple[int, FwdPlan, BwdPlan], ...]] = {
 #: The Triton kernels' measured plans for keys whose TABLE entry is a Gluon plan: what such an entry falls back to
 #: where the Gluon kernels cannot take the inputs (head dims other than 64 and 128, padded to them here; strides TMA
 #: cannot read; GPUs other than Hopper). Run V's sweep (docs/perf.md): (4, 12, 4096, 64) forward + backward 322
-#: TFLOP/s (the defaults: 267), (8, 16, 2048, 128) 335 (defaults: 205); run Y: 316 and 329.
+#: TFLOP/s (the defaults: 267), (8, 16, 2048, 128) 335 (defaults: 205); run Y: 316 and 329. The d = 128 forward takes
+#: one_loop (run AL: 384 -> 410 forward), the d = 64 one does not (383 -> 376 at 4096).
 TRITON_TABLE: dict[tuple[int, str, bool], tuple[tuple[int, FwdPlan, BwdPlan], ...]] = {
     (64, "bfloat16", True): (
         (1 << 30, FwdPlan(block_m=64, block_n=64, num_warps=4, num_stages=3),
@@ -255,7 +272,7 @@ TRITON_TABLE: dict[tuple[int, str, bool], tuple[tuple[int, FwdPlan, BwdPlan], ..
                  dq_stages=4)),
     ),
     (128, "bfloat16", True): (
-        (1 << 30, FwdPlan(block_m=64, block_n=64, num_warps=4, num_stages=3),
+        (1 << 30, FwdPlan(block_m=64, block_n=64, num_warps=4, num_stages=3, one_loop=True),
          BwdPlan(block_m1=64, block_n1=64, block_m2=128, block_n2=64, num_warps=4, num_stages=2, dq_warps=8,
                  dq_stages=4)),
     ),
