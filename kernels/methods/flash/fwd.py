@@ -13,7 +13,7 @@ import torch
 from kernels.methods.flash import fwd_gluon, gluon_common
 from kernels.methods.flash import plan as plans
 from kernels.methods.flash.tiles import (LOG2E, TMA_CODE, device_descriptor, empty_bthd, ensure_allocator,
-                                         host_descriptor, interpreter_enabled, key_bounds, load_rows, mma,
+                                         fast_log2, host_descriptor, interpreter_enabled, key_bounds, load_rows, mma,
                                          store_rows, tl, tma_eligible, tma_supported, triton)
 from kernels.methods.triton import fastlaunch
 
@@ -161,8 +161,9 @@ if triton is not None:
         # rows with no key (causal, Tq > Tk): l = 0, output 0, lse = +inf (the backward's
         # exp(s - lse) is then exactly 0: zero gradient, no NaN)
         empty = l_i == 0.0
-        inv = 1.0 / tl.where(empty, 1.0, l_i)
-        lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+        l_safe = tl.where(empty, 1.0, l_i)  # (l >= 1 otherwise: the max's own exponential is 1)
+        inv = tl.math.fdiv(1.0, l_safe)  # (div.full: 2 ulp, without the precise division's denormal path)
+        lse = tl.where(empty, float("inf"), (m_i + fast_log2(l_safe)) * 0.6931471805599453)
         tl.store(LSE + (b * H + h).to(tl.int64) * TQ + offs_m, lse, mask=offs_m < TQ)
         store_rows(O, (acc * inv[:, None]).to(q.dtype), b, h, m0, TQ, sob, soh, som, sod, BLOCK_M, DV, DV_PAD, TMA)
 

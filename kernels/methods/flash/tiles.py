@@ -151,6 +151,21 @@ if triton is not None:
             c = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
         return c
 
+    if interpreter_enabled():  # (decided at import, as the kernels' PREC: the interpreter has no libdevice)
+        @triton.jit
+        def fast_log2(x):
+            """log2 of fp32 x >= 1 (a row's sum l), in Triton's interpreter the precise one."""
+            return tl.math.log2(x)
+    else:
+        from triton.language.extra import libdevice
+
+        @triton.jit
+        def fast_log2(x):
+            """log2 of fp32 x >= 1 (a row's sum l) by the SFU's lg2.approx (one MUFU.LG2, absolute error below
+            2^-21 there), where tl.math.log2 is libdevice's precise log2f: ~25 instructions a value, in the
+            epilogue of every forward program."""
+            return libdevice.fast_log2f(x)
+
     @triton.jit
     def device_descriptor(X, B, H, T, s_b, s_h, s_r, BLOCK: tl.constexpr, D: tl.constexpr,
                           D_PAD: tl.constexpr):
