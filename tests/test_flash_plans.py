@@ -464,6 +464,29 @@ def test_atomic_dq_ignores_keys_past_tk_when_every_score_is_very_negative(mode):
         torch.testing.assert_close(g, w, atol=2e-2 * w.abs().max().item(), rtol=2e-2, msg=name)
 
 
+def _forward_variant_matches(monkeypatch, plan, flag, tq, tk, dtype, tol, lse_tol, causal=True, scale=None):
+    """The forward under ``plan`` (launched with its constexpr ``flag`` set, SMALL's without it): out and the
+    gradients within the float64 tolerances; out within ``tol`` and lse within ``lse_tol`` of SMALL's forward's;
+    rows with no key (causal, Tq > Tk) 0 with lse +inf."""
+    seen = _recorded_launches(monkeypatch, (plan, SMALL_BWD), run=False)
+    assert seen[0][2][flag] is True
+    assert _recorded_launches(monkeypatch, SMALL, run=False)[0][2][flag] is False
+    monkeypatch.undo()
+    q, k, v = make_qkv(2, 2, tq, tk, 16, dtype, layout="bthd")
+    run_and_compare(q, k, v, causal=causal, scale=scale, plan=(plan, SMALL_BWD))
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+    s = 0.25 if scale is None else scale
+    out, lse = launch_fwd(qd, kd, vd, s, causal, plan)
+    out_r, lse_r = launch_fwd(qd, kd, vd, s, causal, SMALL_FWD)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, out_r, atol=tol, rtol=tol)
+    assert torch.equal(torch.isinf(lse), torch.isinf(lse_r)) and (torch.isinf(lse).any() == (causal and tq > tk))
+    fin = torch.isfinite(lse_r)
+    torch.testing.assert_close(lse[fin], lse_r[fin], atol=lse_tol, rtol=lse_tol)
+    if causal and tq > tk:
+        assert (out[:, :, :tq - tk] == 0).all()
+
+
 @pytest.mark.parametrize("tq,tk,dtype", [(37, 30, torch.float16), (30, 37, torch.bfloat16), (1, 1, torch.float16),
                                           (40, 40, torch.float32)])
 def test_row_sums_by_the_tensor_cores_keep_the_result(monkeypatch, tq, tk, dtype):
@@ -472,22 +495,8 @@ def test_row_sums_by_the_tensor_cores_keep_the_result(monkeypatch, tq, tk, dtype
     reduction's (l then sums the 16-bit p), rows with no key (Tq > Tk) still 0 with lse +inf; refused where
     the consumers lag (ping-pong, the overlap)."""
     summed = dataclasses.replace(SMALL_FWD, sum_mma=True)
-    seen = _recorded_launches(monkeypatch, (summed, SMALL_BWD), run=False)
-    assert seen[0][2]["SUM_MMA"] is True
-    assert _recorded_launches(monkeypatch, SMALL, run=False)[0][2]["SUM_MMA"] is False
-    monkeypatch.undo()
-    q, k, v = make_qkv(2, 2, tq, tk, 16, dtype, layout="bthd")
-    run_and_compare(q, k, v, causal=True, plan=(summed, SMALL_BWD))
-    qd, kd, vd = (t.detach() for t in (q, k, v))
-    out, lse = launch_fwd(qd, kd, vd, 0.25, True, summed)
-    out_r, lse_r = launch_fwd(qd, kd, vd, 0.25, True, SMALL_FWD)
     tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}[dtype]
-    torch.testing.assert_close(out, out_r, atol=tol, rtol=tol)
-    assert torch.equal(torch.isinf(lse), torch.isinf(lse_r)) and (torch.isinf(lse).any() == (tq > tk))
-    fin = torch.isfinite(lse_r)
-    torch.testing.assert_close(lse[fin], lse_r[fin], atol=tol, rtol=tol)
-    if tq > tk:
-        assert (out[:, :, :tq - tk] == 0).all()
+    _forward_variant_matches(monkeypatch, summed, "SUM_MMA", tq, tk, dtype, tol, tol)
     for bad in (dict(gluon=2, block_m=128, block_n=64, num_stages=2),
                 dict(gluon=1, block_m=128, block_n=64, num_stages=2, overlap=True)):
         with pytest.raises(ValueError, match="sum_mma=True.*free-running"):
@@ -505,24 +514,8 @@ def test_one_loop_forward_matches_the_two_loops(monkeypatch, tq, tk, dtype, caus
     Keys a multiple of the tile (EVEN_K) load without row masks; a scale of 0 or below takes the path that keeps
     the masked -inf out of the scale's product (-inf x 0 is NaN)."""
     merged = dataclasses.replace(SMALL_FWD, one_loop=True)
-    seen = _recorded_launches(monkeypatch, (merged, SMALL_BWD), run=False)
-    assert seen[0][2]["ONE_LOOP"] is True
-    assert _recorded_launches(monkeypatch, SMALL, run=False)[0][2]["ONE_LOOP"] is False
-    monkeypatch.undo()
-    q, k, v = make_qkv(2, 2, tq, tk, 16, dtype, layout="bthd")
-    run_and_compare(q, k, v, causal=causal, scale=scale, plan=(merged, SMALL_BWD))
-    qd, kd, vd = (t.detach() for t in (q, k, v))
-    s = 0.25 if scale is None else scale
-    out, lse = launch_fwd(qd, kd, vd, s, causal, merged)
-    out_r, lse_r = launch_fwd(qd, kd, vd, s, causal, SMALL_FWD)
-    assert torch.isfinite(out).all()
     tol = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-6}[dtype]
-    torch.testing.assert_close(out, out_r, atol=tol, rtol=tol)
-    assert torch.equal(torch.isinf(lse), torch.isinf(lse_r)) and (torch.isinf(lse).any() == (causal and tq > tk))
-    fin = torch.isfinite(lse_r)
-    torch.testing.assert_close(lse[fin], lse_r[fin], atol=1e-5, rtol=1e-5)
-    if causal and tq > tk:
-        assert (out[:, :, :tq - tk] == 0).all()
+    _forward_variant_matches(monkeypatch, merged, "ONE_LOOP", tq, tk, dtype, tol, 1e-5, causal, scale)
     for bad in (dict(sum_mma=True), dict(warp_specialize=True),
                 dict(gluon=1, block_m=128, block_n=64, num_stages=2)):
         with pytest.raises(ValueError, match="one_loop=True"):
