@@ -9,7 +9,9 @@ Code paths (each module opens with its own details):
   accumulator rescaled by exp2(m_old - m_new), o += p v with p rounded to the input dtype. The key
   loop is split by its bounds: blocks every query of the program sees run without a mask; the
   diagonal blocks (and the last, partial block of keys) get the causal / boundary mask; blocks above
-  the diagonal are never visited. Written: out (in the (B, T, H, d) memory layout) and the natural
+  the diagonal are never visited. The masked blocks run in a second loop, or (plan ``one_loop``, the
+  table's at T <= 1024) inside the first under a branch, so their loads are prefetched with the rest
+  (+5% forward at (16, 12, 1024, 64) on an H100, run AL; the backward's loops likewise, +2%). Written: out (in the (B, T, H, d) memory layout) and the natural
   log-sum-exp per query row (fp32). A query with no key (causal, Tq > Tk) gets out = 0 and
   lse = +inf, so the backward's exp(s - lse) is exactly 0 (zero gradient, no NaN).
 * Forward in Gluon (``fwd_gluon``, plan ``FwdPlan.gluon``; Hopper, 16-bit, d = dv in {64, 128}):

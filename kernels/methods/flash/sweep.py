@@ -36,23 +36,24 @@ from kernels.methods.flash.fwd import launch_fwd
 from kernels.reference import ATTN_BWD_TOL, ATTN_FWD_TOL, reference_attention
 from kernels.timing import bench_ms, error_on_device
 
-#: The default phases (about 96 forward and 111 backward candidates a shape). warp_specialize is left
-#: out: Triton 3.6 does not specialize these loops on Hopper (compile_check); add "| warp_specialize=0,1"
-#: to measure it (on Blackwell, say). The forward's last phase tries the grouped causal program order
-#: (FwdPlan.group; left out where not causal, where it changes nothing), then the Triton kernel's register cap
-#: (FwdPlan.maxnreg: more programs an SM), then the Gluon kernel (FwdPlan.gluon:
-#: Hopper only; elsewhere its candidates fail with the reason), a program a work tile or persistent, with and
-#: without the softmax under the previous p v (FwdPlan.overlap), then three consumers (block_m=192, persistent; d = 64,
-#: or d = 128 with 64-key tiles: elsewhere its candidates fail with the reason), then the best plan's causal order
-#: in sections of heads (FwdPlan.section_mb: persistent Gluon plans only, the others are no plan and skipped), then
-#: the row sums by the tensor cores (FwdPlan.sum_mma; the Gluon phases start without them, since ping-pong and the
-#: overlap take none, and the last phase tries them on the best plan, skipped where it lags). The
-#: backward's phases then try delta formed by the dq pass (BwdPlan.delta_in_dq: no delta kernel), dq added by
-#: the dk/dv programs (element atomics or TMA reductions, no dq pass),
-#: then re-tune the dk/dv tiles for whichever dq mode won, then the Gluon dk/dv pass (BwdPlan.gluon; Hopper only) with the Triton dq pass, then adding dq
+#: The default phases (about 98 forward and 113 backward candidates a shape). warp_specialize is left out: Triton 3.6
+#: does not specialize these loops on Hopper (compile_check); add "| warp_specialize=0,1" to measure it (on
+#: Blackwell, say). The forward's last phase tries the grouped causal program order (FwdPlan.group; left out where
+#: not causal, where it changes nothing), then the Triton kernel's register cap (FwdPlan.maxnreg: more programs an
+#: SM), then the masked tiles inside the full tiles' loop (FwdPlan.one_loop; the Gluon phases start without it), then
+#: the Gluon kernel (FwdPlan.gluon: Hopper only; elsewhere its candidates fail with the reason), a program a work
+#: tile or persistent, with and without the softmax under the previous p v (FwdPlan.overlap), then three consumers
+#: (block_m=192, persistent; d = 64, or d = 128 with 64-key tiles: elsewhere its candidates fail with the reason),
+#: then the best plan's causal order in sections of heads (FwdPlan.section_mb: persistent Gluon plans only, the
+#: others are no plan and skipped), then the row sums by the tensor cores (FwdPlan.sum_mma; the Gluon phases start
+#: without them, since ping-pong and the overlap take none, and the last phase tries them on the best plan, skipped
+#: where it lags). The backward's phases then try delta formed by the dq pass (BwdPlan.delta_in_dq: no delta kernel),
+#: dq added by the dk/dv programs (element atomics or TMA reductions, no dq pass), then re-tune the dk/dv tiles for
+#: whichever dq mode won, then the masked tiles inside the full tiles' loops (BwdPlan.one_loop; the Gluon phases
+#: start without it), then the Gluon dk/dv pass (BwdPlan.gluon; Hopper only) with the Triton dq pass, then adding dq
 #: itself (TMA reductions of both consumers' shares, by turns or split by columns: BwdPlan.dq_split), then with the
-#: Gluon dq pass (delta formed by the delta kernel or by that pass), then the best plan's Gluon passes
-#: waiting for each product only where it is needed next (BwdPlan.overlap; a Triton plan has none: skipped).
+#: Gluon dq pass (delta formed by the delta kernel or by that pass), then the best plan's Gluon passes waiting for
+#: each product only where it is needed next (BwdPlan.overlap; a Triton plan has none: skipped).
 FWD_PHASES = ("block_m=64,128 block_n=32,64,128 num_warps=4,8 num_stages=2,3,4 | tma=off,host,device | "
               "group=1,4,8,16 | maxnreg=0,96 | one_loop=0,1 | "
               "gluon=1,2 block_m=128 block_n=64,128 num_stages=2,3 persistent=0,1 overlap=0,1 "
@@ -68,9 +69,8 @@ BWD_PHASES = ("block_m1=32,64 block_n1=64,128 num_warps=4,8 num_stages=2,3,4 | "
               "gluon=1 block_n1=128 block_m1=32,64 num_stages=2,3 fused=0 dq_mode=pass delta_in_dq=0,1 tma=off | "
               "gluon=1 block_n1=128 block_m1=64 num_stages=2,3 fused=0 dq_mode=tma_add delta_in_dq=0 tma=off "
               "dq_split=0,1 one_loop=0 | "
-              "gluon=2 block_n1=128 block_m1=32,64 num_stages=2,3 fused=0 dq_mode=pass delta_in_dq=0,1 tma=off dq_split=0 "
-              "one_loop=0 "
-              "block_m2=128 block_n2=64,128 dq_stages=2,3 | overlap=0,1")
+              "gluon=2 block_n1=128 block_m1=32,64 num_stages=2,3 fused=0 dq_mode=pass delta_in_dq=0,1 tma=off "
+              "dq_split=0 one_loop=0 block_m2=128 block_n2=64,128 dq_stages=2,3 | overlap=0,1")
 
 
 def parse_phases(text: str, cls) -> list[dict]:
