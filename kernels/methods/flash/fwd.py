@@ -25,17 +25,22 @@ if triton is not None:
                    D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
                    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
                    SCALE_POS: tl.constexpr, TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr,
-                   SUM_MMA: tl.constexpr):
-        """Keys lo .. hi into (acc, l, m). MASKED: the causal diagonal and the end of the keys (scores
-        -inf there; a row with no key yet keeps m = -inf and adds exactly 0); else no mask at all.
+                   SUM_MMA: tl.constexpr, mask_from=0, EVEN_K: tl.constexpr = False):
+        """Keys lo .. hi into (acc, l, m). MASKED 1: the causal diagonal and the end of the keys (scores
+        -inf there; a row with no key yet keeps m = -inf and adds exactly 0); 0: no mask at all; 2
+        (``FwdPlan.one_loop``): the mask on the tiles from ``mask_from`` on, under a branch the whole program
+        takes alike, so one pipelined loop covers the full and the masked tiles, their loads issued while the
+        full tiles compute (two loops: the second starts its own pipeline after the first drains); EVEN_K:
+        Tk is a multiple of BLOCK_N, so no load needs a row mask.
         SUM_MMA: l is a (BLOCK_M, 16) tile, every column the row's sum, added by the tensor cores (p times
         a tile of ones, beside p v) instead of by a reduction of p (run AK, H100: -7.5% at (16, 12, 1024, 64),
         Triton 3.6 waiting for each of the two products on its own; the Gluon consumers wait once)."""
         for n0 in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPEC):
             n0 = tl.multiple_of(n0, BLOCK_N)
-            k = load_rows(K, b, h, n0, TK, skb, skh, skn, skd, BLOCK_N, D, D_PAD, TMA, MASKED)
+            rows_masked: tl.constexpr = MASKED == 1 or (MASKED == 2 and not EVEN_K)
+            k = load_rows(K, b, h, n0, TK, skb, skh, skn, skd, BLOCK_N, D, D_PAD, TMA, rows_masked)
             s = mma(q, tl.trans(k), None, PREC)  # (BLOCK_M, BLOCK_N) fp32 scores
-            if MASKED:
+            if MASKED == 1:
                 offs_n = n0 + tl.arange(0, BLOCK_N)
                 keep = offs_n[None, :] < TK
                 if CAUSAL:
@@ -45,6 +50,24 @@ if triton is not None:
                 m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: exp2(-inf) = 0
                 p = tl.math.exp2(s - m_ref[:, None])
                 alpha = tl.math.exp2(m_i - m_ref)
+            elif MASKED == 2:
+                if n0 >= mask_from:  # (the branch holds the mask alone: holding the softmax, it broke the pipeliner)
+                    offs_n = n0 + tl.arange(0, BLOCK_N)
+                    keep = offs_n[None, :] < TK
+                    if CAUSAL:
+                        keep = keep & (offs_n[None, :] <= offs_m[:, None] + (TK - TQ))
+                    s = tl.where(keep, s, float("-inf"))
+                if SCALE_POS:  # (-inf stays -inf)
+                    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+                else:
+                    s = tl.where(s == float("-inf"), s, s * qk_scale)
+                    m_new = tl.maximum(m_i, tl.max(s, 1))
+                m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.math.exp2(m_i - m_ref)
+                if SCALE_POS:
+                    p = tl.math.exp2(s * qk_scale - m_ref[:, None])
+                else:
+                    p = tl.math.exp2(s - m_ref[:, None])
             elif SCALE_POS:  # max(s * c) = max(s) * c (c > 0): one FMA per score
                 m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
                 p = tl.math.exp2(s * qk_scale - m_new[:, None])
@@ -55,7 +78,7 @@ if triton is not None:
                 p = tl.math.exp2(s - m_new[:, None])
                 alpha = tl.math.exp2(m_i - m_new)
             acc = acc * alpha[:, None]
-            v = load_rows(V, b, h, n0, TK, svb, svh, svn, svd, BLOCK_N, DV, DV_PAD, TMA, MASKED)
+            v = load_rows(V, b, h, n0, TK, svb, svh, svn, svd, BLOCK_N, DV, DV_PAD, TMA, rows_masked)
             if SUM_MMA:
                 p16 = p.to(v.dtype)
                 acc = mma(p16, v, acc, PREC)
@@ -64,45 +87,6 @@ if triton is not None:
                 l_i = l_i * alpha + tl.sum(p, 1)
                 acc = mma(p.to(v.dtype), v, acc, PREC)
             m_i = m_new
-        return acc, l_i, m_i
-
-    @triton.jit
-    def _fwd_one_loop(acc, l_i, m_i, q, K, V, b, h, full, hi, offs_m, TQ, TK, qk_scale,
-                      skb, skh, skn, skd, svb, svh, svn, svd,
-                      D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-                      BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, SCALE_POS: tl.constexpr, TMA: tl.constexpr,
-                      PREC: tl.constexpr, EVEN_K: tl.constexpr):
-        """Keys 0 .. hi in one pipelined loop: the tiles from ``full`` on (the causal diagonal, the end of the
-        keys) take the mask under a branch the whole program takes alike, so their loads are issued while
-        the full tiles compute, where ``_fwd_inner``'s second loop starts its own pipeline after the first
-        drains. EVEN_K: Tk is a multiple of BLOCK_N, so no load needs a row mask."""
-        for n0 in tl.range(0, hi, BLOCK_N):
-            n0 = tl.multiple_of(n0, BLOCK_N)
-            k = load_rows(K, b, h, n0, TK, skb, skh, skn, skd, BLOCK_N, D, D_PAD, TMA, not EVEN_K)
-            s = mma(q, tl.trans(k), None, PREC)
-            if n0 >= full:  # (a uniform branch: the scores' mask only, the math after it is shared)
-                offs_n = n0 + tl.arange(0, BLOCK_N)
-                keep = offs_n[None, :] < TK
-                if CAUSAL:
-                    keep = keep & (offs_n[None, :] <= offs_m[:, None] + (TK - TQ))
-                s = tl.where(keep, s, float("-inf"))
-            if SCALE_POS:  # max(s * c) = max(s) * c (c > 0): one FMA per score; -inf stays -inf
-                m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-            else:
-                s = tl.where(s == float("-inf"), s, s * qk_scale)
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: exp2(-inf) = 0
-            alpha = tl.math.exp2(m_i - m_ref)
-            acc = acc * alpha[:, None]
-            l_i = l_i * alpha
-            m_i = m_new
-            if SCALE_POS:
-                p = tl.math.exp2(s * qk_scale - m_ref[:, None])
-            else:
-                p = tl.math.exp2(s - m_ref[:, None])
-            v = load_rows(V, b, h, n0, TK, svb, svh, svn, svd, BLOCK_N, DV, DV_PAD, TMA, not EVEN_K)
-            l_i += tl.sum(p, 1)
-            acc = mma(p.to(v.dtype), v, acc, PREC)
         return acc, l_i, m_i
 
     @triton.jit
@@ -146,16 +130,16 @@ if triton is not None:
         acc = tl.zeros([BLOCK_M, DV_PAD], tl.float32)
         full, hi = key_bounds(m0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
         if ONE_LOOP:
-            acc, l_i, m_i = _fwd_one_loop(acc, l_i, m_i, q, K, V, b, h, full, hi, offs_m, TQ, TK, qk_scale,
-                                          skb, skh, skn, skd, svb, svh, svn, svd, D, DV, D_PAD, DV_PAD,
-                                          BLOCK_N, CAUSAL, SCALE_POS, TMA, PREC, EVEN_K)
+            acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, b, h, 0, hi, offs_m, TQ, TK, qk_scale,
+                                       skb, skh, skn, skd, svb, svh, svn, svd, D, DV, D_PAD, DV_PAD,
+                                       BLOCK_N, CAUSAL, 2, SCALE_POS, TMA, WARP_SPEC, PREC, SUM_MMA, full, EVEN_K)
         else:
             acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, b, h, 0, full, offs_m, TQ, TK, qk_scale,
                                        skb, skh, skn, skd, svb, svh, svn, svd, D, DV, D_PAD, DV_PAD,
-                                       BLOCK_N, CAUSAL, False, SCALE_POS, TMA, WARP_SPEC, PREC, SUM_MMA)
+                                       BLOCK_N, CAUSAL, 0, SCALE_POS, TMA, WARP_SPEC, PREC, SUM_MMA)
             acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, b, h, full, hi, offs_m, TQ, TK, qk_scale,
                                        skb, skh, skn, skd, svb, svh, svn, svd, D, DV, D_PAD, DV_PAD,
-                                       BLOCK_N, CAUSAL, True, SCALE_POS, TMA, WARP_SPEC, PREC, SUM_MMA)
+                                       BLOCK_N, CAUSAL, 1, SCALE_POS, TMA, WARP_SPEC, PREC, SUM_MMA)
         if SUM_MMA:
             l_i = tl.max(l_i, 1)  # (its 16 equal columns)
         # rows with no key (causal, Tq > Tk): l = 0, output 0, lse = +inf (the backward's
