@@ -1,10 +1,12 @@
 """Apply an acceleration method to a built model: the only place where kernels/ and models/ meet.
 
-``accel.patch`` names the softmaxes the method computes (``attention``, ``loss``); each is patched
-where the method provides the op: the attention core from the method's ``attention`` (native, or
-composed from its softmax: q k^T -> softmax -> v), the loss from its ``cross_entropy`` (``loss_form:
-logits``) or ``linear_cross_entropy`` (``loss_form: linear``, native or composed). A softmax the method
-does not provide keeps the model's own eager PyTorch, and the record says so.
+``accel.patch`` names the softmaxes the method computes (``attention``, ``loss``); each is patched where
+the method provides the op: the attention core from the method's ``attention`` (native, or composed from
+its softmax: q k^T -> softmax -> v), and from its native ``attention_qkv`` where it has one (the
+attention of the unsplit projection: one gradient for it, no concatenation), the loss from its
+``cross_entropy`` (``loss_form: logits``) or ``linear_cross_entropy`` (``loss_form: linear``, native or
+composed). A softmax the method does not provide keeps the model's own eager PyTorch, and the record
+says so.
 
 ``accel.loss_method`` takes the loss from another method than the attention (the project's fused
 attention with Triton's fused linear cross-entropy: ``accel=flash_linear``). It must provide the loss
@@ -37,6 +39,7 @@ class Applied:
 
     method: str
     attention: Optional[str] = None
+    attention_qkv: bool = False  # the method's native attention_qkv runs the model's attention
     loss: Optional[str] = None
     loss_form: str = "logits"
     options: dict = field(default_factory=dict)
@@ -59,12 +62,13 @@ class Applied:
         self._undo.clear()
 
     def as_dict(self) -> dict:
-        return {"method": self.method, "attention": self.attention, "loss": self.loss,
+        return {"method": self.method, "attention": self.attention, "attention_qkv": self.attention_qkv,
+                "loss": self.loss,
                 "loss_form": self.loss_form, "options": dict(self.options),
                 "loss_method": self.loss_from if self.loss else None}
 
     def describe(self) -> str:
-        att = f"attention={self.attention or 'eager torch (not patched)'}"
+        att = f"attention={self.attention or 'eager torch (not patched)'}{' (qkv)' if self.attention_qkv else ''}"
         loss = f"loss={self.loss + ' ' + self.loss_form if self.loss else 'eager F.cross_entropy (not patched)'}"
         if self.loss and self.loss_from != self.method:
             att, loss = f"{att} ({self.method})", f"{loss} ({self.loss_from})"
@@ -109,17 +113,19 @@ def check_accel(method: str, patch: Iterable[str] = ("attention", "loss"), loss_
 
 def apply_accel(model: nn.Module, method: str, patch: Iterable[str] = ("attention", "loss"),
                 loss_form: str = "logits", options: Optional[Mapping[str, Any]] = None,
-                loss_method: Optional[str] = None) -> Applied:
+                loss_method: Optional[str] = None, qkv: bool = True) -> Applied:
     """Patch the softmaxes ``patch`` names that ``method`` provides (the loss from ``loss_method`` when
-    given; ``options`` go to ``method`` alone); every error of ``check_accel`` comes before anything
-    is changed."""
+    given; ``options`` go to ``method`` alone; ``qkv``: the method's native ``attention_qkv``, where it has
+    one, on the unsplit projection); every error of ``check_accel`` comes before anything is changed."""
     patch = list(patch)
     m, lm, op = check_accel(method, patch, loss_form, loss_method)
     applied = Applied(method, loss_form=loss_form, options=dict(options or {}),
                       loss_method=lm.name if lm is not m else None)
     if "attention" in patch and m.provides("attention"):
         fn = kernels.bind(method, "attention", **applied.options)
-        applied._undo.append(set_attention(model, fn))
+        applied.attention_qkv = qkv and m.provides("attention_qkv") == "native"
+        qkv_fn = kernels.bind(method, "attention_qkv", **applied.options) if applied.attention_qkv else None
+        applied._undo.append(set_attention(model, fn, qkv_fn))
         applied.attention = m.provides("attention")
     if "loss" in patch and lm.provides(op):
         fn = kernels.bind(lm.name, op, **applied.loss_options)
@@ -133,6 +139,8 @@ def patched_ops(applied: Applied) -> dict[str, Callable]:
     out = {}
     if applied.attention:
         out["attention"] = kernels.bind(applied.method, "attention", **applied.options)
+    if applied.attention_qkv:
+        out["attention_qkv"] = kernels.bind(applied.method, "attention_qkv", **applied.options)
     if applied.loss:
         op = LOSS_OPS[applied.loss_form]
         out[op] = kernels.bind(applied.loss_from, op, **applied.loss_options)

@@ -73,7 +73,7 @@ def accel_applied(model: GPT, cfg: DictConfig) -> Applied:
     """The configured method applied to ``model`` (see harness.accel)."""
     a = cfg.accel
     return apply_accel(model, a.method, list(a.patch), a.loss_form, dict(a.options or {}),
-                       loss_method=a.get("loss_method"))
+                       loss_method=a.get("loss_method"), qkv=bool(a.get("qkv", True)))
 
 
 @dataclass

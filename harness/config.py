@@ -41,6 +41,7 @@ class AccelConfig:
     loss_form: str = "logits"  # logits (cross-entropy on the logits) | linear (fused linear + cross-entropy)
     options: dict = field(default_factory=dict)  # the method's options (sdpa: backend); not loss_method's
     loss_method: Optional[str] = None  # the method that computes the loss softmax; None: method
+    qkv: bool = True  # the method's attention_qkv on the unsplit projection, where it has one; false: q, k, v views
 
 
 @dataclass

@@ -5,7 +5,8 @@ speedup studies).
 * attention composed from the method's softmax: the softmax itself on (1, heads, T, T) causal scores
   (fewer heads for long rows, at most GATE_SCORES scores: every row length is still checked, and
   the float64 reference of a T = 16384 run's full scores would not fit beside the model);
-* native attention: attention on (1, heads, T, head dim);
+* native attention: attention on (1, heads, T, head dim); a native attention_qkv (what the model
+  then calls) on (1, T, 3 heads head dim) too;
 * the loss: the method's cross-entropy on (rows, vocabulary) logits (linear form: on hidden states
   and a head weight of the model's shapes), 256 rows, one target in eight ignored.
 """
@@ -18,6 +19,7 @@ from typing import Optional
 import torch
 
 import kernels
+from kernels.contract import split_qkv
 
 
 #: the most scores the softmax check holds at once (with its float64 copies, some 10-15 GiB at 2^28)
@@ -103,6 +105,27 @@ def check_attention(method: str, shape: tuple, dtype: torch.dtype, device: str, 
                    kernels.ATTN_FWD_TOL[dtype], kernels.ATTN_BWD_TOL[dtype])
 
 
+def check_attention_qkv(method: str, heads: int, seq_len: int, head_dim: int, dtype: torch.dtype, device: str,
+                        seed: int = 0, options: Optional[dict] = None) -> GateResult:
+    """qkv (1, seq_len, 3 heads head_dim), causal: the output and qkv's gradient against float64."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (1, seq_len, 3 * heads * head_dim)
+    qkv = torch.randn(shape, generator=g).to(device=device, dtype=dtype).requires_grad_(True)
+    dout = torch.randn((1, heads, seq_len, head_dim), generator=g).to(device=device, dtype=dtype)
+    name = str(dtype).replace("torch.", "")
+    try:
+        out = kernels.attention_qkv(qkv, heads, method=method, **(options or {}))
+        out.backward(dout)
+    except Exception as exc:
+        return GateResult(method, False, float("nan"), float("nan"), shape, name,
+                          f"raised {type(exc).__name__}: {exc}", "attention_qkv")
+    ref_in = qkv.detach().to(torch.float64).requires_grad_(True)
+    ref = kernels.reference_attention(*split_qkv(ref_in, heads), causal=True)
+    ref.backward(dout.to(torch.float64))
+    return _errors(method, "attention_qkv", shape, name, [out, qkv.grad], [ref, ref_in.grad],
+                   kernels.ATTN_FWD_TOL[dtype], kernels.ATTN_BWD_TOL[dtype])
+
+
 def check_loss(method: str, op: str, rows: int, vocab: int, n_embd: int, dtype: torch.dtype, device: str,
                seed: int = 0) -> GateResult:
     """The method's cross-entropy (``op``: cross_entropy on (rows, vocab) logits, or linear_cross_entropy
@@ -177,6 +200,9 @@ def run_gate(applied, shapes: RunShapes) -> dict:
     elif applied.attention == "native":
         results.append(check_attention(applied.method, (1, heads, shapes.seq_len, shapes.head_dim),
                                        shapes.dtype, shapes.device, options=applied.options))
+        if applied.attention_qkv:
+            results.append(check_attention_qkv(applied.method, heads, shapes.seq_len, shapes.head_dim,
+                                               shapes.dtype, shapes.device, options=applied.options))
     if applied.loss and not skip["loss"]:
         op = "cross_entropy" if applied.loss_form == "logits" else "linear_cross_entropy"
         results.append(check_loss(applied.loss_from, op, min(shapes.tokens, 256), shapes.vocab, shapes.n_embd,

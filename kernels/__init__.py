@@ -4,6 +4,7 @@ Public entry points::
 
     kernels.softmax(scores, *, scale=1.0, causal=False, method="torch")
     kernels.attention(q, k, v, *, scale=None, causal=True, dropout_p=0.0, method="torch")
+    kernels.attention_qkv(qkv, n_head, *, scale=None, causal=True, dropout_p=0.0, method="torch")
     kernels.cross_entropy(logits, targets, *, method="torch", ignore_index=-100, reduction="mean")
     kernels.linear_cross_entropy(hidden, weight, targets, *, method="torch", ...)
     kernels.bind(method, op)      # the checked hot-path function of one op (cached)
@@ -34,6 +35,7 @@ from kernels.registry import (
     OpNotImplementedError,
     UnknownMethodError,
     attention,
+    attention_qkv,
     available_methods,
     bind,
     cross_entropy,
@@ -61,6 +63,7 @@ __all__ = [
     "OpNotImplementedError",
     "UnknownMethodError",
     "attention",
+    "attention_qkv",
     "available_methods",
     "bind",
     "cross_entropy",

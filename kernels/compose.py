@@ -3,6 +3,9 @@
 * ``attention`` from a ``softmax``: the materialized rung, exactly what the model's attention did
   before fused attention existed: scores = q k^T (B, H, Tq, Tk) in memory, the method's softmax (scale
   and causal mask fused into it), dropout on the probabilities, then @ v.
+* ``attention_qkv`` from an ``attention``: q, k and v split from the projection as views
+  (:func:`kernels.contract.split_qkv`), then the method's attention; the backward concatenates their
+  gradients into one (a copy), which a native ``attention_qkv`` avoids.
 * ``linear_cross_entropy`` from a ``cross_entropy``: the logits ``hidden @ weight.T`` in memory, then
   the method's cross-entropy.
 """
@@ -13,6 +16,8 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from kernels.contract import split_qkv
 
 
 def attention_from_softmax(softmax: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -25,6 +30,14 @@ def attention_from_softmax(softmax: Callable[..., torch.Tensor]) -> Callable[...
 
     attention.__name__ = f"attention_from[{getattr(softmax, '__name__', 'softmax')}]"
     return attention
+
+
+def attention_qkv_from_attention(attention: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def attention_qkv(qkv, n_head: int, scale: float, causal: bool, dropout_p: float, **options) -> torch.Tensor:
+        return attention(*split_qkv(qkv, n_head), scale, causal, dropout_p, **options)
+
+    attention_qkv.__name__ = f"attention_qkv_from[{getattr(attention, '__name__', 'attention')}]"
+    return attention_qkv
 
 
 def linear_from_cross_entropy(cross_entropy: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:

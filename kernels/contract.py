@@ -14,6 +14,14 @@
     with probability ``dropout_p`` (a method that cannot drop out inside its kernel refuses
     ``dropout_p > 0`` with a clear error); any strides.
 
+``attention_qkv(qkv, n_head, scale, causal, dropout_p)``
+    the attention of one projection's output: qkv (B, T, 3 C) holds q, k and v side by side on its last
+    dimension (``nn.Linear(C, 3 C)``'s layout), each C = n_head * d split into heads ->
+    (B, n_head, T, d), equal to ``attention(q, k, v, ...)`` of
+    ``qkv[..., i * C:(i + 1) * C].view(B, T, n_head, d).transpose(1, 2)``; scale None means
+    1/sqrt(d). A method that implements it natively returns the gradient of qkv as one tensor (the
+    composed op's backward concatenates the three gradients: a copy of all of them).
+
 ``cross_entropy(logits, targets, ignore_index, reduction)``
     logits (..., V) in float32/float16/bfloat16, targets (...) int64 (int32 accepted); the loss
     -log softmax(logits)[target] per target, float32, accumulated in float32; ``reduction`` "mean"
@@ -83,6 +91,25 @@ def check_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
         raise ValueError(f"attention needs a head dimension d >= 1; got q of shape {tuple(q.shape)}")
     if not 0.0 <= float(dropout_p) < 1.0:
         raise ValueError(f"attention dropout_p={dropout_p!r} is not accepted: a float in [0, 1)")
+
+
+def check_attention_qkv(qkv: torch.Tensor, n_head: int, dropout_p: float) -> None:
+    _float_tensor(qkv, "qkv", "attention_qkv")
+    if isinstance(n_head, bool) or not isinstance(n_head, int) or n_head < 1:
+        raise ValueError(f"attention_qkv takes n_head, an int >= 1; got {n_head!r}")
+    if qkv.dim() != 3 or qkv.shape[-1] == 0 or qkv.shape[-1] % (3 * n_head):
+        raise ValueError(
+            f"attention_qkv takes qkv of shape (B, T, 3 * n_head * d) with d >= 1; got {tuple(qkv.shape)} "
+            f"with n_head={n_head} (the last dimension must be a positive multiple of {3 * n_head})"
+        )
+    if not 0.0 <= float(dropout_p) < 1.0:
+        raise ValueError(f"attention_qkv dropout_p={dropout_p!r} is not accepted: a float in [0, 1)")
+
+
+def split_qkv(qkv: torch.Tensor, n_head: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v (B, n_head, T, d) as views of qkv (B, T, 3 n_head d): the contract's split."""
+    B, T, C3 = qkv.shape
+    return tuple(t.view(B, T, n_head, C3 // (3 * n_head)).transpose(1, 2) for t in qkv.split(C3 // 3, dim=2))
 
 
 def _check_targets(op: str, targets, lead_shape: tuple, n_cols: int, device: torch.device, ignore_index: int,
@@ -174,6 +201,19 @@ def checked(op: str, name: str, fn: Callable, validate: Optional[Callable[[torch
             return fn(q, k, v, scale, bool(causal), float(dropout_p))
 
         bound = attention
+    elif op == "attention_qkv":
+        def attention_qkv(qkv, n_head: int, scale: Optional[float] = None, causal: bool = True,
+                          dropout_p: float = 0.0):
+            check_attention_qkv(qkv, n_head, dropout_p)
+            if validate is not None:
+                validate(qkv)
+            d = qkv.shape[-1] // (3 * n_head)
+            scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+            if qkv.numel() == 0:  # no batch or no token: zeros
+                return qkv.new_zeros((qkv.shape[0], n_head, qkv.shape[1], d)) + qkv.sum() * 0
+            return fn(qkv, n_head, scale, bool(causal), float(dropout_p))
+
+        bound = attention_qkv
     elif op == "cross_entropy":
         def cross_entropy(logits, targets, ignore_index: int = -100, reduction: str = "mean"):
             check_cross_entropy(logits, targets, ignore_index, reduction)

@@ -5,11 +5,12 @@ A method is one module in ``kernels/methods/`` that calls :func:`register` at im
 modules are discovered by :func:`load_methods`, and studies and benchmarks list every method that
 can run here.
 
-A method implements one or more ops (:data:`OPS`); the contracts are in :mod:`kernels.contract`.
-An op it lacks is composed from the ones it has (:mod:`kernels.compose`): ``attention`` from its
-``softmax`` (q k^T -> softmax -> v), ``linear_cross_entropy`` from its ``cross_entropy``
-(linear -> cross_entropy). :func:`bind` returns the checked hot-path function of one op, cached per
-(method, op, options); availability is computed once per process (:func:`refresh` asks again).
+A method implements one or more ops (:data:`OPS`); the contracts are in :mod:`kernels.contract`. An op
+it lacks is composed from the ones it has (:mod:`kernels.compose`): ``attention`` from its ``softmax``
+(q k^T -> softmax -> v), ``attention_qkv`` from its ``attention`` (split the projection into views),
+``linear_cross_entropy`` from its ``cross_entropy`` (linear -> cross_entropy). :func:`bind` returns the
+checked hot-path function of one op, cached per (method, op, options); availability is computed once per
+process (:func:`refresh` asks again).
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ import torch
 from kernels import compose, contract
 
 #: The ops a method may implement, in the order they are listed.
-OPS = ("softmax", "attention", "cross_entropy", "linear_cross_entropy")
-#: How an op a method lacks is built from one it has.
-COMPOSED_FROM = {"attention": "softmax", "linear_cross_entropy": "cross_entropy"}
-_COMPOSE = {"attention": compose.attention_from_softmax, "linear_cross_entropy": compose.linear_from_cross_entropy}
+OPS = ("softmax", "attention", "attention_qkv", "cross_entropy", "linear_cross_entropy")
+#: How an op a method lacks is built from one it has (that one native or itself composed).
+COMPOSED_FROM = {"attention": "softmax", "attention_qkv": "attention", "linear_cross_entropy": "cross_entropy"}
+#: Ops that are another op on other views of its inputs, listed (``Method.ops``) only where implemented.
+VARIANTS = ("attention_qkv",)
+_COMPOSE = {"attention": compose.attention_from_softmax, "attention_qkv": compose.attention_qkv_from_attention,
+            "linear_cross_entropy": compose.linear_from_cross_entropy}
 
 SUPPORTED_DTYPES = contract.SUPPORTED_DTYPES
 
@@ -55,7 +59,8 @@ class Method:
 
     Op functions take their arguments positionally, already checked against the op's contract
     (:mod:`kernels.contract`): ``softmax(scores, scale, causal)``, ``attention(q, k, v, scale, causal,
-    dropout_p)``, ``cross_entropy(logits (N, V), targets (N,), ignore_index, reduction)``,
+    dropout_p)``, ``attention_qkv(qkv (B, T, 3 H d), n_head, scale, causal, dropout_p)``,
+    ``cross_entropy(logits (N, V), targets (N,), ignore_index, reduction)``,
     ``linear_cross_entropy(hidden (N, C), weight (V, C), targets (N,), ignore_index, reduction)``;
     each also receives the method's ``options`` as keywords.
 
@@ -78,6 +83,7 @@ class Method:
     summary: str
     softmax: Optional[Callable[..., torch.Tensor]] = None
     attention: Optional[Callable[..., torch.Tensor]] = None
+    attention_qkv: Optional[Callable[..., torch.Tensor]] = None
     cross_entropy: Optional[Callable[..., torch.Tensor]] = None
     linear_cross_entropy: Optional[Callable[..., torch.Tensor]] = None
     unavailable_reason: Callable[[], Optional[str]] = _runs_everywhere
@@ -104,13 +110,14 @@ class Method:
         if getattr(self, op, None) is not None:
             return "native"
         base = COMPOSED_FROM.get(op)
-        if base and getattr(self, base) is not None:
+        if base and self.provides(base):
             return "composed"
         return None
 
     def ops(self) -> dict[str, str]:
-        """op -> 'native' | 'composed', for every op this method provides."""
-        return {op: how for op in OPS if (how := self.provides(op))}
+        """op -> 'native' | 'composed', for every op this method provides; a variant of an op it provides
+        (:data:`VARIANTS`) only where the method implements it (composed, it is that op on views)."""
+        return {op: how for op in OPS if (how := self.provides(op)) and (how == "native" or op not in VARIANTS)}
 
 
 @dataclass(frozen=True)
@@ -253,8 +260,13 @@ def op_function(m: Method, op: str, options: dict) -> Callable:
             f"{', '.join(m.native_ops())}); methods that provide {op} here: "
             f"{', '.join(runnable_methods(op=op, include_timing_only=True)) or 'none'}"
         )
-    fn = getattr(m, op) if how == "native" else _COMPOSE[op](getattr(m, COMPOSED_FROM[op]))
+    fn = _unbound(m, op)
     return (lambda *a: fn(*a, **options)) if options else fn
+
+
+def _unbound(m: Method, op: str) -> Callable:
+    """``m``'s function of ``op`` (which it provides), composed down to the op it implements."""
+    return getattr(m, op) if m.provides(op) == "native" else _COMPOSE[op](_unbound(m, COMPOSED_FROM[op]))
 
 
 def bind(method: str, op: str = "softmax", **options: Any) -> Callable:
@@ -286,6 +298,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: Optio
     1/sqrt(d) (see :mod:`kernels.contract`)."""
     fn = _BOUND.get((method, "attention", tuple(sorted(options.items())))) or bind(method, "attention", **options)
     return fn(q, k, v, scale, causal, dropout_p)
+
+
+def attention_qkv(qkv: torch.Tensor, n_head: int, *, scale: Optional[float] = None, causal: bool = True,
+                  dropout_p: float = 0.0, method: str = "torch", **options: Any) -> torch.Tensor:
+    """The attention of qkv (B, T, 3 n_head d), q, k and v side by side, -> (B, n_head, T, d) (see
+    :mod:`kernels.contract`)."""
+    key = (method, "attention_qkv", tuple(sorted(options.items())))
+    fn = _BOUND.get(key) or bind(method, "attention_qkv", **options)
+    return fn(qkv, n_head, scale, causal, dropout_p)
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *, method: str = "torch", ignore_index: int = -100,

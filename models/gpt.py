@@ -6,19 +6,21 @@ LayerNorm and an LM head tied to the token embedding (as in GPT-2 / nanoGPT).
 The attention seam: every block's ``AttentionCore`` calls ``attention_fn(q, k, v, scale, causal,
 dropout_p)`` with q, k, v of shape (B, nh, T, hs), ``scale = 1/sqrt(hs)``, ``causal=True`` and the
 attention dropout (0 outside training); any function with that signature can be plugged in
-(:func:`set_attention`). The loss seam: the model's loss is ``loss_fn(logits (B*T, V), targets
-(B*T,))``, or, in the ``linear`` form, ``loss_fn(hidden (B*T, C), lm_head.weight, targets)`` so that a
-fused linear cross-entropy never holds all the logits (:func:`set_loss`; weight tying is kept: the
-weight handed over is the tied one). The defaults are the model's own eager PyTorch (scale, mask,
-``torch.softmax``; ``F.cross_entropy``), so the model runs standalone. This module knows nothing of
-the acceleration methods.
+(:func:`set_attention`), with, optionally, ``qkv_fn(qkv, n_head, scale, causal, dropout_p)``: the same
+attention of the projection's output qkv (B, T, 3C) before it is split (its backward can then return
+qkv's gradient as one tensor instead of three that autograd concatenates). The loss seam: the model's
+loss is ``loss_fn(logits (B*T, V), targets (B*T,))``, or, in the ``linear`` form, ``loss_fn(hidden (B*T,
+C), lm_head.weight, targets)`` so that a fused linear cross-entropy never holds all the logits
+(:func:`set_loss`; weight tying is kept: the weight handed over is the tied one). The defaults are the
+model's own eager PyTorch (scale, mask, ``torch.softmax``; ``F.cross_entropy``), so the model runs
+standalone. This module knows nothing of the acceleration methods.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -26,6 +28,8 @@ import torch.nn.functional as F
 
 #: ``attention_fn(q, k, v, scale, causal, dropout_p) -> (B, nh, Tq, hs)`` (the contract of ``kernels.attention``)
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, bool, float], torch.Tensor]
+#: ``qkv_fn(qkv (B, T, 3C), n_head, scale, causal, dropout_p) -> (B, nh, T, hs)`` (``kernels.attention_qkv``)
+QkvAttentionFn = Callable[[torch.Tensor, int, float, bool, float], torch.Tensor]
 #: ``loss_fn(logits (N, V), targets (N,)) -> mean loss`` or, linear form, ``loss_fn(hidden (N, C), weight (V, C), targets)``
 LossFn = Callable[..., torch.Tensor]
 LOSS_FORMS = ("logits", "linear")
@@ -63,16 +67,29 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
 
 
 class AttentionCore(nn.Module):
-    """softmax(q k^T / sqrt(hs)) v, causal, computed by a pluggable ``attention_fn``."""
+    """softmax(q k^T / sqrt(hs)) v, causal, computed by a pluggable ``attention_fn`` (and ``qkv_fn``, when
+    given, on the unsplit projection)."""
 
-    def __init__(self, attention_fn: AttentionFn = eager_attention, dropout: float = 0.0):
+    def __init__(self, attention_fn: AttentionFn = eager_attention, dropout: float = 0.0,
+                 qkv_fn: Optional[QkvAttentionFn] = None):
         super().__init__()
         self.attention_fn = attention_fn
+        self.qkv_fn = qkv_fn
         self.dropout_p = dropout
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         scale = 1.0 / math.sqrt(q.size(-1))
         return self.attention_fn(q, k, v, scale, True, self.dropout_p if self.training else 0.0)
+
+    def attend_qkv(self, qkv: torch.Tensor, n_head: int) -> torch.Tensor:
+        """The attention of the projection's output qkv (B, T, 3C) -> (B, nh, T, hs): ``qkv_fn``, or split
+        into q, k, v views and ``forward``."""
+        B, T, C3 = qkv.shape
+        hs = C3 // (3 * n_head)
+        if self.qkv_fn is not None:
+            return self.qkv_fn(qkv, n_head, 1.0 / math.sqrt(hs), True, self.dropout_p if self.training else 0.0)
+        q, k, v = (t.view(B, T, n_head, hs).transpose(1, 2) for t in qkv.split(C3 // 3, dim=2))
+        return self(q, k, v)
 
     def extra_repr(self) -> str:
         return f"attention_fn={getattr(self.attention_fn, '__name__', repr(self.attention_fn))}"
@@ -89,12 +106,7 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        # (B, T, C) -> (B, nh, T, hs)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        y = self.core(q, k, v)  # (B, nh, T, hs)
+        y = self.core.attend_qkv(self.c_attn(x), self.n_head)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -211,10 +223,12 @@ def swap_attention_cores(model: nn.Module, make_core: Callable[[], nn.Module]) -
     return undo
 
 
-def set_attention(model: nn.Module, attention_fn: AttentionFn) -> Callable[[], None]:
-    """Every block's attention computed by ``attention_fn`` (same dropout); returns the undo."""
+def set_attention(model: nn.Module, attention_fn: AttentionFn,
+                  qkv_fn: Optional[QkvAttentionFn] = None) -> Callable[[], None]:
+    """Every block's attention computed by ``attention_fn`` (and by ``qkv_fn`` on the unsplit projection,
+    when given; same dropout); returns the undo."""
     dropout = model.config.dropout if isinstance(model, GPT) else 0.0
-    return swap_attention_cores(model, lambda: AttentionCore(attention_fn, dropout=dropout))
+    return swap_attention_cores(model, lambda: AttentionCore(attention_fn, dropout=dropout, qkv_fn=qkv_fn))
 
 
 def set_loss(model: "GPT", loss_fn: LossFn, form: str = "logits") -> Callable[[], None]:

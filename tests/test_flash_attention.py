@@ -198,7 +198,7 @@ def test_method_is_registered_with_its_config():
     import yaml
 
     m = kernels.get_method("flash")
-    assert m.ops() == {"attention": "native"}
+    assert m.ops() == {"attention": "native", "attention_qkv": "native"}
     conf = yaml.safe_load((Path(__file__).parents[1] / "conf/accel/flash.yaml").read_text())
     assert conf == {"name": "flash", "method": "flash"}
 

@@ -212,3 +212,28 @@ def test_flash_prepared_launches_match_plain_ones_on_the_gpu(shape, causal, layo
     for got in runs[True]:
         for a, b in zip(got, runs[False][0]):
             assert torch.equal(a, b)
+
+
+def test_flash_backward_sites_write_into_given_gradients(standin):
+    """Gradients handed to the backward (views of one packed dqkv: attention_qkv) are the ones written and
+    returned, prepared or not; a site kept for new gradients is not the one for given ones (their strides)."""
+    if "flash" not in kernels.runnable_methods(op="attention"):
+        pytest.skip("flash cannot run here")
+    from kernels.contract import split_qkv
+    from kernels.methods.flash.bwd import launch_bwd as flash_bwd
+    from kernels.methods.flash.fwd import launch_fwd as flash_fwd
+
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(1, 20, 96, generator=g)
+    q, k, v = split_qkv(qkv, 2)
+    do = torch.randn(1, 2, 20, 16, generator=g)
+    out, lse = _general(flash_fwd, q, k, v, 0.25, True)
+    want = _general(flash_bwd, do, q, k, v, out, lse, 0.25, True)
+    flash_bwd(do, q, k, v, out, lse, 0.25, True)  # a site for new gradients
+    for _ in range(2):  # the first call keeps a site for given ones, the second runs it
+        dqkv = torch.full_like(qkv, float("nan"))
+        before = len(standin)
+        got = flash_bwd(do, q, k, v, out, lse, 0.25, True, grads=split_qkv(dqkv, 2))
+        assert all(a.data_ptr() == b.data_ptr() for a, b in zip(got, split_qkv(dqkv, 2)))
+        assert torch.equal(dqkv, torch.cat([w.transpose(1, 2).reshape(1, 20, 32) for w in want], dim=2))
+    assert len(standin) - before == 3  # prepared: delta, dk/dv, dq

@@ -111,6 +111,7 @@ def test_apply_accel_flash_attention_with_the_triton_linear_loss():
     model, idx, ref_loss, ref_grads = _torch_reference()
     applied = apply_accel(model, "flash", loss_form="linear", loss_method="triton")  # accel=flash_linear
     assert patched_ops(applied) == {"attention": kernels.bind("flash", "attention"),
+                                    "attention_qkv": kernels.bind("flash", "attention_qkv"),
                                     "linear_cross_entropy": kernels.bind("triton", "linear_cross_entropy")}
     loss, grads = loss_and_grads(model, idx)
     assert abs(loss.item() - ref_loss.item()) <= 1e-4 * abs(ref_loss.item())

@@ -150,7 +150,9 @@ def test_registry_lists_ops_per_method():
     assert avail["torch"].ops["attention"] == "composed"
     assert not avail["floor"].exact and "floor" not in kernels.available_methods()
     assert "sdpa" in kernels.runnable_methods(op="attention") and "sdpa" not in kernels.runnable_methods(op="softmax")
-    assert set(registry.OPS) == {"softmax", "attention", "cross_entropy", "linear_cross_entropy"}
+    assert set(registry.OPS) == {"softmax", "attention", "attention_qkv", "cross_entropy", "linear_cross_entropy"}
+    assert avail["flash"].ops == {"attention": "native", "attention_qkv": "native"}
+    assert "sdpa" in kernels.runnable_methods(op="attention_qkv")  # (composed: provided, not listed)
 
 
 def test_the_floor_has_a_loss_floor_that_reads_the_logits_once():

@@ -106,19 +106,22 @@ dq-pass backward's (pointer tiles) are kept prepared by shapes, strides, dtypes,
 causality (``fastlaunch.Prepared``), so a repeated call skips the plan and the argument tuples.
 
 Registered as the torch ops ``softmax_harness::flash_attention_fwd`` (-> out, lse) and
-``softmax_harness::flash_attention_bwd`` (``ops``). Dropout is refused (sdpa or a composed method
+``softmax_harness::flash_attention_bwd`` (``ops``); ``attention_qkv`` (``qkv``) runs the same kernels on
+views of one projection and writes the three gradients into one tensor (no concatenation after them). Dropout is refused (sdpa or a composed method
 drops out). Inputs: CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1`` (tests).
 """
 
 from __future__ import annotations
 
 from kernels.methods.flash.ops import flash_attention, unavailable_reason, validate
+from kernels.methods.flash.qkv import flash_attention_qkv
 from kernels.registry import Method, register
 
 register(
     Method(
         name="flash",
         attention=flash_attention,
+        attention_qkv=flash_attention_qkv,
         summary="the project's fused attention in Triton (online softmax, forward and backward; scores never stored)",
         unavailable_reason=unavailable_reason,
         validate=validate,

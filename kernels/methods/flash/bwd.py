@@ -258,13 +258,18 @@ if triton is not None:
 _SITES = fastlaunch.SiteCache()
 
 
-def _site(preps: list, delta_kernel: bool, delta_size: tuple, grads: tuple, device):
+def _site(preps: list, delta_kernel: bool, delta_size: tuple, layouts: tuple, device):
     """The backward from prepared launches: delta's (where the plan has a delta kernel), then the dk/dv
-    and dq ones (or the fused one; or dq's, forming delta, then dk/dv's)."""
+    and dq ones (or the fused one; or dq's, forming delta, then dk/dv's). The gradients are the caller's
+    (``given``) or new ones of ``layouts``."""
 
-    def bwd(do, q, k, v, out, lse):
+    def bwd(do, q, k, v, out, lse, given):
         delta = torch.empty(delta_size, dtype=torch.float32, device=device)
-        dq, dk, dv = (torch.empty_strided(size, stride, dtype=dtype, device=device) for size, stride, dtype in grads)
+        if given is None:
+            dq, dk, dv = (torch.empty_strided(size, stride, dtype=dtype, device=device)
+                          for size, stride, dtype in layouts)
+        else:
+            dq, dk, dv = given
         rest = preps
         if delta_kernel:
             if not preps[0](out, do, delta, delta):
@@ -280,18 +285,28 @@ def _site(preps: list, delta_kernel: bool, delta_size: tuple, grads: tuple, devi
     return bwd
 
 
+def _grads_key(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> tuple:
+    """What a prepared launch fixes of given gradients: their strides and 16-byte alignment (their shapes and
+    dtypes are q's, k's and v's)."""
+    return dq.stride(), dk.stride(), dv.stride(), not (dq.data_ptr() | dk.data_ptr() | dv.data_ptr()) & 15
+
+
 def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-               lse: torch.Tensor, scale: float, causal: bool,
-               plan: plans.BwdPlan | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               lse: torch.Tensor, scale: float, causal: bool, plan: plans.BwdPlan | None = None,
+               grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv), each laid out as (B, T, H, d) in memory; or written into ``grads`` (three tensors of
+    q's, k's and v's shapes and dtypes, any strides: views of one packed gradient, say) and returned."""
     site_key = None
     if plan is None and not plans.overridden():
         site_key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), do.stride(), out.stride(),
                     lse.stride(), q.dtype, k.dtype, v.dtype, do.dtype, out.dtype, lse.dtype, q.get_device(),
                     fastlaunch.scalar_key(scale), causal,
-                    not (q.data_ptr() | k.data_ptr() | v.data_ptr() | do.data_ptr() | out.data_ptr()) & 15)
+                    not (q.data_ptr() | k.data_ptr() | v.data_ptr() | do.data_ptr() | out.data_ptr()) & 15,
+                    None if grads is None else _grads_key(*grads))
         site = _SITES.get(site_key)
         if site is not None:
-            done = site(do, q, k, v, out, lse)
+            done = site(do, q, k, v, out, lse, grads)
             if done is not None:
                 return done
     B, H, TQ, D = q.shape
@@ -325,8 +340,11 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                          dict(DV=DV, DV_PAD=dv_pad, BLOCK=plan.pre_block, ACC_D=acc_d)))
         fastlaunch.launch(*launches[0])
     # the gradients in the layout of the model's q/k/v views (tiles.empty_bthd)
-    dq = empty_bthd(B, H, TQ, D, q.dtype, q.device)
-    dk, dv = empty_bthd(B, H, TK, D, k.dtype, k.device), empty_bthd(B, H, TK, DV, v.dtype, v.device)
+    if grads is None:
+        dq = empty_bthd(B, H, TQ, D, q.dtype, q.device)
+        dk, dv = empty_bthd(B, H, TK, D, k.dtype, k.device), empty_bthd(B, H, TK, DV, v.dtype, v.device)
+    else:
+        dq, dk, dv = grads
     tma = resolve_tma(plan.tma, q.device, q, k, v, do, dq, dk, dv)
     bm1, bn1, bm2, bn2 = plan.block_m1, plan.block_n1, plan.block_m2, plan.block_n2
     n_kv, n_q = fastlaunch.cdiv(TK, bn1), fastlaunch.cdiv(TQ, bm2)
@@ -393,6 +411,6 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if site_key is not None and plan.dq_mode == "pass" and tma == "off":  # (not a mode the flag below decides)
         preps = [fastlaunch.prepare(*one) for one in launches]
         if None not in preps:
-            grads = tuple((tuple(t.shape), t.stride(), t.dtype) for t in (dq, dk, dv))
-            _SITES.put(site_key, _site(preps, not delta_in_dq, tuple(delta.shape), grads, q.device))
+            layouts = tuple((tuple(t.shape), t.stride(), t.dtype) for t in (dq, dk, dv))
+            _SITES.put(site_key, _site(preps, not delta_in_dq, tuple(delta.shape), layouts, q.device))
     return dq, dk, dv
