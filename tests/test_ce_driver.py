@@ -29,10 +29,16 @@ def ref_ce_rows(logits, targets, ignore_index, grad_scale=None, grad=None):
     return loss
 
 
+@torch.library.custom_op("test_driver::scale_grad_", mutates_args=("grad",))
+def _scale_grad_op(grad: torch.Tensor, g: torch.Tensor) -> None:
+    """(an op, as the CUDA primitive is: traced, a mutation of a saved tensor shows as auto_functionalized)"""
+    grad.mul_(g.reshape(-1, *([1] * (grad.dim() - 1))) if g.numel() > 1 else g.reshape(()))
+
+
 def ref_scale_grad_(grad, g):
     if not torch.compiler.is_compiling():
         CALLS["scale"] += 1
-    grad.mul_(g.reshape(-1, *([1] * (grad.dim() - 1))) if g.numel() > 1 else g.reshape(()))
+    _scale_grad_op(grad, g)
 
 
 CE = make_cross_entropy("test_driver_ce", ref_ce_rows, ref_scale_grad_)
@@ -203,4 +209,28 @@ def test_fullgraph_compile_equals_eager():
     compiled.backward()
     assert torch.allclose(compiled, eager, atol=1e-6)
     for a, g in zip((x, h, w), grads):
+        assert torch.allclose(a.grad, g, atol=1e-6)
+
+
+def test_compiled_linear_backward_scales_out_of_place():
+    """Traced, the chunked linear loss's backward multiplies the saved gradients (a product Inductor fuses
+    into their consumers) instead of scaling them in place by the primitive (an op mutating saved tensors,
+    which Inductor would first copy); same gradients."""
+    from tests.test_linear_cross_entropy_compiled import _compile_recording
+
+    h, w, tl = _lce_inputs(n=30)
+
+    def f(h, w, tl):
+        return LCE(h, w, tl, -100, "mean", 8) * 0.75
+
+    eager = f(h, w, tl)
+    eager.backward()
+    grads = [a.grad.clone() for a in (h, w)]
+    h.grad = w.grad = None
+    compiled_f, ops = _compile_recording(f)
+    compiled = compiled_f(h, w, tl)
+    compiled.backward()
+    assert not any("auto_functionalized" in op or "scale_grad" in op for op in ops), ops
+    assert torch.allclose(compiled, eager, atol=1e-6)
+    for a, g in zip((h, w), grads):
         assert torch.allclose(a.grad, g, atol=1e-6)

@@ -269,11 +269,14 @@ def make_linear_cross_entropy(name: str, ce_rows: CeRows, scale_grad_: ScaleGrad
             if ctx.reduction == "none":
                 hidden, weight, targets = ctx.saved_tensors
                 gh, gw = lce_bwd(hidden, weight, targets, ctx.ignore_index, grad_loss, ctx.chunk_rows, need_gh, need_gw)
+            elif torch.compiler.is_compiling():  # traced: a product Inductor fuses into the gradients' consumers
+                gh, gw = ctx.saved_tensors  # (scaled in place, the saved gradients would first be copied)
+                g = grad_loss.to(torch.float32)
+                gh, gw = (gh * g if need_gh else None), (gw * g if need_gw else None)
             else:
-                if not torch.compiler.is_compiling():
-                    if ctx.spent[0]:
-                        raise _second_backward(name)
-                    ctx.spent[0] = True
+                if ctx.spent[0]:
+                    raise _second_backward(name)
+                ctx.spent[0] = True
                 gh, gw = ctx.saved_tensors
                 g = grad_loss.to(torch.float32)
                 if need_gh:

@@ -1,0 +1,52 @@
+"""The triton linear cross-entropy traced by torch.compile: its backward multiplies the saved gradients
+out of place (so Inductor fuses the product into their consumers instead of first copying them, as it
+does before an in-place scale of a saved tensor), with the eager results."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.backends.common import aot_autograd
+
+import kernels
+from tests.test_cross_entropy import DEVICE, linear_inputs
+
+
+def _compile_recording(fn):
+    """fn compiled through AOTAutograd (no code generation); returns it and the backward graphs' op names."""
+    ops = []
+
+    def backward(gm, _inputs):
+        ops.extend(f"{n.target} {n.args}" for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    return torch.compile(fn, fullgraph=True, backend=aot_autograd(fw_compiler=lambda gm, _: gm,
+                                                                  bw_compiler=backward)), ops
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_compiled_backward_scales_out_of_place_with_the_eager_gradients(dtype, reduction):
+    if dtype == torch.float16 and DEVICE == "cpu":
+        pytest.skip("float16 GEMMs on a CPU")
+    lin = kernels.bind("triton", "linear_cross_entropy")
+
+    def f(h, w, t):
+        return lin(h, w, t, -100, reduction) * 0.75  # grad_output 0.75: the scale is not a no-op
+
+    h, w, t = linear_inputs(n=12, c=8, v=33)
+    t[::5] = -100
+    eager = [x.detach().to(dtype).requires_grad_(True) for x in (h, w)]
+    ref = f(*eager, t)
+    ref.backward()
+    compiled_f, ops = _compile_recording(f)
+    comp = [x.detach().to(dtype).requires_grad_(True) for x in (h, w)]
+    out = compiled_f(*comp, t)
+    out.backward()
+    # no in-place scale of a saved tensor (functionalized: auto_functionalized of triton_cross_entropy_bwd)
+    assert not any("triton_cross_entropy_bwd" in op or "auto_functionalized" in op for op in ops), ops
+    assert any("mul" in op for op in ops), ops
+    assert torch.equal(out, ref)
+    for a, b in zip(comp, eager):
+        tol = 1e-6 if dtype == torch.float32 else 1e-2
+        assert a.grad.dtype == b.grad.dtype and torch.allclose(a.grad.float(), b.grad.float(), rtol=tol, atol=0)
