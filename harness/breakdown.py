@@ -12,7 +12,8 @@ it. Eager models only: the marks would break a compiled graph.
 
 What is bracketed, and how each part of the step is measured:
 
-* **attention**: the model's attention core (``models.set_attention``), around the whole op. For a
+* **attention**: the model's attention core (``models.set_attention``), around the whole op (the
+  method's ``attention_qkv`` where the run has it: the op on the unsplit projection). For a
   method whose attention is composed from its softmax (kernels.compose: q k^T, softmax, @ v) the
   softmax is bracketed too, inside, and the attention part is that softmax alone; the two attention
   matmuls around it (the core minus the softmax) count as matmuls. For a method with a native
@@ -97,6 +98,13 @@ def marked_attention(fn: Callable, marks: _Marks) -> Callable:
         return _close(marks, "attention", fn(q, k, v, scale, causal, dropout_p))
 
     return attention_with_marks
+
+
+def marked_attention_qkv(fn: Callable, marks: _Marks) -> Callable:
+    def attention_qkv_with_marks(qkv, n_head, scale, causal, dropout_p):
+        return _close(marks, "attention", fn(_open(marks, "attention", qkv), n_head, scale, causal, dropout_p))
+
+    return attention_qkv_with_marks
 
 
 def marked_loss(fn: Callable, marks: _Marks) -> Callable:
@@ -187,7 +195,8 @@ def measure(model: nn.Module, batches: list, applied=None, softmax: Optional[Cal
     composed = softmax is not None and (how == "composed" or applied is None)
     cores = [a.core for a in attention_cores(model)]
     inner = attention_from_softmax(marked_softmax(softmax, marks)) if composed else cores[0].attention_fn
-    undo = [set_attention(model, marked_attention(inner, marks))]
+    qkv_fn = None if composed or cores[0].qkv_fn is None else marked_attention_qkv(cores[0].qkv_fn, marks)
+    undo = [set_attention(model, marked_attention(inner, marks), qkv_fn)]
     old_loss = model.loss_fn
     model.loss_fn = marked_loss(old_loss, marks)
     undo.append(lambda: setattr(model, "loss_fn", old_loss))

@@ -215,3 +215,32 @@ def test_gpu_flash_native_equals_composed_at_full_size(shape):
     for out, grad in results[1:]:
         assert torch.equal(out, results[0][0]) and torch.equal(grad, results[0][1])
     assert torch.isfinite(results[0][1]).all()
+
+
+@needs_flash
+def test_breakdown_brackets_the_qkv_op_the_run_calls():
+    from harness.accel import apply_accel
+    from harness.breakdown import measure
+    from models import GPT, GPTConfig, attention_cores
+    from tests.test_flash_attention import SMALL
+    from kernels.methods.flash import plan as plans
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, context=24, n_layer=2, n_head=2, n_embd=32)).to(DEVICE)
+    applied = apply_accel(model, "flash", patch=["attention"])
+    calls = []
+    bound = kernels.bind("flash", "attention_qkv")
+
+    def counted(*args):
+        calls.append(args[0].shape)
+        return bound(*args)
+
+    for a in attention_cores(model):
+        a.core.qkv_fn = counted
+    idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    with plans.override(*SMALL):
+        b = measure(model, [(idx, idx.roll(-1, dims=1))], applied, steps=2, warmup=1)
+    assert len(calls) == 3 * 2 and calls[0] == (2, 16, 96)  # every step, every layer, on the unsplit projection
+    att = b.parts["attention"]
+    assert att.name == "fused attention" and att.fwd_ms > 0 and att.bwd_ms > 0
+    assert all(a.core.qkv_fn is counted for a in attention_cores(model))  # restored
