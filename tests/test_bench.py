@@ -125,6 +125,20 @@ def test_attention_table_checks_and_skips(tmp_path):
     assert "TFLOP/s" in (tmp_path / "attention.md").read_text() and (tmp_path / "attention.csv").exists()
 
 
+def test_attention_table_in_the_models_layout(tmp_path):
+    """layout qkv: one projection and its gradient; flash by its attention_qkv, sdpa on split views."""
+    from harness.bench.attention import run_attention_bench
+
+    methods = [m for m in ("sdpa", "flash") if m in kernels.runnable_methods(op="attention")]
+    rows = run_attention_bench(methods, [(1, 2, 16, 8)], tmp_path, rep_ms=5, layout="qkv")
+    assert all(r.correct and r.fwd_bwd_tflops for r in rows), rows
+    want = {"sdpa": "native, split", "flash": "native (qkv)"}
+    assert {r.method: r.provided for r in rows} == {m: want[m] for m in methods}
+    assert "its gradient" in (tmp_path / "attention.md").read_text()
+    with pytest.raises(ValueError, match="layout 'bhtd' is not accepted: one of separate, qkv"):
+        run_attention_bench(methods, [(1, 2, 16, 8)], tmp_path, layout="bhtd")
+
+
 def test_loss_table_runs_every_cross_entropy_method(tmp_path):
     from harness.bench.loss import run_loss_bench
 

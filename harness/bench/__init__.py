@@ -88,6 +88,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     at.add_argument("--methods", default="", help="comma-separated methods (default: every attention method)")
     at.add_argument("--shapes", default="16,12,1024,64;4,12,4096,64;1,12,16384,64;8,16,2048,128",
                     help="B,H,T,d shapes separated by ';'")
+    at.add_argument("--layout", default="separate", choices=("separate", "qkv"),
+                    help="separate: q, k, v and their three gradients; qkv: one projection output and its gradient, "
+                    "as the model calls attention (a method's native attention_qkv, else its attention on split views)")
     at.add_argument("--rep-ms", type=int, default=100)
     at.add_argument("--out", default="outputs/bench", type=Path)
     la = sub.add_parser("launch", help="host microseconds per call, one-shot vs bound, every method")
@@ -133,7 +136,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         from harness.bench.attention import run_attention_bench
 
         run_attention_bench(_runnable(_names(a.methods), "attention"), _shapes(p, "--shapes", a.shapes, 4), a.out,
-                            a.rep_ms)
+                            a.rep_ms, a.layout)
     elif a.cmd == "launch":
         from harness.bench.launch import run_launch_bench
 

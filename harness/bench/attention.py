@@ -8,6 +8,11 @@ square) and 3.5x that for forward + backward (the backward's five matmuls agains
 the causal half likewise), whatever a method really computes. Eager and graph-replay timings and the
 host's issue time as in the softmax table; the extra memory is the peak allocated during forward + backward above the
 inputs. Each method's output is checked against float64 on one head first; a wrong result is marked.
+
+``layout``: "separate" (q, k, v three tensors, their three gradients: the op alone) or "qkv" (as the model
+calls it: one projection output (B, T, 3 H d) and its gradient; a method's native ``attention_qkv`` where it
+has one, else its attention on the split views, whose backward concatenates the three gradients, a copy
+that the TFLOP/s then include).
 """
 
 from __future__ import annotations
@@ -19,17 +24,19 @@ from typing import Optional
 import torch
 
 import kernels
+from kernels.contract import split_qkv
 from harness.bench.common import (eager_and_graph_ms, error_text, fmt, free_memory, issue_us, peak_extra_gib,
                                   write_rows_csv)
 from harness.results import atomic_write_text, write_json
 
 MAX_SCORES_GIB = 4.0
+LAYOUTS = ("separate", "qkv")
 
 
 @dataclass
 class AttentionRow:
     method: str  # the method, with its options in brackets (sdpa[backend=cudnn])
-    provided: str  # native | composed
+    provided: str  # native | composed; layout qkv: native (qkv) | native, split | composed, split
     b: int
     h: int
     t: int
@@ -72,30 +79,47 @@ def causal_flops(b: int, h: int, t: int, d: int) -> float:
 
 
 def measure_attention(method: str, shape: tuple, device: str, rep_ms: int, options: Optional[dict] = None,
-                      label: Optional[str] = None) -> AttentionRow:
+                      label: Optional[str] = None, layout: str = "separate") -> AttentionRow:
     b, h, t, d = shape
-    prov = kernels.get_method(method).provides("attention")
-    row = AttentionRow(label or method, prov, b, h, t, d)
+    m = kernels.get_method(method)
+    prov = m.provides("attention")
+    qkv_op = layout == "qkv" and m.provides("attention_qkv") == "native"
+    provided = prov if layout == "separate" else "native (qkv)" if qkv_op else f"{prov}, split"
+    row = AttentionRow(label or method, provided, b, h, t, d)
     if prov == "composed" and b * h * t * t * 2 / 2**30 > MAX_SCORES_GIB:
         row.error = f"skipped: the {b}x{h}x{t}x{t} scores would take over {MAX_SCORES_GIB:.0f} GiB"
         return row
     try:
-        fn = kernels.bind(method, "attention", **(options or {}))
         g = torch.Generator(device=device).manual_seed(0)
-        q, k, v, do = (torch.randn(shape, device=device, generator=g).to(torch.bfloat16) for _ in range(4))
-        q, k, v = (x.requires_grad_(True) for x in (q, k, v))
-        out = fn(q, k, v, None, True, 0.0)
-        ref = kernels.reference_attention(*(x.detach()[:1, :1] for x in (q, k, v)))
+        if layout == "qkv":  # one projection output and its gradient, as the model has them
+            qkv = torch.randn((b, t, 3 * h * d), device=device, generator=g).to(torch.bfloat16).requires_grad_(True)
+            inputs = (qkv,)
+            if qkv_op:
+                fn_qkv = kernels.bind(method, "attention_qkv", **(options or {}))
+                call = lambda: fn_qkv(qkv, h, None, True, 0.0)  # noqa: E731
+            else:
+                fn = kernels.bind(method, "attention", **(options or {}))
+                call = lambda: fn(*split_qkv(qkv, h), None, True, 0.0)  # noqa: E731
+            heads = split_qkv(qkv.detach()[:1], h)
+        else:
+            fn = kernels.bind(method, "attention", **(options or {}))
+            inputs = tuple(torch.randn(shape, device=device, generator=g).to(torch.bfloat16).requires_grad_(True)
+                           for _ in range(3))
+            call = lambda: fn(*inputs, None, True, 0.0)  # noqa: E731
+            heads = tuple(x.detach()[:1] for x in inputs)
+        do = torch.randn(shape, device=device, generator=g).to(torch.bfloat16)
+        out = call()
+        ref = kernels.reference_attention(*(x[:, :1] for x in heads))
         row.correct = kernels.relative_error(out.detach()[:1, :1], ref) <= kernels.ATTN_FWD_TOL[torch.bfloat16]
-        torch.autograd.grad(out, (q, k, v), do)  # warm the backward (compile) too
+        torch.autograd.grad(out, inputs, do)  # warm the backward (compile) too
         del out, ref
 
         def forward():
             with torch.no_grad():
-                return fn(q, k, v, None, True, 0.0)
+                return call()
 
         def forward_backward():
-            return torch.autograd.grad(fn(q, k, v, None, True, 0.0), (q, k, v), do)
+            return torch.autograd.grad(call(), inputs, do)
 
         row.fwd_ms, row.fwd_graph_ms = eager_and_graph_ms(forward, rep_ms)
         row.fwd_bwd_ms, row.fwd_bwd_graph_ms = eager_and_graph_ms(forward_backward, rep_ms)
@@ -112,22 +136,29 @@ def measure_attention(method: str, shape: tuple, device: str, rep_ms: int, optio
     return row
 
 
-def run_attention_bench(methods: Optional[list[str]], shapes: list[tuple], out: Path, rep_ms: int = 100) -> list:
+def run_attention_bench(methods: Optional[list[str]], shapes: list[tuple], out: Path, rep_ms: int = 100,
+                        layout: str = "separate") -> list:
     from harness.env import environment
 
+    if layout not in LAYOUTS:
+        raise ValueError(f"attention bench layout {layout!r} is not accepted: one of {', '.join(LAYOUTS)}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = []
     for shape in shapes:
         for method in methods or default_methods():
             for label, options in variants(method):
-                r = measure_attention(method, shape, device, rep_ms, options, label)
+                r = measure_attention(method, shape, device, rep_ms, options, label, layout)
                 rows.append(r)
                 print(f"  {label:24s} {shape}: fwd {fmt(r.fwd_tflops)} (graph {fmt(r.fwd_graph_tflops)}) TFLOP/s, fwd+bwd "
                       f"{fmt(r.fwd_bwd_tflops)} (graph {fmt(r.fwd_bwd_graph_tflops)}), extra {fmt(r.extra_gib, '.2f')} "
                       f"GiB, host {fmt(r.fwd_host_us)}/{fmt(r.fwd_bwd_host_us)} us "
                       f"{'ok' if r.correct else r.error or 'WRONG'}", flush=True)
     env = environment()
-    lines = [f"## Causal attention on {env['device_name']} (torch {env['torch']}, triton {env['triton']}), bf16", "",
+    how = ("inputs q, k, v, three gradients" if layout == "separate" else
+           "inputs one projection (B, T, 3 H d) and its gradient: a native attention_qkv, else the attention on "
+           "its split views (the backward then concatenates three gradients)")
+    lines = [f"## Causal attention on {env['device_name']} (torch {env['torch']}, triton {env['triton']}), bf16, "
+             f"{how}", "",
              "TFLOP/s: forward 4*B*H*T^2*d/2, forward + backward 3.5x that. Eager (launch cost included) and graph "
              "replay (kernels alone). Host us: the host's time to issue one forward / forward + backward; where it nears the "
              "eager ms, the GPU waited on the host.", "",
