@@ -195,7 +195,8 @@ def measure(model: nn.Module, batches: list, applied=None, softmax: Optional[Cal
     composed = softmax is not None and (how == "composed" or applied is None)
     cores = [a.core for a in attention_cores(model)]
     inner = attention_from_softmax(marked_softmax(softmax, marks)) if composed else cores[0].attention_fn
-    qkv_fn = None if composed or cores[0].qkv_fn is None else marked_attention_qkv(cores[0].qkv_fn, marks)
+    qkv_fn = getattr(cores[0], "qkv_fn", None)
+    qkv_fn = None if composed or qkv_fn is None else marked_attention_qkv(qkv_fn, marks)
     undo = [set_attention(model, marked_attention(inner, marks), qkv_fn)]
     old_loss = model.loss_fn
     model.loss_fn = marked_loss(old_loss, marks)

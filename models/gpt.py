@@ -84,15 +84,22 @@ class AttentionCore(nn.Module):
     def attend_qkv(self, qkv: torch.Tensor, n_head: int) -> torch.Tensor:
         """The attention of the projection's output qkv (B, T, 3C) -> (B, nh, T, hs): ``qkv_fn``, or split
         into q, k, v views and ``forward``."""
-        B, T, C3 = qkv.shape
-        hs = C3 // (3 * n_head)
-        if self.qkv_fn is not None:
-            return self.qkv_fn(qkv, n_head, 1.0 / math.sqrt(hs), True, self.dropout_p if self.training else 0.0)
-        q, k, v = (t.view(B, T, n_head, hs).transpose(1, 2) for t in qkv.split(C3 // 3, dim=2))
-        return self(q, k, v)
+        if self.qkv_fn is None:
+            return self(*split_heads(qkv, n_head))
+        hs = qkv.shape[-1] // (3 * n_head)
+        return self.qkv_fn(qkv, n_head, 1.0 / math.sqrt(hs), True, self.dropout_p if self.training else 0.0)
 
     def extra_repr(self) -> str:
-        return f"attention_fn={getattr(self.attention_fn, '__name__', repr(self.attention_fn))}"
+        names = [f"attention_fn={getattr(self.attention_fn, '__name__', repr(self.attention_fn))}"]
+        if self.qkv_fn is not None:
+            names.append(f"qkv_fn={getattr(self.qkv_fn, '__name__', repr(self.qkv_fn))}")
+        return ", ".join(names)
+
+
+def split_heads(qkv: torch.Tensor, n_head: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v (B, nh, T, hs) as views of the projection's output qkv (B, T, 3C)."""
+    B, T, C3 = qkv.shape
+    return tuple(t.view(B, T, n_head, C3 // (3 * n_head)).transpose(1, 2) for t in qkv.split(C3 // 3, dim=2))
 
 
 class CausalSelfAttention(nn.Module):
@@ -106,7 +113,11 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
-        y = self.core.attend_qkv(self.c_attn(x), self.n_head)  # (B, nh, T, hs)
+        qkv = self.c_attn(x)
+        if isinstance(self.core, AttentionCore):  # (its qkv_fn, where set, takes qkv unsplit)
+            y = self.core.attend_qkv(qkv, self.n_head)  # (B, nh, T, hs)
+        else:  # any other core (swap_attention_cores): forward(q, k, v)
+            y = self.core(*split_heads(qkv, self.n_head))
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
