@@ -48,12 +48,14 @@ class Planned(NamedTuple):
 
 def patched_words(patched: Optional[Mapping], detail: bool = True) -> str:
     """What a run patched (its results' ``patched``, harness.accel.Applied.as_dict), in words:
-    'attention (composed) + loss (native)'; 'none' when nothing; '' when not known (it did not run)."""
+    'attention (composed) + loss (native)', 'attention (native, qkv)' (the method's attention_qkv); 'none' when
+    nothing; '' when not known (it did not run)."""
     if not patched:
         return ""
     parts = []
     if patched.get("attention"):
-        parts.append("attention" + (f" ({patched['attention']})" if detail else ""))
+        qkv = ", qkv" if patched.get("attention_qkv") else ""  # (the op on the unsplit projection)
+        parts.append("attention" + (f" ({patched['attention']}{qkv})" if detail else ""))
     if patched.get("loss"):
         loss = "linear loss" if patched.get("loss_form") == "linear" else "loss"
         other = patched.get("loss_method") if patched.get("loss_method") not in (None, patched.get("method")) else None
