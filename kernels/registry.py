@@ -98,6 +98,9 @@ class Method:
     def __post_init__(self) -> None:
         if not any(getattr(self, op) for op in OPS):
             raise ValueError(f"method {self.name!r} implements no op; it needs at least one of {', '.join(OPS)}")
+        if self.attention_qkv is not None and self.attention is None and self.softmax is None:
+            raise ValueError(f"method {self.name!r} implements attention_qkv but not attention (nor a softmax to "
+                             "compose it from): attention_qkv is attention's variant on the unsplit projection")
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
 
     def native_ops(self) -> tuple[str, ...]:

@@ -121,6 +121,21 @@ def test_accel_patched_words_name_a_different_loss_method():
     assert patched_words({**rec, "loss_method": "flash"}) == "attention (native) + linear loss (native)"
     old = {k: v for k, v in rec.items() if k != "loss_method"}  # results written before the key existed
     assert patched_words(old) == "attention (native) + linear loss (native)"
+    assert patched_words({**rec, "attention_qkv": True}) == "attention (native, qkv) + linear loss (native, triton)"
+
+
+def test_flash_linear_split_is_flash_linear_without_attention_qkv():
+    """conf/accel/flash_linear_split.yaml: what a study puts beside flash_linear to show what attention_qkv buys."""
+    from harness.build import accel_applied
+    from models import GPT, GPTConfig
+
+    fl, split = accel_for("flash_linear"), accel_for("flash_linear_split")
+    assert fl.qkv and not split.qkv
+    assert {k: v for k, v in split.items() if k not in ("name", "qkv")} == {k: v for k, v in fl.items()
+                                                                             if k not in ("name", "qkv")}
+    cfg = OmegaConf.create({"accel": split})
+    applied = accel_applied(GPT(GPTConfig(vocab_size=64, context=8, n_layer=1, n_head=2, n_embd=16)), cfg)
+    assert applied.attention == "native" and not applied.attention_qkv
 
 
 def test_accel_profile_of_the_attention_twin_names_the_eager_loss():

@@ -117,6 +117,26 @@ def test_flash_native_equals_its_composed_path_and_float64(dtype, T, causal):
     assert kernels.relative_error(grad, ref_in.grad) <= kernels.ATTN_BWD_TOL[dtype]
 
 
+def test_a_method_with_attention_qkv_alone_is_refused():
+    with pytest.raises(ValueError, match="implements attention_qkv but not attention"):
+        Method(name="_qkv_only", summary="x", attention_qkv=lambda qkv, h, s, c, p: qkv)
+
+
+@needs_flash
+def test_flash_second_order_gradients_are_refused_not_dropped():
+    from tests.test_flash_attention import SMALL
+    from kernels.methods.flash import plan as plans
+
+    for op, args in ((kernels.attention_qkv, lambda x: (x, 2)), (kernels.attention, lambda x: split_qkv(x, 2))):
+        qkv = _qkv(B=1, T=5)
+        with plans.override(*SMALL):
+            out = op(*args(qkv), method="flash")
+            do = torch.ones_like(out, requires_grad=True)  # (a gradient that is itself differentiated)
+            grad, = torch.autograd.grad(out, qkv, do, create_graph=True)
+            with pytest.raises(RuntimeError, match="once_differentiable"):
+                grad.sum().backward()
+
+
 @needs_flash
 def test_flash_qkv_refuses_dropout():
     with pytest.raises(ValueError, match="no dropout"):
@@ -182,6 +202,62 @@ def test_model_seam_and_accel_wiring():
     assert all(a.core.qkv_fn is None for a in attention_cores(split))
 
 
+@needs_flash
+@pytest.mark.parametrize("H,d", [(3, 24), (1, 7)])
+def test_flash_native_with_other_head_dims_and_a_strided_qkv(H, d):
+    from tests.test_flash_attention import SMALL
+    from kernels.methods.flash import plan as plans
+
+    wide = _qkv(B=2, T=13, H=H, d=2 * d).detach()  # (2, 13, 6 H d): every other column is qkv's
+    qkv = wide[..., ::2].requires_grad_(True)
+    with plans.override(*SMALL):
+        out, grad, do = _run(qkv, H, "flash")
+    ref_in = qkv.detach().double().requires_grad_(True)
+    ref = kernels.reference_attention(*split_qkv(ref_in, H), causal=True)
+    ref.backward(do.double())
+    assert kernels.relative_error(out, ref) <= kernels.ATTN_FWD_TOL[torch.float32]
+    assert kernels.relative_error(grad, ref_in.grad) <= kernels.ATTN_BWD_TOL[torch.float32]
+
+
+def test_a_core_without_attend_qkv_still_takes_q_k_v():
+    """swap_attention_cores takes any module with forward(q, k, v): the block splits for it."""
+    from models import GPT, GPTConfig, swap_attention_cores
+
+    class Core(torch.nn.Module):
+        def forward(self, q, k, v):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, context=16, n_layer=1, n_head=2, n_embd=32))
+    idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    _, ref = model(idx, idx.roll(-1, dims=1))
+    swap_attention_cores(model, Core)
+    _, loss = model(idx, idx.roll(-1, dims=1))
+    assert torch.allclose(loss, ref, rtol=1e-5)
+
+
+def test_gate_checks_the_runs_width_and_the_unchecked_heads():
+    """Every head is computed at the run's width; the checked ones against float64, the others must get no
+    gradient from a zero output gradient."""
+    from harness.gate import check_attention_qkv
+
+    ok = check_attention_qkv("torch", 3, 9, 8, torch.float32, "cpu", checked=1)
+    assert ok.passed and ok.shape == (1, 9, 72), ok
+    name = "_qkv_leaky_test"
+
+    def leaky(qkv, h, s, c, p):  # right values, and a gradient leaking into every column
+        out = kernels.attention(*split_qkv(qkv, h), scale=s, causal=c, method="torch")
+        leak = (qkv * 1e-3).sum()
+        return out + (leak - leak.detach())  # (adds 0, and 1e-3 * sum(dout) to every gradient column)
+
+    kernels.register(Method(name=name, summary="leaky", attention=lambda q, k, v, s, c, p: q, attention_qkv=leaky))
+    try:
+        res = check_attention_qkv(name, 3, 9, 8, torch.float32, "cpu", checked=1)
+    finally:
+        kernels.unregister(name)
+    assert not res.passed and "nonzero gradient on heads" in res.reason, res
+
+
 def test_gate_fails_a_wrong_attention_qkv():
     from harness.gate import check_attention_qkv
 
@@ -197,12 +273,15 @@ def test_gate_fails_a_wrong_attention_qkv():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(16, 12, 1024, 64), (2, 16, 2048, 128), (1, 4, 1000, 64)],
+@pytest.mark.parametrize("shape", [(16, 12, 1024, 64), (4, 12, 4096, 64), (2, 16, 2048, 128), (1, 4, 1000, 64)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_gpu_flash_native_equals_composed_at_full_size(shape):
-    """The table's plans (Triton and Gluon backwards, the prepared launches on the second call): the native
-    op's output and gradient are the composed path's bit for bit."""
+    """The table's plans (the Triton backward at T <= 1024, the Gluon ones beyond, adding dq by TMA at d = 64;
+    the prepared launches on the second call), the output gradient in the model's (B, T, H, d) layout: the
+    native op's output and the q, k and v parts of its gradient are the composed path's bit for bit."""
     B, H, T, d = shape
+    g = torch.Generator(device="cuda").manual_seed(1)
+    do = torch.randn(B, T, H, d, device="cuda", generator=g).to(torch.bfloat16).transpose(1, 2)
     results = []
     for native in (True, False, True):
         qkv = _qkv(B, T, H, d, torch.bfloat16, device="cuda")
@@ -210,11 +289,21 @@ def test_gpu_flash_native_equals_composed_at_full_size(shape):
             out = kernels.attention_qkv(qkv, H, method="flash")
         else:
             out = kernels.attention(*split_qkv(qkv, H), method="flash")
-        out.backward(torch.ones_like(out))
-        results.append((out.detach(), qkv.grad))
-    for out, grad in results[1:]:
-        assert torch.equal(out, results[0][0]) and torch.equal(grad, results[0][1])
-    assert torch.isfinite(results[0][1]).all()
+        out.backward(do)
+        results.append((out.detach(), split_qkv(qkv.grad, H)))
+    for out, parts in results[1:]:
+        assert torch.equal(out, results[0][0])
+        for name, got, want in zip("qkv", parts, results[0][1]):
+            assert torch.equal(got, want), name
+    assert all(torch.isfinite(p).all() for p in results[0][1])
+
+
+@pytest.mark.gpu
+def test_gpu_gate_at_a_long_runs_width():
+    from harness.gate import check_attention_qkv
+
+    res = check_attention_qkv("flash", 12, 4096, 64, torch.bfloat16, "cuda", checked=1)
+    assert res.passed and res.shape == (1, 4096, 2304), res
 
 
 @needs_flash

@@ -134,7 +134,8 @@ def test_attention_table_in_the_models_layout(tmp_path):
     assert all(r.correct and r.fwd_bwd_tflops for r in rows), rows
     want = {"sdpa": "native, split", "flash": "native (qkv)"}
     assert {r.method: r.provided for r in rows} == {m: want[m] for m in methods}
-    assert "its gradient" in (tmp_path / "attention.md").read_text()
+    assert "its gradient" in (tmp_path / "attention-qkv.md").read_text() and not (tmp_path / "attention.md").exists()
+    assert all(r.layout == "qkv" for r in rows)
     with pytest.raises(ValueError, match="layout 'bhtd' is not accepted: one of separate, qkv"):
         run_attention_bench(methods, [(1, 2, 16, 8)], tmp_path, layout="bhtd")
 

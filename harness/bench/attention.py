@@ -12,7 +12,7 @@ inputs. Each method's output is checked against float64 on one head first; a wro
 ``layout``: "separate" (q, k, v three tensors, their three gradients: the op alone) or "qkv" (as the model
 calls it: one projection output (B, T, 3 H d) and its gradient; a method's native ``attention_qkv`` where it
 has one, else its attention on the split views, whose backward concatenates the three gradients, a copy
-that the TFLOP/s then include).
+that the TFLOP/s then include); its files are attention-qkv.md, .csv and .json.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ class AttentionRow:
     extra_gib: Optional[float] = None
     correct: Optional[bool] = None
     error: str = ""
+    layout: str = "separate"  # separate | qkv (see the module docstring)
 
 
 def default_methods() -> list[str]:
@@ -85,7 +86,7 @@ def measure_attention(method: str, shape: tuple, device: str, rep_ms: int, optio
     prov = m.provides("attention")
     qkv_op = layout == "qkv" and m.provides("attention_qkv") == "native"
     provided = prov if layout == "separate" else "native (qkv)" if qkv_op else f"{prov}, split"
-    row = AttentionRow(label or method, provided, b, h, t, d)
+    row = AttentionRow(label or method, provided, b, h, t, d, layout=layout)
     if prov == "composed" and b * h * t * t * 2 / 2**30 > MAX_SCORES_GIB:
         row.error = f"skipped: the {b}x{h}x{t}x{t} scores would take over {MAX_SCORES_GIB:.0f} GiB"
         return row
@@ -173,8 +174,9 @@ def run_attention_bench(methods: Optional[list[str]], shapes: list[tuple], out: 
                      f"{fmt(r.fwd_bwd_host_us)} | {fmt(r.extra_gib, '.2f')} | {ok} |")
     md = "\n".join(lines) + "\n"
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "attention.md", md)
-    write_rows_csv(rows, out / "attention.csv")
-    write_json(out / "attention.json", {"env": env, "rows": [asdict(r) for r in rows]})
+    stem = "attention" if layout == "separate" else f"attention-{layout}"  # (one layout does not overwrite the other)
+    atomic_write_text(out / f"{stem}.md", md)
+    write_rows_csv(rows, out / f"{stem}.csv")
+    write_json(out / f"{stem}.json", {"env": env, "layout": layout, "rows": [asdict(r) for r in rows]})
     print(md)
     return rows

@@ -272,7 +272,8 @@ def make_linear_cross_entropy(name: str, ce_rows: CeRows, scale_grad_: ScaleGrad
             elif torch.compiler.is_compiling():  # traced: a product Inductor fuses into the gradients' consumers
                 gh, gw = ctx.saved_tensors  # (scaled in place, the saved gradients would first be copied)
                 g = grad_loss.to(torch.float32)
-                gh, gw = (gh * g if need_gh else None), (gw * g if need_gw else None)
+                gh = (gh.float() * g).to(gh.dtype) if need_gh else None  # (fp32 products, as scale_grad_'s)
+                gw = (gw.float() * g).to(gw.dtype) if need_gw else None
             else:
                 if ctx.spent[0]:
                     raise _second_backward(name)

@@ -119,6 +119,7 @@ class _EagerAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, d_out):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = launch_bwd(d_out, q, k, v, out, lse, ctx.scale, ctx.causal)

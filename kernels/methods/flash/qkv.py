@@ -88,6 +88,7 @@ class _EagerAttentionQKV(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, d_out):
         qkv, out, lse = ctx.saved_tensors
         return _backward(d_out, qkv, out, lse, ctx.n_head, ctx.scale, ctx.causal), None, None, None

@@ -235,9 +235,10 @@ def _loss_backward(ctx, grad_output: Tensor):
         return (gh if ctx.needs_input_grad[0] else None), (gw if ctx.needs_input_grad[1] else None), *nones
     if torch.compiler.is_compiling():  # traced: out of place (see the module docstring)
         gh, gw, count = ctx.saved_tensors
-        factor = grad_output / count.clamp(min=1.0) if ctx.divide else grad_output
-        gh = gh * factor if ctx.needs_input_grad[0] else None
-        gw = (gw * factor).to(ctx.weight_dtype) if ctx.needs_input_grad[1] else None
+        factor = (grad_output / count.clamp(min=1.0)).reshape(()) if ctx.divide else grad_output
+        # (products in fp32, as the eager kernels form them, then rounded to each gradient's dtype)
+        gh = (gh.float() * factor).to(gh.dtype) if ctx.needs_input_grad[0] else None
+        gw = (gw.float() * factor).to(ctx.weight_dtype) if ctx.needs_input_grad[1] else None
         return gh, gw, *nones
     if ctx.backward_done:
         raise RuntimeError(SECOND_BACKWARD)
