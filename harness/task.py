@@ -22,6 +22,26 @@ def make_optimizer(
     return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused and bool(decay) and decay[0].is_cuda)
 
 
+def clip_gradients(parameters, max_norm: float, optimizer: torch.optim.Optimizer) -> None:
+    """Scale the gradients so that their total 2-norm is at most ``max_norm``, by clip_grad_norm_'s rule.
+
+    A fused Adam(W) (without a gradient scaler) takes the factor as it reads each gradient: its
+    ``grad_scale``, the tensor torch.amp.GradScaler hands it, divides every gradient in the optimizer's own
+    pass. The clip then costs one pass over the gradients (their norm) instead of two more (read and write
+    each to scale it): in ``gpt2s`` 0.5 GB of fp32 gradients read and written a step, outside any compiled
+    graph. Other optimizers: ``torch.nn.utils.clip_grad_norm_``.
+    """
+    params = [p for p in parameters if p.grad is not None]
+    if not params:
+        return
+    fused = bool(optimizer.defaults.get("fused")) and getattr(optimizer, "_step_supports_amp_scaling", False)
+    if not fused:
+        torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    optimizer.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0)  # (1 / clip_grad_norm_'s factor)
+
+
 def warmup_cosine_lr(step: int, lr: float, warmup: int, total: int, min_ratio: float) -> float:
     """Linear warm-up, then cosine decay to min_ratio * lr. A pure function of the step, so a
     checkpoint taken anywhere resumes with the right learning rate (no scheduler state to lag)."""
@@ -96,7 +116,7 @@ class LanguageModelTask(L.LightningModule):
         # bf16 (no gradient scaler); with fp16 + scaler the optimizer is not fused and Lightning has
         # unscaled the gradients before this hook
         if self.grad_clip:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            clip_gradients(self.model.parameters(), self.grad_clip, getattr(optimizer, "optimizer", optimizer))
 
     def loss_curve(self) -> list[tuple[int, float]]:
         """(step, train loss) for every step of the run, earlier segments of a resumed run included;

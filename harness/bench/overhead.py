@@ -1,6 +1,8 @@
 """``python -m harness.bench overhead``: the harness's training throughput with the ``torch`` method
 against a bare PyTorch loop training the same model the same way (same model code, AdamW fused, bf16
-autocast, gradient clipping, same batches), alternating the two, in the same process."""
+autocast, gradient clipping, same batches), alternating the two, in the same process. The bare loop clips
+as a plain loop does (``clip_grad_norm_``); the harness by the same rule inside the fused AdamW's pass
+(``harness.task.clip_gradients``), which is part of what it measures against."""
 
 from __future__ import annotations
 
