@@ -6,7 +6,8 @@ speedup studies).
   (fewer heads for long rows, at most GATE_SCORES scores: every row length is still checked, and
   the float64 reference of a T = 16384 run's full scores would not fit beside the model);
 * native attention: attention on (1, heads, T, head dim); a native attention_qkv (what the model
-  then calls) too, on the run's (1, T, 3 C) projection (all heads computed, as many checked);
+  then calls) too, on the run's (1, T, 3 C) projection (all heads computed, as many checked, the last
+  among them);
 * the loss: the method's cross-entropy on (rows, vocabulary) logits (linear form: on hidden states
   and a head weight of the model's shapes), 256 rows, one target in eight ignored.
 """
@@ -107,15 +108,18 @@ def check_attention(method: str, shape: tuple, dtype: torch.dtype, device: str, 
 
 def check_attention_qkv(method: str, heads: int, seq_len: int, head_dim: int, dtype: torch.dtype, device: str,
                         checked: Optional[int] = None, seed: int = 0, options: Optional[dict] = None) -> GateResult:
-    """qkv (1, seq_len, 3 heads head_dim), the run's width and layout, causal: the output of the first
-    ``checked`` heads (default all) and the gradient of their q, k and v columns against float64, each part
-    on its own (the output gradient is zero on the other heads, whose gradient columns must then be 0)."""
+    """qkv (1, seq_len, 3 heads head_dim), the run's width and layout, causal: the output of ``checked``
+    heads (default all; else the first ones and the last) and the gradient of their q, k and v columns
+    against float64, each part on its own (the output gradient is zero on the other heads, whose gradient
+    columns must then be 0)."""
     checked = heads if checked is None else checked
+    idx = list(range(checked)) if checked >= heads else [*range(checked - 1), heads - 1]
+    others = [h for h in range(heads) if h not in idx]
     g = torch.Generator().manual_seed(seed)
     shape = (1, seq_len, 3 * heads * head_dim)
     qkv = torch.randn(shape, generator=g).to(device=device, dtype=dtype).requires_grad_(True)
     dout = torch.zeros((1, heads, seq_len, head_dim), dtype=dtype)
-    dout[:, :checked] = torch.randn((1, checked, seq_len, head_dim), generator=g).to(dtype)
+    dout[:, idx] = torch.randn((1, len(idx), seq_len, head_dim), generator=g).to(dtype)
     dout = dout.to(device)
     name = str(dtype).replace("torch.", "")
     try:
@@ -124,13 +128,13 @@ def check_attention_qkv(method: str, heads: int, seq_len: int, head_dim: int, dt
     except Exception as exc:
         return GateResult(method, False, float("nan"), float("nan"), shape, name,
                           f"raised {type(exc).__name__}: {exc}", "attention_qkv")
-    ref_in = [t[:, :checked].detach().to(torch.float64).requires_grad_(True) for t in split_qkv(qkv, heads)]
+    ref_in = [t[:, idx].detach().to(torch.float64).requires_grad_(True) for t in split_qkv(qkv, heads)]
     ref = kernels.reference_attention(*ref_in, causal=True)
-    ref.backward(dout[:, :checked].to(torch.float64))
+    ref.backward(dout[:, idx].to(torch.float64))
     parts = split_qkv(qkv.grad, heads)
-    res = _errors(method, "attention_qkv", shape, name, [out[:, :checked]] + [p[:, :checked] for p in parts],
+    res = _errors(method, "attention_qkv", shape, name, [out[:, idx]] + [p[:, idx] for p in parts],
                   [ref] + [t.grad for t in ref_in], kernels.ATTN_FWD_TOL[dtype], kernels.ATTN_BWD_TOL[dtype])
-    if checked < heads and any(bool(p[:, checked:].count_nonzero()) for p in parts):
+    if others and any(bool(p[:, others].count_nonzero()) for p in parts):
         res.passed = False
         res.reason = "; ".join(filter(None, [res.reason, "nonzero gradient on heads whose output gradient is 0"]))
     return res

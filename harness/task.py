@@ -27,9 +27,11 @@ def clip_gradients(parameters, max_norm: float, optimizer: torch.optim.Optimizer
 
     A fused Adam(W) (without a gradient scaler) takes the factor as it reads each gradient: its
     ``grad_scale``, the tensor torch.amp.GradScaler hands it, divides every gradient in the optimizer's own
-    pass. The clip then costs one pass over the gradients (their norm) instead of two more (read and write
-    each to scale it): in ``gpt2s`` 0.5 GB of fp32 gradients read and written a step, outside any compiled
-    graph. Other optimizers: ``torch.nn.utils.clip_grad_norm_``.
+    pass (which then writes the gradients back, as clip_grad_norm_ leaves them). The clip so reads the
+    gradients once for their norm and once less to scale them: in ``gpt2s`` 0.5 GB of fp32 gradients a step,
+    outside any compiled graph. The factor holds for one step (``LanguageModelTask.on_before_zero_grad``
+    removes it). Other optimizers: ``torch.nn.utils.clip_grad_norm_``. Rounding: a division by the factor's
+    reciprocal, so a clipped step can differ from clip_grad_norm_'s in the last bit.
     """
     params = [p for p in parameters if p.grad is not None]
     if not params:
@@ -38,7 +40,7 @@ def clip_gradients(parameters, max_norm: float, optimizer: torch.optim.Optimizer
     if not fused:
         torch.nn.utils.clip_grad_norm_(params, max_norm)
         return
-    norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params]).float()  # (the fused kernels take fp32 only)
     optimizer.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0)  # (1 / clip_grad_norm_'s factor)
 
 
@@ -117,6 +119,10 @@ class LanguageModelTask(L.LightningModule):
         # unscaled the gradients before this hook
         if self.grad_clip:
             clip_gradients(self.model.parameters(), self.grad_clip, getattr(optimizer, "optimizer", optimizer))
+
+    def on_before_zero_grad(self, optimizer) -> None:
+        # (runs after a step, before the next backward) the clip's factor was that step's alone
+        getattr(optimizer, "optimizer", optimizer).__dict__.pop("grad_scale", None)
 
     def loss_curve(self) -> list[tuple[int, float]]:
         """(step, train loss) for every step of the run, earlier segments of a resumed run included;

@@ -153,7 +153,8 @@ def test_flash_qkv_opcheck_and_fullgraph_compile():
     with plans.override(*SMALL):
         torch.library.opcheck(ops.flash_attention_qkv_fwd.default, (qkv, 2, 0.25, True))
         out, lse = ops.flash_attention_qkv_fwd(qkv, 2, 0.25, True)
-        torch.library.opcheck(ops.flash_attention_qkv_bwd.default, (torch.randn_like(out), qkv, out, lse, 2, 0.25, True))
+        torch.library.opcheck(ops.flash_attention_qkv_bwd.default,
+                              (torch.randn_like(out), qkv, out, lse, 2, 0.25, True))
 
         def f(x):
             return kernels.attention_qkv(x * 1.5, 2, method="flash").float().square().sum()
@@ -179,7 +180,8 @@ def test_model_seam_and_accel_wiring():
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=64, context=24, n_layer=2, n_head=2, n_embd=32)).to(DEVICE)
     applied = apply_accel(model, "flash", patch=["attention"])
-    assert applied.attention_qkv and applied.as_dict()["attention_qkv"] and "attention=native (qkv)" in applied.describe()
+    assert applied.attention_qkv and applied.as_dict()["attention_qkv"]
+    assert "attention=native (qkv)" in applied.describe()
     assert all(a.core.qkv_fn is kernels.bind("flash", "attention_qkv") for a in attention_cores(model))
     assert patched_ops(applied)["attention_qkv"] is kernels.bind("flash", "attention_qkv")
     idx = torch.randint(0, 64, (2, 21), generator=torch.Generator().manual_seed(0)).to(DEVICE)
@@ -256,6 +258,18 @@ def test_gate_checks_the_runs_width_and_the_unchecked_heads():
     finally:
         kernels.unregister(name)
     assert not res.passed and "nonzero gradient on heads" in res.reason, res
+
+    def wrong_last_head(qkv, h, s, c, p):
+        out = kernels.attention(*split_qkv(qkv, h), scale=s, causal=c, method="torch")
+        return torch.cat([out[:, :-1], out[:, -1:] * 1.01], dim=1)
+
+    kernels.register(Method(name=name, summary="x", attention=lambda q, k, v, s, c, p: q,
+                            attention_qkv=wrong_last_head))
+    try:
+        res = check_attention_qkv(name, 3, 9, 8, torch.float32, "cpu", checked=1)  # (one head checked: the last)
+    finally:
+        kernels.unregister(name)
+    assert not res.passed and "forward error" in res.reason, res
 
 
 def test_gate_fails_a_wrong_attention_qkv():
