@@ -171,7 +171,8 @@ if gluon is not None:
             ones = q_bufs  # (unread)
         fence_async_shared()  # (the barriers initialized before any TMA or wait sees them)
         # (each consumer count spells its partition list out: Gluon 3.6 takes the list as a literal of the call and
-        # cannot hold a kernel function in a list variable, so the lists cannot be built in a static_range loop)
+        # cannot hold a kernel function in a list variable, so the lists cannot be built in a static_range loop;
+        # nor can the arguments be shared tuples: a tuple held in a variable passes its constexprs as int32)
         if CONSUMERS == 3:
             gl.warp_specialize(
                 [(_producer, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty,
