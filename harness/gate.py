@@ -5,9 +5,9 @@ speedup studies).
 * attention composed from the method's softmax: the softmax itself on (1, heads, T, T) causal scores
   (fewer heads for long rows, at most GATE_SCORES scores: every row length is still checked, and
   the float64 reference of a T = 16384 run's full scores would not fit beside the model);
-* native attention: attention on (1, heads, T, head dim); a native attention_qkv (what the model
-  then calls) too, on the run's (1, T, 3 C) projection (all heads computed, as many checked, the last
-  among them);
+* native attention: attention on (1, heads, T, head dim); a native attention_qkv, what the model then
+  calls, instead: on the run's (1, T, 3 C) projection (all heads computed, as many checked, the last
+  among them: the same kernels, in the run's layout);
 * the loss: the method's cross-entropy on (rows, vocabulary) logits (linear form: on hidden states
   and a head weight of the model's shapes), 256 rows, one target in eight ignored.
 """
@@ -211,12 +211,12 @@ def run_gate(applied, shapes: RunShapes) -> dict:
     elif applied.attention == "composed":  # the method's own softmax, on the run's scores
         results.append(check_softmax(applied.method, (1, heads, shapes.seq_len, shapes.seq_len), shapes.dtype,
                                      shapes.device, scale=shapes.head_dim ** -0.5, causal=True))
+    elif applied.attention_qkv:  # the op the model calls (the run's width: every head computed, ``heads`` checked)
+        results.append(check_attention_qkv(applied.method, shapes.heads, shapes.seq_len, shapes.head_dim,
+                                           shapes.dtype, shapes.device, checked=heads, options=applied.options))
     elif applied.attention == "native":
         results.append(check_attention(applied.method, (1, heads, shapes.seq_len, shapes.head_dim),
                                        shapes.dtype, shapes.device, options=applied.options))
-        if applied.attention_qkv:  # (the run's width: every head computed, ``heads`` of them checked)
-            results.append(check_attention_qkv(applied.method, shapes.heads, shapes.seq_len, shapes.head_dim,
-                                               shapes.dtype, shapes.device, checked=heads, options=applied.options))
     if applied.loss and not skip["loss"]:
         op = "cross_entropy" if applied.loss_form == "logits" else "linear_cross_entropy"
         results.append(check_loss(applied.loss_from, op, min(shapes.tokens, 256), shapes.vocab, shapes.n_embd,

@@ -347,3 +347,19 @@ def test_breakdown_brackets_the_qkv_op_the_run_calls():
     att = b.parts["attention"]
     assert att.name == "fused attention" and att.fwd_ms > 0 and att.bwd_ms > 0
     assert all(a.core.qkv_fn is counted for a in attention_cores(model))  # restored
+
+
+@needs_flash
+def test_run_gate_checks_the_attention_op_the_run_calls():
+    from harness import gate
+    from harness.accel import Applied
+    from tests.test_flash_attention import SMALL
+    from kernels.methods.flash import plan as plans
+
+    shapes = gate.RunShapes(heads=2, seq_len=16, head_dim=16, vocab=64, n_embd=32, tokens=64,
+                            dtype=torch.float32, device=DEVICE)
+    with plans.override(*SMALL):
+        packed = gate.run_gate(Applied("flash", attention="native", attention_qkv=True), shapes)
+        split = gate.run_gate(Applied("flash", attention="native"), shapes)
+    assert [c["op"] for c in packed["checks"]] == ["attention_qkv"] and packed["shape"] == (1, 16, 96)
+    assert [c["op"] for c in split["checks"]] == ["attention"]
