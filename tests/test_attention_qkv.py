@@ -287,28 +287,41 @@ def test_gate_fails_a_wrong_attention_qkv():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
 @pytest.mark.parametrize("shape", [(16, 12, 1024, 64), (4, 12, 4096, 64), (2, 16, 2048, 128), (1, 4, 1000, 64)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_gpu_flash_native_equals_composed_at_full_size(shape):
+def test_gpu_flash_native_equals_composed_at_full_size(shape, deterministic):
     """The table's plans (the Triton backward at T <= 1024, the Gluon ones beyond, adding dq by TMA at d = 64;
     the prepared launches on the second call), the output gradient in the model's (B, T, H, d) layout: the
-    native op's output and the q, k and v parts of its gradient are the composed path's bit for bit."""
+    native op's output and the q, k and v parts of its gradient are the composed path's bit for bit, except
+    dq where the plan adds it by TMA reductions (their fp32 order varies from run to run, so the bf16 result
+    may differ by a rounding step; under torch.use_deterministic_algorithms the dq pass runs: bit for bit)."""
     B, H, T, d = shape
     g = torch.Generator(device="cuda").manual_seed(1)
     do = torch.randn(B, T, H, d, device="cuda", generator=g).to(torch.bfloat16).transpose(1, 2)
     results = []
-    for native in (True, False, True):
-        qkv = _qkv(B, T, H, d, torch.bfloat16, device="cuda")
-        if native:
-            out = kernels.attention_qkv(qkv, H, method="flash")
-        else:
-            out = kernels.attention(*split_qkv(qkv, H), method="flash")
-        out.backward(do)
-        results.append((out.detach(), split_qkv(qkv.grad, H)))
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        for native in (True, False, True):
+            qkv = _qkv(B, T, H, d, torch.bfloat16, device="cuda")
+            if native:
+                out = kernels.attention_qkv(qkv, H, method="flash")
+            else:
+                out = kernels.attention(*split_qkv(qkv, H), method="flash")
+            out.backward(do)
+            results.append((out.detach(), split_qkv(qkv.grad, H)))
+    finally:
+        torch.use_deterministic_algorithms(before)
+    tma_add = not deterministic and d == 64 and T > 1024  # (the table's dq_mode="tma_add" plans)
     for out, parts in results[1:]:
         assert torch.equal(out, results[0][0])
         for name, got, want in zip("qkv", parts, results[0][1]):
-            assert torch.equal(got, want), name
+            if name == "q" and tma_add:
+                gap = (got.float() - want.float()).abs()
+                assert (gap <= want.float().abs() * 2.0 ** -7 + 1e-6 * want.float().abs().max()).all(), name
+            else:
+                assert torch.equal(got, want), name
     assert all(torch.isfinite(p).all() for p in results[0][1])
 
 
