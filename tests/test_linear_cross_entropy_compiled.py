@@ -4,6 +4,8 @@ does before an in-place scale of a saved tensor), with the eager results."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch._dynamo.backends.common import aot_autograd
@@ -24,11 +26,17 @@ def _compile_recording(fn):
                                                                   bw_compiler=backward)), ops
 
 
+@pytest.mark.parametrize("session_flag", [True, False], ids=["session-flag", "no-session-flag"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
-def test_compiled_backward_scales_out_of_place_with_the_eager_gradients(dtype, reduction):
+def test_compiled_backward_scales_out_of_place_with_the_eager_gradients(dtype, reduction, session_flag,
+                                                                        monkeypatch):
+    """session_flag=False: as torch 2.11 traces (torch.compiler.is_compiling() False in AOTAutograd's trace
+    of the backward; torch 2.13 holds it True for the whole compile session)."""
     if dtype == torch.float16 and DEVICE == "cpu":
         pytest.skip("float16 GEMMs on a CPU")
+    if not session_flag:
+        monkeypatch.setattr(torch.compiler, "_compile_session_context", contextlib.nullcontext, raising=False)
     lin = kernels.bind("triton", "linear_cross_entropy")
 
     def f(h, w, t, k):

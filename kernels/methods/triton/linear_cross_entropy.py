@@ -39,6 +39,7 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake
 
 from kernels import chunking
 from kernels.methods.triton.cross_entropy import SECOND_BACKWARD, triton_cross_entropy_bwd
@@ -226,6 +227,13 @@ def _setup_loss(ctx, inputs, output) -> None:
         ctx.save_for_backward(gh, gw, count)
 
 
+def _traced(grad_output: Tensor) -> bool:
+    """True while torch.compile traces this backward. AOTAutograd traces a custom op's autograd formula
+    outside Dynamo, with fake tensors; torch.compiler.is_compiling() is True there only from torch 2.13
+    (its compile session flag), so the fake gradient says it on torch 2.11 (seen on the GPU image)."""
+    return torch.compiler.is_compiling() or is_fake(grad_output)
+
+
 def _loss_backward(ctx, grad_output: Tensor):
     nones = (None,) * 7
     if ctx.reduction == "none":
@@ -233,7 +241,7 @@ def _loss_backward(ctx, grad_output: Tensor):
         gh, gw = triton_linear_cross_entropy_bwd(hidden, weight, targets, grad_output, ctx.ignore_index,
                                                  ctx.needs_input_grad[0], ctx.needs_input_grad[1])
         return (gh if ctx.needs_input_grad[0] else None), (gw if ctx.needs_input_grad[1] else None), *nones
-    if torch.compiler.is_compiling():  # traced: out of place (see the module docstring)
+    if _traced(grad_output):  # traced: out of place (see the module docstring)
         gh, gw, count = ctx.saved_tensors
         factor = (grad_output / count.clamp(min=1.0)).reshape(()) if ctx.divide else grad_output
         # (products in fp32, as the eager kernels form them, then rounded to each gradient's dtype)
