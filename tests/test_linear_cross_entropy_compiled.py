@@ -54,9 +54,17 @@ def test_compiled_backward_scales_out_of_place_with_the_eager_gradients(dtype, r
     # no in-place scale of a saved tensor (functionalized: auto_functionalized of triton_cross_entropy_bwd)
     assert not any("triton_cross_entropy_bwd" in op or "auto_functionalized" in op for op in ops), ops
     assert torch.allclose(runs[2][0], runs[1][0], rtol=1e-6, atol=0)
-    factor = torch.tensor(1 / 3, dtype=torch.float32)
-    for unscaled, eager, compiled in zip(runs[0][1], runs[1][1], runs[2][1]):
+    # what the backward scales: the forward op's saved gradients (float16: not yet divided by n_valid, and
+    # grad_weight still fp32), each times grad_output (/ n_valid) in fp32 and rounded once to its dtype
+    x = [a.detach().to(dtype) for a in (h, w)]
+    _, count, gh, gw = torch.ops.softmax_harness.triton_linear_cross_entropy_fwd(*x, t, -100, reduction, True, True)
+    factor = torch.tensor(1 / 3, dtype=torch.float32, device=h.device)
+    if reduction == "mean" and dtype == torch.float16:
+        factor = factor / count.clamp(min=1.0).reshape(())
+    for saved, unscaled, eager, compiled in zip((gh, gw), runs[0][1], runs[1][1], runs[2][1]):
         assert compiled.dtype == eager.dtype == dtype
-        assert torch.equal(compiled, (unscaled.float() * factor).to(dtype))  # fp32 products, rounded once
+        if dtype != torch.float16:  # (the op's gradients are those of the run with grad_output 1)
+            assert torch.equal(saved, unscaled)
+        assert torch.equal(compiled, (saved.float() * factor).to(dtype))  # fp32 products, rounded once
         ulp = 1e-6 if dtype == torch.float32 else 2.0 ** -7  # (Triton's interpreter may round otherwise)
         assert torch.allclose(compiled.float(), eager.float(), rtol=ulp, atol=0)
