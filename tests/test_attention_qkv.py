@@ -102,7 +102,6 @@ def test_flash_provides_it_natively():
 @pytest.mark.parametrize("causal", [True, False])
 def test_flash_native_equals_its_composed_path_and_float64(dtype, T, causal):
     from tests.test_flash_attention import SMALL
-    from kernels.methods.flash import plan as plans
 
     with plans.override(*SMALL):
         out, grad, do = _run(_qkv(T=T, dtype=dtype), 2, "flash", causal=causal)
@@ -126,7 +125,6 @@ def test_a_method_with_attention_qkv_alone_is_refused():
 @needs_flash
 def test_flash_second_order_gradients_are_refused_not_dropped():
     from tests.test_flash_attention import SMALL
-    from kernels.methods.flash import plan as plans
 
     for op, args in ((kernels.attention_qkv, lambda x: (x, 2)), (kernels.attention, lambda x: split_qkv(x, 2))):
         qkv = _qkv(B=1, T=5)
@@ -147,7 +145,6 @@ def test_flash_qkv_refuses_dropout():
 @needs_flash
 def test_flash_qkv_opcheck_and_fullgraph_compile():
     from tests.test_flash_attention import SMALL
-    from kernels.methods.flash import plan as plans
 
     qkv = _qkv(B=1, T=20, dtype=torch.float16).detach()
     ops = torch.ops.softmax_harness
@@ -176,7 +173,6 @@ def test_model_seam_and_accel_wiring():
     from harness.gate import check_attention_qkv
     from models import GPT, GPTConfig, attention_cores, set_attention
     from tests.test_flash_attention import SMALL
-    from kernels.methods.flash import plan as plans
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=64, context=24, n_layer=2, n_head=2, n_embd=32)).to(DEVICE)
@@ -209,7 +205,6 @@ def test_model_seam_and_accel_wiring():
 @pytest.mark.parametrize("H,d", [(3, 24), (1, 7)])
 def test_flash_native_with_other_head_dims_and_a_strided_qkv(H, d):
     from tests.test_flash_attention import SMALL
-    from kernels.methods.flash import plan as plans
 
     wide = _qkv(B=2, T=13, H=H, d=2 * d).detach()  # (2, 13, 6 H d): every other column is qkv's
     qkv = wide[..., ::2].requires_grad_(True)
@@ -341,7 +336,6 @@ def test_breakdown_brackets_the_qkv_op_the_run_calls():
     from harness.breakdown import measure
     from models import GPT, GPTConfig, attention_cores
     from tests.test_flash_attention import SMALL
-    from kernels.methods.flash import plan as plans
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=64, context=24, n_layer=2, n_head=2, n_embd=32)).to(DEVICE)
@@ -369,7 +363,6 @@ def test_run_gate_checks_the_attention_op_the_run_calls():
     from harness import gate
     from harness.accel import Applied
     from tests.test_flash_attention import SMALL
-    from kernels.methods.flash import plan as plans
 
     shapes = gate.RunShapes(heads=2, seq_len=16, head_dim=16, vocab=64, n_embd=32, tokens=64,
                             dtype=torch.float32, device=DEVICE)

@@ -11,6 +11,7 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 
 import kernels
+from kernels.methods.triton.cross_entropy_kernels import defers_scale
 from tests.test_cross_entropy import DEVICE, linear_inputs
 
 
@@ -72,11 +73,12 @@ def test_compiled_backward_scales_out_of_place_with_the_eager_gradients(dtype, r
     x = [a.detach().to(dtype) for a in (h, w)]
     _, count, gh, gw = torch.ops.softmax_harness.triton_linear_cross_entropy_fwd(*x, t, -100, reduction, True, True)
     factor = torch.tensor(1 / 3, dtype=torch.float32, device=h.device)
-    if reduction == "mean" and dtype == torch.float16:
+    deferred = reduction == "mean" and defers_scale(dtype)  # (float16: 1 / n_valid applied by the backward)
+    if deferred:
         factor = factor / count.clamp(min=1.0).reshape(())
     for saved, unscaled, eager, compiled in zip((gh, gw), runs[0][1], runs[1][1], runs[2][1]):
         assert compiled.dtype == eager.dtype == dtype
-        if not (dtype == torch.float16 and reduction == "mean"):  # (n_valid divides float16's in the backward)
+        if not deferred:
             assert torch.equal(saved.to(dtype), unscaled)  # the op's gradients: those of the run with grad_output 1
         assert torch.equal(compiled, (saved.float() * factor).to(dtype))  # fp32 products, rounded once
         ulp = 1e-6 if dtype == torch.float32 else 2.0 ** -7  # (Triton's interpreter may round otherwise)
