@@ -383,3 +383,25 @@ def test_warm_then_repeat_calls_once_then_repeat_times():
     calls = []
     warm_then_repeat(lambda: calls.append(1), 3)
     assert len(calls) == 4
+
+
+def test_overhead_bare_loop_compiles_the_model_as_the_harness_does(monkeypatch):
+    """With compile_model the bare loop's model goes through torch.compile with the run's compile_mode, as
+    the harness's does (else the overhead table sets a compiled harness against an eager loop); without it,
+    not at all."""
+    from harness.bench.overhead import bare_loop_tokens_per_s
+    from tests.test_accel_loss_method import compose_cfg
+
+    compiled = []
+
+    def fake_compile(model, mode="default"):
+        compiled.append((type(model).__name__, mode))
+        return model
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    base = ("model=tiny", "trainer=cpu", "data=synthetic", "logger=none")
+    assert bare_loop_tokens_per_s(compose_cfg(*base), steps=1, warmup=1) > 0
+    assert compiled == []
+    cfg = compose_cfg(*base, "compile_model=true", "compile_mode=max-autotune")
+    assert bare_loop_tokens_per_s(cfg, steps=1, warmup=1) > 0
+    assert compiled == [("GPT", "max-autotune")]

@@ -1,8 +1,10 @@
-"""``python -m harness.bench overhead``: the harness's training throughput with the ``torch`` method
-against a bare PyTorch loop training the same model the same way (same model code, AdamW fused, bf16
-autocast, gradient clipping, same batches), alternating the two, in the same process. The bare loop clips
-as a plain loop does (``clip_grad_norm_``); the harness by the same rule inside the fused AdamW's pass
-(``harness.task.clip_gradients``), which is part of what it measures against."""
+"""``python -m harness.bench overhead``: the harness's training throughput with the ``torch`` method (or
+the ``accel=`` override's) against a bare PyTorch loop training the same model the same way (same model
+code and method, AdamW fused, bf16 autocast, gradient clipping, same batches; with ``compile_model=true``
+the same ``torch.compile`` of the whole model, ``compile_mode`` included), alternating the two, in the
+same process. The bare loop clips as a plain loop does (``clip_grad_norm_``); the harness by the same rule
+inside the fused AdamW's pass (``harness.task.clip_gradients``), which is part of what it measures
+against."""
 
 from __future__ import annotations
 
@@ -28,6 +30,9 @@ def bare_loop_tokens_per_s(cfg, steps: int, warmup: int) -> float:
     model = build_model(cfg).to(device)
     vocab = model.config.vocab_size
     accel_applied(model, cfg)
+    # the whole model compiled as LanguageModelTask compiles it (compile time falls in the warm-up steps)
+    fwd = torch.compile(model, mode=cfg.compile_mode) if cfg.compile_model else model
+    cudagraphs = cfg.compile_model and cfg.compile_mode in ("reduce-overhead", "max-autotune")
     opt = make_optimizer(model, cfg.trainer.lr, cfg.trainer.weight_decay, (cfg.trainer.beta1, cfg.trainer.beta2))
     corpus = make_corpus(cfg.data, seq)
     total = steps + warmup
@@ -45,8 +50,10 @@ def bare_loop_tokens_per_s(cfg, steps: int, warmup: int) -> float:
             t0 = time.perf_counter()
         if device == "cuda":
             x, y = x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+        if cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
         with amp:
-            _, loss = model(x, y)
+            _, loss = fwd(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.grad_clip)
         opt.step()
@@ -66,7 +73,7 @@ def run_overhead(overrides: list[str], steps: int, rounds: int, out: Path) -> di
     warmup = 5
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(config_name="config", overrides=[
-            "accel=torch", "data=synthetic", "logger=none", f"trainer.max_steps={steps + warmup}",
+            "model=gpt2s", "accel=torch", "data=synthetic", "logger=none", f"trainer.max_steps={steps + warmup}",
             f"trainer.warmup_steps={warmup}", "trainer.window=10", "trainer.val_every=0", "trainer.val_batches=1",
             *overrides,
         ])
@@ -81,7 +88,8 @@ def run_overhead(overrides: list[str], steps: int, rounds: int, out: Path) -> di
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
         print(f"round {r}: harness {harness_tps[-1]:,.0f} tokens/s, bare loop {bare_tps[-1]:,.0f} tokens/s", flush=True)
     h, b = statistics.median(harness_tps), statistics.median(bare_tps)
-    result = {"env": environment(), "model": cfg.model.name, "accel": cfg.accel.name, "steps": steps,
+    result = {"env": environment(), "model": cfg.model.name, "accel": cfg.accel.name,
+              "compile_model": bool(cfg.compile_model), "compile_mode": cfg.compile_mode, "steps": steps,
               "rounds": rounds, "harness_tokens_per_s": harness_tps, "bare_tokens_per_s": bare_tps,
               "harness_median": h, "bare_median": b, "ratio": h / b}
     write_json(out / "overhead.json", result)
