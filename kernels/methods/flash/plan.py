@@ -253,7 +253,7 @@ TABLE: dict[tuple[int, str, bool], tuple[tuple[int, FwdPlan, BwdPlan], ...]] = {
     # the dq pass first, forming delta (H100: 360.7 against 355.0 with the delta kernel in run AG's sweep, 357.9
     # against 358.3 in run AI's, cuDNN 400.9-402.9; Nsight Compute: 964-969 us of kernels against 994-1005). The
     # dk/dv pass's 2 slots: 3 or 4 read the same on the H100 (365-380, run AP); on the H200 (run AO) the table gives
-    # 373 against cuDNN's 428, and a sweep put 4 slots at 375.7-390.0, not yet read in the table there
+    # 373 against cuDNN's 428, and a sweep read 4 slots at 368.6-390.0 (2: 373.0), not yet read in the table there
     (128, "bfloat16", True): (
         (1 << 30, FwdPlan(block_m=192, block_n=64, num_warps=4, num_stages=3, gluon=1, persistent=True,
                           section_mb=32),
