@@ -44,6 +44,17 @@ def clip_gradients(parameters, max_norm: float, optimizer: torch.optim.Optimizer
     optimizer.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0)  # (1 / clip_grad_norm_'s factor)
 
 
+def whole_model_compiled(model: nn.Module, compile_model: bool, compile_mode: str) -> tuple[nn.Module, bool]:
+    """What a training step calls: the model, or with ``compile_model`` the whole model through torch.compile
+    (after the method was applied, so a Triton/CUDA op sits inside the compiled graph); and whether the mode
+    replays the step from CUDA graphs (reduce-overhead, max-autotune), whose outputs the next replay
+    overwrites: such a loop marks each step (``torch.compiler.cudagraph_mark_step_begin``) and copies out
+    what it keeps."""
+    if not compile_model:
+        return model, False
+    return torch.compile(model, mode=compile_mode), compile_mode in ("reduce-overhead", "max-autotune")
+
+
 def warmup_cosine_lr(step: int, lr: float, warmup: int, total: int, min_ratio: float) -> float:
     """Linear warm-up, then cosine decay to min_ratio * lr. A pure function of the step, so a
     checkpoint taken anywhere resumes with the right learning rate (no scheduler state to lag)."""
@@ -82,11 +93,8 @@ class LanguageModelTask(L.LightningModule):
         self.grad_clip, self.fused_optimizer = grad_clip, fused_optimizer
         # the compiled wrapper shares the model's parameters; kept out of the module tree so the
         # checkpoint holds one copy under the same names either way
-        fwd = torch.compile(model, mode=compile_mode) if compile_model else model
+        fwd, self._cudagraphs = whole_model_compiled(model, compile_model, compile_mode)
         object.__setattr__(self, "_forward_model", fwd)
-        # mode reduce-overhead replays the step from CUDA graphs, whose outputs the next replay
-        # overwrites: each step is marked, and the loss kept for the curve is copied out
-        self._cudagraphs = compile_model and compile_mode in ("reduce-overhead", "max-autotune")
         self._losses: list[torch.Tensor] = []
         self._loss_steps: list[int] = []
         self._earlier_curve: list[tuple[int, float]] = []  # from the checkpoint a resumed run started at

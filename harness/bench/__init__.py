@@ -108,7 +108,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     hp.add_argument("--calls", type=int, default=10, help="calls per timed run (default: %(default)s, as the issue time)")
     hp.add_argument("--top", type=int, default=12, help="events and Python functions listed per row")
     hp.add_argument("--out", default="outputs/bench", type=Path)
-    o = sub.add_parser("overhead", help="harness tokens/s vs a bare PyTorch loop (torch method, or the overrides' accel and compile_model)")
+    o = sub.add_parser("overhead", help="harness tokens/s vs a bare PyTorch loop (torch method, or the overrides' "
+                                         "accel and compile_model)")
     o.add_argument("overrides", nargs="*", default=[], help="Hydra overrides over model=gpt2s accel=torch")
     o.add_argument("--steps", type=int, default=30)
     o.add_argument("--rounds", type=int, default=2)

@@ -22,7 +22,7 @@ def bare_loop_tokens_per_s(cfg, steps: int, warmup: int) -> float:
     """Train the same model the same way as the harness does, with nothing around it."""
     from harness.build import build_model, accel_applied, seq_len
     from harness.data import BatchStream, make_corpus
-    from harness.task import make_optimizer, warmup_cosine_lr
+    from harness.task import make_optimizer, warmup_cosine_lr, whole_model_compiled
 
     torch.manual_seed(cfg.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -30,9 +30,8 @@ def bare_loop_tokens_per_s(cfg, steps: int, warmup: int) -> float:
     model = build_model(cfg).to(device)
     vocab = model.config.vocab_size
     accel_applied(model, cfg)
-    # the whole model compiled as LanguageModelTask compiles it (compile time falls in the warm-up steps)
-    fwd = torch.compile(model, mode=cfg.compile_mode) if cfg.compile_model else model
-    cudagraphs = cfg.compile_model and cfg.compile_mode in ("reduce-overhead", "max-autotune")
+    # compiled as LanguageModelTask compiles it (the compile time falls in the warm-up steps)
+    fwd, cudagraphs = whole_model_compiled(model, cfg.compile_model, cfg.compile_mode)
     opt = make_optimizer(model, cfg.trainer.lr, cfg.trainer.weight_decay, (cfg.trainer.beta1, cfg.trainer.beta2))
     corpus = make_corpus(cfg.data, seq)
     total = steps + warmup
