@@ -111,7 +111,10 @@ def bar_metrics(metrics: dict) -> dict[str, Any]:
 
 
 class HarnessProgressBar(TQDMProgressBar):
-    """Lightning's bar without ``v_num``, with readable throughput figures."""
+    """Lightning's bar without ``v_num``, with readable throughput figures. It reads
+    ``trainer.callback_metrics`` when it refreshes (every ``refresh_rate`` steps), so the harness logs nothing
+    with ``prog_bar=True``: Lightning converts such metrics to Python numbers after every batch, whether a bar
+    shows them or not, a host-device synchronization each step (Lightning-AI/pytorch-lightning#21232)."""
 
     def get_metrics(self, trainer, pl_module) -> dict[str, Any]:
         return bar_metrics(dict(trainer.callback_metrics))

@@ -110,7 +110,9 @@ class LanguageModelTask(L.LightningModule):
         if self._cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
         _, loss = self(x, y)
-        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
+        # (no prog_bar: Lightning turns every prog_bar metric into a Python number after every batch, a
+        # host-device sync a step; HarnessProgressBar reads callback_metrics when it refreshes, once a window)
+        self.log("train/loss", loss, on_step=True, on_epoch=False)
         self._losses.append(loss.detach().clone() if self._cudagraphs else loss.detach())
         self._loss_steps.append(self.global_step)
         return loss
@@ -118,7 +120,7 @@ class LanguageModelTask(L.LightningModule):
     def validation_step(self, batch, batch_idx):
         x, y = batch
         _, loss = self(x, y)
-        self.log("val/loss", loss, prog_bar=True, on_step=False, on_epoch=True, sync_dist=True)
+        self.log("val/loss", loss, on_step=False, on_epoch=True, sync_dist=True)
         return loss
 
     def on_before_optimizer_step(self, optimizer) -> None:

@@ -64,6 +64,23 @@ def test_same_seed_same_losses_and_methods_agree(tmp_path):
     assert max(abs(x - y) for x, y in zip(a["loss_curve"], c["loss_curve"])) < 1e-3
 
 
+def test_no_metric_becomes_a_python_number_every_step(tmp_path, monkeypatch):
+    """Lightning turns every metric logged with prog_bar=True into a Python number after every batch (on a GPU
+    a host-device sync each step); the harness logs none that way, and its bar still shows the loss and the
+    throughput, read from callback_metrics when it refreshes."""
+    from lightning.pytorch.trainer.connectors.logger_connector import result
+
+    from harness import console
+
+    converted, shown = [], []
+    real_convert, real_bar = result.convert_tensors_to_scalars, console.bar_metrics
+    monkeypatch.setattr(result, "convert_tensors_to_scalars", lambda v: (converted.append(v), real_convert(v))[1])
+    monkeypatch.setattr(console, "bar_metrics", lambda m: (shown.append(real_bar(m)), shown[-1])[1])
+    run_training(compose_cfg(*QUICK, "logger=none"), tmp_path)
+    assert converted == []
+    assert any("loss" in b and "tok/s" in b for b in shown), shown
+
+
 def test_csv_logger(tmp_path):
     run_training(compose_cfg(*QUICK, "logger=csv"), tmp_path)
     text = (tmp_path / "csv" / "metrics.csv").read_text()
