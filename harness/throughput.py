@@ -192,7 +192,7 @@ class ThroughputMonitor(Callback):
         if self._cuda:
             metrics["train/peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
         for k, v in metrics.items():
-            pl_module.log(k, v, rank_zero_only=True)  # (the bar shows them from callback_metrics: no prog_bar)
+            pl_module.log(k, v, rank_zero_only=True)  # (no prog_bar=True: see harness.console.HarnessProgressBar)
 
     # -- Lightning hooks -------------------------------------------------------------------------
     def on_train_start(self, trainer, pl_module) -> None:
