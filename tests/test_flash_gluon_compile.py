@@ -181,7 +181,7 @@ def test_gluon_dkdv_adding_dq_compiles_for_sm90_with_ordered_reductions():
     more wait for the reductions, where the consumers end. At d = 128 (which spills) turns and the split between
     the consumers (``dq_split``, the last case): each one's dq product half as wide (wgmma n = d / 2), both
     handing the ds^T slots back (their barriers count two, as the ds^T's own do). (How much each spills
-    depends on the Triton: 64 bytes split against 120 by turns with 3.6, causal; 184 against 168 with 3.9.)"""
+    depends on the Triton: 48 bytes split against 96 by turns with 3.6, causal; 48 and 48 with 3.9.)"""
     from tests.compiled_report import compile_cases
 
     if fwd_gluon.GLUON_ERROR:

@@ -155,7 +155,11 @@ if gluon is not None:
         from ds_bufs to desc_dqa are DQ's buffers, barriers and descriptor, not read without it). Per query
         tile: s^T, then p^T and dv's product with dp^T, then ds^T and dk's product, each waited for at once;
         with OVERLAP dp^T is issued with s^T and each wait is for the product needed next (p^T's exponentials
-        run under dp^T, ds^T under dv's product)."""
+        run under dp^T, ds^T under dv's product). delta is loaded as the tile starts in a compact layout and
+        spread over the accumulator's columns (16 values a thread) only where ds^T needs it: held spread, its 16
+        registers beside dk's, dv's, s^T's and dp^T's made the d = 128 pass spill 56 bytes a thread (80 with the
+        overlap), reloaded every tile; spread late, 8 bytes either way, outside the loop (compile_check,
+        Triton 3.6)."""
         dtype: gl.constexpr = k_bufs.dtype
         s_layout: gl.constexpr = mma_layout(BLOCK_M)  # keys x queries
         o_layout: gl.constexpr = mma_layout(D)  # keys x d
@@ -164,6 +168,7 @@ if gluon is not None:
         col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
+        compact: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # (a query tile's values, one a thread)
 
         k0 = n0 + C * BLOCK_N
         off = TK - TQ
@@ -187,9 +192,12 @@ if gluon is not None:
             s = j % STAGES
             m0 = lo + j * BLOCK_M
             offs_m = m0 + gl.arange(0, BLOCK_M, layout=col_s)
-            # (lse and delta do not wait for the slot: their loads are in flight while it fills)
+            # (lse and delta do not wait for the slot: their loads are in flight while it fills; delta, needed only
+            # after dp^T, waits one value a thread, not the 16 of the queries a thread's accumulator columns hold
+            # (``_consumer``))
             lse2 = gl.load(LSE + row + offs_m, mask=offs_m < TQ, other=float("inf")) * 1.4426950408889634
-            delta = gl.load(DELTA + row + offs_m, mask=offs_m < TQ, other=0.0)
+            offs_c = m0 + gl.arange(0, BLOCK_M, layout=compact)
+            delta_c = gl.load(DELTA + row + offs_c, mask=offs_c < TQ, other=0.0)
             mbarrier.wait(ready.index(s), (j // STAGES) & 1)
             if DQ:  # this tile's ds^T slot: free once the dq turn (or with DQ_SPLIT both shares) of tile j - 2 read it
                 mbarrier.wait(ds_empty.index(j % 2), ((j // 2) & 1) ^ 1)
@@ -205,6 +213,7 @@ if gluon is not None:
                     pt_op = gl.convert_layout(pt.to(dtype), a_layout)
                     dv_f = warpgroup_mma(pt_op, do, dv, is_async=True)
                     dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt_f,))  # (issued before dv's: done first)
+                    delta = gl.convert_layout(delta_c, col_s)
                     dst = pt * (dpt - delta[None, :])
                     dst_op = gl.convert_layout(dst.to(dtype), a_layout)
                     dk_f = warpgroup_mma(dst_op, q, dk, is_async=True)
@@ -216,6 +225,7 @@ if gluon is not None:
                     dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do, dv, is_async=True)
                     dpt = warpgroup_mma(v, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)
                     dv, dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dpt))
+                    delta = gl.convert_layout(delta_c, col_s)
                     dst = pt * (dpt - delta[None, :])
                     dk = warpgroup_mma(gl.convert_layout(dst.to(dtype), a_layout), q, dk, is_async=True)
                     dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
