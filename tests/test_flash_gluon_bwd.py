@@ -77,6 +77,13 @@ def test_gluon_backward_plan_limits():
     assert "dk/dv kernel" in bwd_gluon.budget_reason(128, dataclasses.replace(GLUON_BWD2, num_stages=6))
     assert fwd_gluon.budget_reason(128, 128, 3) is None and "shared memory" in fwd_gluon.budget_reason(128, 128, 4)
     assert bwd_gluon.shared_bytes(128, 64, 5) <= fwd_gluon.SHARED_LIMIT < bwd_gluon.shared_bytes(128, 64, 6)
+    # the programs' LPT order: MB of streamed tiles a section of heads holds, the Gluon passes' only
+    assert all(dataclasses.replace(p, lpt_mb=16).lpt_mb == 16 for p in (GLUON_BWD, GLUON_BWD2, GLUON_BWD_ADD))
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="an int >= 0"):
+            dataclasses.replace(GLUON_BWD2, lpt_mb=bad)
+    with pytest.raises(ValueError, match="lpt_mb > 0. orders the Gluon passes"):
+        plans.BwdPlan(lpt_mb=16)
 
 
 _GPU_BWD_PLANS = [(1, 64, 2, 64, 2, "pass", False), (1, 32, 3, 64, 2, "pass", True), (2, 64, 2, 128, 2, "pass", False),
@@ -194,7 +201,7 @@ def test_launch_bwd_wires_the_gluon_dkdv_adding_dq(monkeypatch, deterministic, s
     given, splits = [], []
 
     def fake_dkdv(do_, q_, k_, v_, lse, delta, dk, dv, scale_, causal, block_n, block_m, stages, dq_acc=None,
-                  overlap=False, dq_split=False):
+                  overlap=False, dq_split=False, lpt_mb=0):
         given.append(dq_acc)
         splits.append(dq_split)
         dk.copy_(ref_in[1].grad)
@@ -249,3 +256,62 @@ def test_gluon_dkdv_after_the_dq_pass_that_forms_delta(monkeypatch, gluon, d):
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         atol = 1e-2 * w.abs().max().item()
         torch.testing.assert_close(g, w, atol=atol, rtol=1e-2, msg=lambda m: f"{name}: {m}\n{where(g, w, atol, 1e-2)}")
+
+
+def test_the_backward_passes_start_in_lpt_sections_of_lpt_mb(monkeypatch):
+    """``lpt_heads``: as many heads as have the tiles a pass streams (rows x (d + dv) x 2 bytes each: the dk/dv
+    pass's q and do, the dq pass's k and v) within lpt_mb MB, at least one, at most every head; 0 is one (head by
+    head). Both Gluon passes get the count (n_sec) and LPT from the plan, each of its own tensors' rows."""
+    assert bwd_gluon.lpt_heads(0, 2048, 128, 128, 2, 128) == 1
+    assert bwd_gluon.lpt_heads(32, 2048, 128, 128, 2, 128) == 32  # (1 MB a head)
+    assert bwd_gluon.lpt_heads(32, 4096, 64, 64, 2, 48) == 32
+    assert bwd_gluon.lpt_heads(1, 8192, 128, 128, 2, 12) == 1  # (4 MB a head: still one)
+    assert bwd_gluon.lpt_heads(64, 100, 64, 64, 2, 6) == 6  # (never more than there are)
+    if bwd_gluon.GLUON_ERROR:
+        pytest.skip(bwd_gluon.GLUON_ERROR)
+    from kernels.methods.triton import fastlaunch
+
+    seen = []
+    monkeypatch.setattr(fastlaunch, "launch", lambda kernel, grid, args, meta, device=None: seen.append(
+        (getattr(kernel, "fn", kernel).__name__, grid, args, meta)))
+    monkeypatch.setattr(gluon_common, "supported", lambda *t: None)
+    monkeypatch.setattr(bwd, "tma_eligible", lambda *t: True)
+    q = torch.zeros(1, 6, 2048, 64, dtype=torch.bfloat16)  # (512 KB of q and do, or of k and v, a head)
+    k = torch.zeros(1, 6, 4096, 64, dtype=torch.bfloat16)  # (1 MB of k and v a head: the dq pass's sections)
+    lse = torch.zeros(1, 6, 2048)
+    for mb, dkdv_heads, dq_heads in ((0, 1, 1), (1, 2, 1), (2, 4, 2), (64, 6, 6)):
+        seen.clear()
+        launch_bwd(torch.zeros_like(q), q, k, k, torch.zeros_like(q), lse, 0.125, True,
+                   dataclasses.replace(GLUON_BWD2, lpt_mb=mb))
+        (dq_name, dq_grid, dq_args, dq_meta), = [c for c in seen if c[0] == "_dq_ws_kernel"]
+        (_, kv_grid, kv_args, kv_meta), = [c for c in seen if c[0] == "_dkdv_ws_kernel"]
+        assert kv_meta["LPT"] == dq_meta["LPT"] == (mb > 0) and kv_grid == (4096 // 128, 6, 1)
+        assert dq_grid == (2048 // 128, 6, 1)
+        assert kv_args[-2] == dkdv_heads and dq_args[-1] == dq_heads  # (n_sec: after scale)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("mode", ["pass", "tma_add"])
+def test_gluon_backward_in_lpt_sections_matches_head_by_head(d, causal, mode):
+    """BwdPlan.lpt_mb only changes the order the programs start in: 2 MB sections of 4 heads of 6 (the last one
+    of 2; 512 KB of streamed tiles a head at d = 64) and of 2 heads at d = 128 (1 MB a head) give dk and dv
+    (and the dq pass's dq) bit for bit as head by head, causal and not; a program skipped or taken twice would
+    not (dq added by TMA reductions sums in a varying order: to its tolerance)."""
+    if mode == "tma_add" and d == 128:
+        pytest.skip("the d = 128 plans take the dq pass")
+    q, k, v = (t.detach() for t in make_qkv(2, 3, 2048, 2048, d, torch.bfloat16, layout="bthd", device="cuda"))
+    _need_gluon(q, k, v)
+    scale = d ** -0.5
+    out, lse = launch_fwd(q, k, v, scale, causal, plans.FwdPlan(block_m=64, block_n=64))
+    do = torch.randn_like(out)
+    base = GLUON_BWD_ADD if mode == "tma_add" else dataclasses.replace(GLUON_BWD2, delta_in_dq=d == 128)
+    want = launch_bwd(do, q, k, v, out, lse, scale, causal, base)
+    got = launch_bwd(do, q, k, v, out, lse, scale, causal, dataclasses.replace(base, lpt_mb=2))
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        if name == "dq" and mode == "tma_add":
+            atol = 1e-2 * w.abs().max().item()
+            torch.testing.assert_close(g, w, atol=atol, rtol=1e-2)
+        else:
+            assert torch.equal(g, w), f"{name}: {where(g, w, 0, 0)}"

@@ -145,7 +145,7 @@ for case in sys.argv[1:]:
     sig = {"desc_k": desc(64), "desc_v": desc(64), "desc_q": desc(BM), "desc_do": desc(BM), "LSE": "*fp32",
            "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16", "s_dkb": "i32", "s_dkh": "i32", "s_dkn": "i32",
            "s_dvb": "i32", "s_dvh": "i32", "s_dvn": "i32", "H": "i32", "TQ": "i32", "TK": "i32", "qk_scale": "fp32",
-           "scale": "fp32",
+           "scale": "fp32", "n_sec": "i32",
            "desc_dqa": (f"tensordesc<fp32[1,1,{BM},{DQ_COLS}],"
                         f"{gl.NVMMASharedLayout.get_default_for([1, 1, BM, DQ_COLS], gl.float32)}>" if dq else desc(64)),
            **{k: "constexpr" for k in const}}
@@ -268,7 +268,7 @@ for case in sys.argv[1:]:
     sig = {"desc_q": desc(64), "desc_do": desc(64), "desc_k": desc(BN), "desc_v": desc(BN), "LSE": "*fp32",
            "DELTA": "*fp32", "DQ": "*bf16", "s_dqb": "i32", "s_dqh": "i32", "s_dqm": "i32", "s_dqd": "constexpr",
            "O": "*bf16", "s_ob": "i32", "s_oh": "i32", "s_om": "i32", "H": "i32", "TQ": "i32", "TK": "i32",
-           "qk_scale": "fp32", "scale": "fp32", **{k: "constexpr" for k in const}}
+           "qk_scale": "fp32", "scale": "fp32", "n_sec": "i32", **{k: "constexpr" for k in const}}
     src = GluonASTSource(fn=G._dq_ws_kernel, signature=sig, constexprs=const,
                          attrs={(i,): [["tt.divisibility", 16]] for i in (4, 5, 6, 7, 8, 9, 11, 12, 13, 14)})
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})

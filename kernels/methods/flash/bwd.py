@@ -386,14 +386,15 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
             launch(n_q, 0, False, True, plan.dq_warps, plan.dq_stages)
         elif delta_in_dq:
             bwd_gluon.launch_dq(do, q, k, v, lse, delta, dq, scale, causal, plan.block_m2, plan.block_n2,
-                                plan.dq_stages, out)
+                                plan.dq_stages, out, lpt_mb=plan.lpt_mb)
         bwd_gluon.launch_dkdv(do, q, k, v, lse, delta, dk, dv, scale, causal, plan.block_n1, plan.block_m1,
-                              plan.num_stages, dq_acc, overlap=plan.overlap, dq_split=plan.dq_split and add_dq)
+                              plan.num_stages, dq_acc, overlap=plan.overlap, dq_split=plan.dq_split and add_dq,
+                              lpt_mb=plan.lpt_mb)
         if add_dq:
             dq.copy_(dq_acc)
         elif plan.gluon == 2 and not delta_in_dq:
             bwd_gluon.launch_dq(do, q, k, v, lse, delta, dq, scale, causal, plan.block_m2, plan.block_n2,
-                                plan.dq_stages)
+                                plan.dq_stages, lpt_mb=plan.lpt_mb)
         elif not delta_in_dq:
             launch(n_q, 0, False, True, plan.dq_warps, plan.dq_stages)
         return dq, dk, dv

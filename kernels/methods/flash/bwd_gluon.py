@@ -32,6 +32,12 @@ consumer warpgroups have read them.
   forward), ds = p * (dp - delta), dq += ds k. With ``delta_in_dq`` each consumer first forms its rows'
   delta = rowsum(o * do) (o read by pointers, do from its fixed tile) and stores it for the dk/dv pass.
 
+Both passes' programs start heaviest first, head by head, or (``BwdPlan.lpt_mb``, ``_lpt_program``) in sections of
+heads whose streamed tiles fit in L2, every head's heaviest block of a section first: FA3's LPT order, where the grid's
+last programs are its lightest, not the last head's lightest after its heaviest. Run AQ (H100), forward + backward at
+(4, 12, 4096, 64): 32 MB sections 339 -> 347-349 TFLOP/s, 16 MB with the overlap 358-359 against the overlap alone
+350-352 (+2-3%, where a model of the grid's last wave predicted up to 9%); at (8, 16, 2048, 128) they lost 2-5%.
+
 Rows past Tq get lse = +inf (p = 0). dk, dv, dq (dk and dq times scale) go out in the tensors' own
 strides (the (B, T, H, d) memory layout). Takes what the Gluon forward takes (``gluon_common.supported``):
 capability 9.0, 16-bit, d = dv in {64, 128}, inputs TMA can read; plus do.
@@ -43,14 +49,15 @@ from typing import Optional
 
 import torch
 
-from kernels.methods.flash.gluon_common import (GLUON_ERROR, SHARED_LIMIT, _descriptor, _key_range, _mask_tile,
-                                             _query_program, _ring_barriers, _tma_load, fence_async_shared, gl, gluon,
-                                             mbarrier, mma_layout, operand_layout, row_layout, tma, warpgroup_mma,
-                                             warpgroup_mma_wait)
+from kernels.methods.flash.fwd_gluon import section_heads
+from kernels.methods.flash.gluon_common import (GLUON_ERROR, SHARED_LIMIT, _descriptor, _key_range, _lpt_program,
+                                             _mask_tile, _query_program, _ring_barriers, _tma_load,
+                                             fence_async_shared, gl, gluon, mbarrier, mma_layout, operand_layout,
+                                             row_layout, tma, warpgroup_mma, warpgroup_mma_wait)
 from kernels.methods.flash.tiles import LOG2E
 from kernels.methods.triton import fastlaunch
 
-__all__ = ["GLUON_ERROR", "budget_reason", "launch_dkdv", "launch_dq", "shared_bytes"]
+__all__ = ["GLUON_ERROR", "budget_reason", "launch_dkdv", "launch_dq", "lpt_heads", "shared_bytes"]
 
 
 def shared_bytes(d: int, tile_rows: int, stages: int, dq: bool = False, dq_split: bool = False) -> int:
@@ -60,6 +67,13 @@ def shared_bytes(d: int, tile_rows: int, stages: int, dq: bool = False, dq_split
     each consumer's fp32 dq tile (tile_rows x d, or x d / 2 with dq_split) for its TMA reductions."""
     extra = 2 * 2 * 64 * tile_rows * 2 + 2 * tile_rows * (d // 2 if dq_split else d) * 4 if dq else 0
     return 2 * 2 * 64 * d * 2 + stages * 2 * tile_rows * d * 2 + extra + 1024
+
+
+def lpt_heads(lpt_mb: int, rows: int, d: int, dv: int, itemsize: int, n_bh: int) -> int:
+    """Heads a section of a pass's LPT program order holds (``BwdPlan.lpt_mb``, ``_lpt_program``): as many as have
+    the tiles the pass streams (rows x (d + dv) values: the dk/dv pass's q and do, the dq pass's k and v) within
+    lpt_mb MB, at least one, at most n_bh; lpt_mb = 0: one (head by head, each head's heaviest blocks first)."""
+    return 1 if lpt_mb == 0 else section_heads(lpt_mb, rows, d, dv, itemsize, n_bh)
 
 
 def _over_budget(what: str, d: int, tile_rows: int, stages: int, dq: bool = False,
@@ -150,7 +164,8 @@ if gluon is not None:
                   s_dkb, s_dkh, s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, b, h, H, n0, lo, n_tiles, TQ, TK,
                   qk_scale, scale, ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, C: gl.constexpr,
                   BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-                  CAUSAL: gl.constexpr, DQ: gl.constexpr, OVERLAP: gl.constexpr, DQ_SPLIT: gl.constexpr):
+                  CAUSAL: gl.constexpr, DQ: gl.constexpr, OVERLAP: gl.constexpr, DQ_SPLIT: gl.constexpr, n_sec,
+                  LPT: gl.constexpr):
         """dk and dv of this consumer's BLOCK_N keys; with DQ also dq's shares (``_dq_turn``; the arguments
         from ds_bufs to desc_dqa are DQ's buffers, barriers and descriptor, not read without it). Per query
         tile: s^T, then p^T and dv's product with dp^T, then ds^T and dk's product, each waited for at once;
@@ -235,6 +250,8 @@ if gluon is not None:
                          BLOCK_N, BLOCK_M, D, DQ_SPLIT)
         if DQ:  # (the last reduction reads its shared tile before the program ends)
             tma.store_wait(0)
+        if not DQ:  # (b and h again, from the program's place: not held across the loop, where nothing reads them)
+            b, h, _ = _lpt_program(n_sec, H, LPT)
         rows = k0 + gl.arange(0, BLOCK_N, layout=row_o)
         cols = gl.arange(0, D, layout=col_o)
         keep = rows[:, None] < TK
@@ -290,17 +307,17 @@ if gluon is not None:
 
     @gluon.jit
     def _dkdv_ws_kernel(desc_k, desc_v, desc_q, desc_do, LSE, DELTA, DK, DV,
-                        s_dkb, s_dkh, s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, H, TQ, TK, qk_scale, scale, desc_dqa,
-                        BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+                        s_dkb, s_dkh, s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, H, TQ, TK, qk_scale, scale, n_sec,
+                        desc_dqa, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
                         CAUSAL: gl.constexpr, DQ: gl.constexpr, OVERLAP: gl.constexpr = False,
-                        DQ_SPLIT: gl.constexpr = False):
+                        DQ_SPLIT: gl.constexpr = False, LPT: gl.constexpr = False):
         """One program: 2 x BLOCK_N keys of (batch, head); see the module docstring. DQ: dq's shares too,
         added into the fp32 (B, H, Tq, D) rows desc_dqa describes (boxes of BLOCK_M x D, or BLOCK_M x D / 2
         with DQ_SPLIT: each consumer half the columns, ``_dq_turn``); without it desc_dqa is not read.
-        OVERLAP: see ``_consumer``."""
-        n0 = gl.program_id(0) * (2 * BLOCK_N)
-        h = gl.program_id(1)
-        b = gl.program_id(2)
+        OVERLAP: see ``_consumer``. The programs start heaviest first (the first keys see the most queries when
+        causal), with LPT in sections of n_sec heads (``_lpt_program``)."""
+        b, h, blk = _lpt_program(n_sec, H, LPT)
+        n0 = blk * (2 * BLOCK_N)
         if CAUSAL:  # the first query tile any of the program's keys is seen from
             lo = gl.maximum(n0 - (TK - TQ), 0) // BLOCK_M * BLOCK_M
         else:
@@ -326,11 +343,11 @@ if gluon is not None:
              (_consumer, (k_bufs, v_bufs, q_bufs, do_bufs, kv_bar, ready, empty, LSE, DELTA, DK, DV, s_dkb, s_dkh,
                           s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, b, h, H, n0, lo, n_tiles, TQ, TK, qk_scale, scale,
                           ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, 0, BLOCK_N, BLOCK_M, D, STAGES, CAUSAL, DQ,
-                          OVERLAP, DQ_SPLIT)),
+                          OVERLAP, DQ_SPLIT, n_sec, LPT)),
              (_consumer, (k_bufs, v_bufs, q_bufs, do_bufs, kv_bar, ready, empty, LSE, DELTA, DK, DV, s_dkb, s_dkh,
                           s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, b, h, H, n0, lo, n_tiles, TQ, TK, qk_scale, scale,
                           ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, 1, BLOCK_N, BLOCK_M, D, STAGES, CAUSAL, DQ,
-                          OVERLAP, DQ_SPLIT))],
+                          OVERLAP, DQ_SPLIT, n_sec, LPT))],
             [4, 4], [240, 240])
 
     @gluon.jit
@@ -392,12 +409,13 @@ if gluon is not None:
 
     @gluon.jit
     def _dq_ws_kernel(desc_q, desc_do, desc_k, desc_v, LSE, DELTA, DQ, s_dqb, s_dqh, s_dqm, s_dqd, O, s_ob, s_oh,
-                      s_om, s_od, H, TQ, TK, qk_scale, scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                      D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, DELTA_IN_DQ: gl.constexpr):
+                      s_om, s_od, H, TQ, TK, qk_scale, scale, n_sec, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, DELTA_IN_DQ: gl.constexpr,
+                      LPT: gl.constexpr = False):
         """One program: dq of 2 x BLOCK_M queries of (batch, head); the producer loads q and do once per
-        consumer and streams the k and v tiles up to the program's last visible key, heaviest first.
-        DELTA_IN_DQ: the consumers form delta from O (see ``_dq_consumer``)."""
-        b, h, m0, n_tiles = _query_program(TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
+        consumer and streams the k and v tiles up to the program's last visible key, heaviest first (with LPT in
+        sections of n_sec heads, ``_lpt_program``). DELTA_IN_DQ: the consumers form delta from O (see ``_dq_consumer``)."""
+        b, h, m0, n_tiles = _query_program(TQ, TK, n_sec, H, BLOCK_M, BLOCK_N, CAUSAL, LPT)
         q_bufs, do_bufs, k_bufs, v_bufs, qd_bar, ready, empty = _pass_buffers(desc_q, desc_do, desc_k, desc_v, STAGES)
         fence_async_shared()
         gl.warp_specialize(
@@ -414,11 +432,12 @@ if gluon is not None:
 
 def launch_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
               delta: torch.Tensor, dq: torch.Tensor, scale: float, causal: bool, block_m: int, block_n: int,
-              stages: int, out: Optional[torch.Tensor] = None) -> None:
+              stages: int, out: Optional[torch.Tensor] = None, lpt_mb: int = 0) -> None:
     """dq (allocated by the caller, any strides) for inputs ``gluon_common.supported`` takes and do; block_m:
     queries per program (two consumers of block_m / 2), block_n: keys per tile, stages: ring slots. out: the
     forward's output (any strides), to form delta = rowsum(out * do) into ``delta`` here (then no delta
-    kernel, and the dk/dv pass after this one); None: ``delta`` holds it already."""
+    kernel, and the dk/dv pass after this one); None: ``delta`` holds it already. lpt_mb: the programs' order
+    (``lpt_heads``: sections of heads whose k and v take at most that many MB; 0 head by head)."""
     B, H, TQ, D = q.shape
     TK = k.shape[2]
     if block_m != 128 or block_n not in (64, 128):
@@ -432,20 +451,22 @@ def launch_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     fastlaunch.launch(
         _dq_ws_kernel, (-(-TQ // block_m), H, B),
         (_descriptor(q, half), _descriptor(do, half), _descriptor(k, block_n), _descriptor(v, block_n), lse, delta,
-         dq, *dq.stride(), o, *o.stride(), H, TQ, TK, scale * LOG2E, scale),
+         dq, *dq.stride(), o, *o.stride(), H, TQ, TK, scale * LOG2E, scale,
+         lpt_heads(lpt_mb, TK, D, v.shape[-1], k.element_size(), B * H)),
         dict(BLOCK_M=half, BLOCK_N=block_n, D=D, STAGES=stages, CAUSAL=causal, DELTA_IN_DQ=out is not None,
-             num_warps=4))
+             LPT=lpt_mb > 0, num_warps=4))
 
 
 def launch_dkdv(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
                 delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, scale: float, causal: bool, block_n: int,
                 block_m: int, stages: int, dq_acc: Optional[torch.Tensor] = None, overlap: bool = False,
-                dq_split: bool = False) -> None:
+                dq_split: bool = False, lpt_mb: int = 0) -> None:
     """dk and dv (allocated by the caller, any strides) for inputs ``gluon_common.supported`` takes and do;
     block_n: keys per program (two consumers of block_n / 2), block_m: queries per tile, stages: slots.
     dq_acc: a zeroed contiguous fp32 (B, H, Tq, d) tensor to add dq * scale into (dq by TMA reductions,
     64-query tiles), or None (no dq). overlap: each product waited for only where needed next (``_consumer``).
-    dq_split: with dq_acc, both consumers add half of dq's columns every tile (``_dq_turn``)."""
+    dq_split: with dq_acc, both consumers add half of dq's columns every tile (``_dq_turn``). lpt_mb: the
+    programs' order (``lpt_heads``: sections of heads whose q and do take at most that many MB; 0 head by head)."""
     B, H, TQ, D = q.shape
     TK = k.shape[2]
     if block_n != 128 or block_m not in (32, 64):
@@ -468,6 +489,7 @@ def launch_dkdv(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         _dkdv_ws_kernel, (-(-TK // block_n), H, B),
         (desc_k, _descriptor(v, half), _descriptor(q, block_m), _descriptor(do, block_m), lse, delta,
          dk, dv, *dk.stride(), *dv.stride(), H, TQ, TK, scale * LOG2E, scale,
+         lpt_heads(lpt_mb, TQ, D, do.shape[-1], q.element_size(), B * H),
          desc_k if dq_acc is None else _descriptor(dq_acc, block_m, D // 2 if dq_split else D)),
         dict(BLOCK_N=half, BLOCK_M=block_m, D=D, STAGES=stages, CAUSAL=causal, DQ=dq_acc is not None, OVERLAP=overlap,
-             DQ_SPLIT=dq_split, num_warps=4))
+             DQ_SPLIT=dq_split, LPT=lpt_mb > 0, num_warps=4))

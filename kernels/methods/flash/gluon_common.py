@@ -42,7 +42,8 @@ SHARED_LIMIT = 227 * 1024  # shared memory one program may opt in to on sm_90
 
 
 # (defined below where Gluon is)
-mma_layout = operand_layout = row_layout = _key_range = _query_program = _ring_barriers = _mask_tile = None
+mma_layout = operand_layout = row_layout = _key_range = _lpt_program = _query_program = _ring_barriers = None
+_mask_tile = None
 
 if gluon is not None:
 
@@ -80,12 +81,32 @@ if gluon is not None:
         return hi, full
 
     @gluon.jit
-    def _query_program(TQ, TK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    def _lpt_program(n_sec, H, LPT: gl.constexpr):
+        """(b, h, rank) of this program of a grid (blocks, H, B), rank 0 a head's heaviest block: the programs start
+        (in the order of their linear index) in sections of n_sec heads, in a section every head's heaviest block,
+        then every head's next, ..., the last section maybe smaller (FA3's LPT order: the lightest programs start
+        last, so the grid's last wave is short, while the tiles they stream are a section's, sized to stay in L2);
+        without LPT (or n_sec = 1), head by head: (program_id(2), program_id(1), program_id(0)), which the compiler
+        may read again rather than keep (the sections' divisions cost the d = 128 dk/dv pass 32 bytes more of
+        spill)."""
+        if not LPT:
+            return gl.program_id(2), gl.program_id(1), gl.program_id(0)
+        n_blk = gl.num_programs(0)
+        n_bh = gl.num_programs(1) * gl.num_programs(2)
+        t = gl.program_id(0) + n_blk * (gl.program_id(1) + gl.num_programs(1) * gl.program_id(2))
+        sec = t // (n_sec * n_blk)
+        j = t - sec * (n_sec * n_blk)
+        heads = gl.minimum(n_sec, n_bh - sec * n_sec)
+        bh = sec * n_sec + j % heads
+        return bh // H, bh % H, j // heads
+
+    @gluon.jit
+    def _query_program(TQ, TK, n_sec, H, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                       LPT: gl.constexpr):
         """A program over 2 x BLOCK_M queries of (batch, head), heaviest first when causal (the last query
-        blocks see the most keys): (b, h, its first query m0, the key tiles up to its last visible key)."""
-        pid_m = gl.program_id(0)
-        h = gl.program_id(1)
-        b = gl.program_id(2)
+        blocks see the most keys; across sections of n_sec heads, ``_lpt_program``): (b, h, its first query m0,
+        the key tiles up to its last visible key)."""
+        b, h, pid_m = _lpt_program(n_sec, H, LPT)
         if CAUSAL:
             pid_m = gl.num_programs(0) - 1 - pid_m
         m0 = pid_m * (2 * BLOCK_M)

@@ -137,6 +137,10 @@ class BwdPlan:
     one_loop: bool = False  # (the Triton kernels) the causal diagonal's tiles in the full tiles' pipelined loop, masked
     # under a branch, not a loop of their own whose loads start only when the other has drained (FwdPlan.one_loop).
     # Run AL (H100), the fused backward at (16, 12, 1024, 64): forward + backward 254-256 -> 260-262 TFLOP/s
+    lpt_mb: int = 0  # (the Gluon passes) the order the programs start in: 0 head by head, each head's heaviest
+    # blocks first; > 0 in sections of heads whose streamed tiles (dk/dv: q and do; dq: k and v) take at most this many
+    # MB, every head's heaviest block of a section first, then every head's next (FA3's LPT order): the grid's last
+    # programs are the lightest of all, not a head's lightest after the last head's heaviest (bwd_gluon.lpt_heads)
 
     def __post_init__(self) -> None:
         _check_blocks(self, ("block_m1", "block_n1", "block_m2", "block_n2", "pre_block"))
@@ -169,6 +173,12 @@ class BwdPlan:
         if self.overlap and not self.gluon:
             raise ValueError("BwdPlan(overlap=True) is the Gluon dk/dv pass's (gluon=1 or 2); the Triton kernels' "
                              "pipelining is Triton's")
+        if not isinstance(self.lpt_mb, int) or isinstance(self.lpt_mb, bool) or self.lpt_mb < 0:
+            raise ValueError(f"BwdPlan.lpt_mb={self.lpt_mb!r}: MB of streamed tiles a section of heads of the Gluon "
+                             f"passes' program order holds, an int >= 0 (0: head by head)")
+        if self.lpt_mb and not self.gluon:
+            raise ValueError("BwdPlan(lpt_mb > 0) orders the Gluon passes' programs (gluon=1 or 2); the Triton "
+                             "kernels start head by head")
         if self.gluon == 2 and (self.block_m2 != 128 or self.block_n2 not in (64, 128) or self.dq_stages < 2):
             raise ValueError(f"BwdPlan(gluon=2) takes block_m2=128 (two consumer warpgroups of 64 queries), "
                              f"block_n2 64 or 128 and dq_stages >= 2; got block_m2={self.block_m2}, "

@@ -53,7 +53,8 @@ from kernels.timing import bench_ms, error_on_device
 #: start without it), then the Gluon dk/dv pass (BwdPlan.gluon; Hopper only) with the Triton dq pass, then adding dq
 #: itself (TMA reductions of both consumers' shares, by turns or split by columns: BwdPlan.dq_split), then with the
 #: Gluon dq pass (delta formed by the delta kernel or by that pass), then the best plan's Gluon passes waiting for
-#: each product only where it is needed next (BwdPlan.overlap; a Triton plan has none: skipped).
+#: each product only where it is needed next (BwdPlan.overlap; a Triton plan has none: skipped), then the Gluon passes'
+#: programs in LPT sections of heads (BwdPlan.lpt_mb; a Triton plan has none: skipped).
 FWD_PHASES = ("block_m=64,128 block_n=32,64,128 num_warps=4,8 num_stages=2,3,4 | tma=off,host,device | "
               "group=1,4,8,16 | maxnreg=0,96 | one_loop=0,1 | "
               "gluon=1,2 block_m=128 block_n=64,128 num_stages=2,3 persistent=0,1 overlap=0,1 "
@@ -70,7 +71,7 @@ BWD_PHASES = ("block_m1=32,64 block_n1=64,128 num_warps=4,8 num_stages=2,3,4 | "
               "gluon=1 block_n1=128 block_m1=64 num_stages=2,3 fused=0 dq_mode=tma_add delta_in_dq=0 tma=off "
               "dq_split=0,1 one_loop=0 | "
               "gluon=2 block_n1=128 block_m1=32,64 num_stages=2,3 fused=0 dq_mode=pass delta_in_dq=0,1 tma=off "
-              "dq_split=0 one_loop=0 block_m2=128 block_n2=64,128 dq_stages=2,3 | overlap=0,1")
+              "dq_split=0 one_loop=0 block_m2=128 block_n2=64,128 dq_stages=2,3 | overlap=0,1 | lpt_mb=0,8,16,32")
 
 
 def parse_phases(text: str, cls) -> list[dict]:
