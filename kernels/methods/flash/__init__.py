@@ -46,8 +46,12 @@ Code paths (each module opens with its own details):
   table (run Y): ``gluon=1, dq_mode="tma_add"`` for d = 64 beyond T = 1024 (+6% forward + backward at
   (4, 12, 4096, 64) over the Triton passes), ``gluon=2`` at d = 128 (+5%), since run AG with
   ``delta_in_dq`` (no delta kernel: 30-36 us less kernel time by Nsight Compute, runs AH-AI). With
-  ``overlap`` the dk/dv consumers issue dp^T with s^T and wait only for the product needed next (not
-  yet timed).
+  ``overlap`` the dk/dv consumers issue dp^T with s^T and wait only for the product needed next; with
+  ``lpt_mb`` the programs start in FA3's LPT order (sections of heads, every head's heaviest block
+  first). Since run AQ (H100) the d = 64 entry beyond T = 1024 takes both (+6% forward + backward at
+  (4, 12, 4096, 64), 0.98x cuDNN), d = 128 the overlap (+2%; +4% with delta spread over the
+  accumulator's columns only where ds^T needs it, which took the dk/dv pass's loop off its spill:
+  0.95-0.96x cuDNN).
 * Backward (``bwd``): delta = rowsum(o * do) (a small kernel); a dk/dv kernel (a program per
   BLOCK_N1 keys, looping over the queries that see them, diagonal blocks masked) and a dq kernel (a
   program per BLOCK_M2 queries, looping over their keys); both recompute P = exp2(s * c - lse *

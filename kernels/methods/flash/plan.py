@@ -245,7 +245,10 @@ TABLE: dict[tuple[int, str, bool], tuple[tuple[int, FwdPlan, BwdPlan], ...]] = {
     # (4, 12, 4096, 64) against 398.5 for cuDNN in the same run (H100, run AA; two consumers 399); their row sums by
     # the tensor cores (sum_mma): 428-432 against 416-418 at 4096, 480-507 against 472-490 at 16384 (run AK). T <= 1024
     # since run AL: both directions' masked tiles inside the full tiles' loop (one_loop): forward 279-281 -> 293-298,
-    # forward + backward 254-256 -> 259-262 (H100; cuDNN 297-304 and 237-240).
+    # forward + backward 254-256 -> 259-262 (H100; cuDNN 297-304 and 237-240). Beyond 1024 since run AQ (H100), the
+    # dk/dv programs in LPT sections of 16 MB of q and do with the overlap: (4, 12, 4096, 64) forward + backward 339 ->
+    # 358-359 (head by head with the overlap 350-352; 8 / 32 MB sections with it 355-358 / 354-356, 32 MB without it
+    # 347-349; cuDNN 365-369)
     (64, "bfloat16", True): (
         (1024, FwdPlan(block_m=64, block_n=64, num_warps=4, num_stages=3, one_loop=True),
          BwdPlan(block_m1=32, block_n1=64, block_m2=64, block_n2=64, num_warps=4, num_stages=3, dq_warps=4,
@@ -253,7 +256,7 @@ TABLE: dict[tuple[int, str, bool], tuple[tuple[int, FwdPlan, BwdPlan], ...]] = {
         (1 << 30, FwdPlan(block_m=192, block_n=128, num_warps=4, num_stages=3, gluon=1, persistent=True,
                           sum_mma=True),
          BwdPlan(block_m1=64, block_n1=128, block_m2=128, block_n2=64, num_warps=4, num_stages=3, dq_warps=8,
-                 dq_stages=4, dq_mode="tma_add", gluon=1)),
+                 dq_stages=4, dq_mode="tma_add", gluon=1, lpt_mb=16, overlap=True)),
     ),
     # at (8, 16, 2048, 128): forward by the persistent Gluon kernel's three consumers, 64-key steps, 3 slots, heads
     # in sections of 32 MB of keys and values (run AC, H100: 472 TFLOP/s against 322 for run Y's two consumers with
@@ -263,12 +266,15 @@ TABLE: dict[tuple[int, str, bool], tuple[tuple[int, FwdPlan, BwdPlan], ...]] = {
     # the dq pass first, forming delta (H100: 360.7 against 355.0 with the delta kernel in run AG's sweep, 357.9
     # against 358.3 in run AI's, cuDNN 400.9-402.9; Nsight Compute: 964-969 us of kernels against 994-1005). The
     # dk/dv pass's 2 slots: 3 or 4 read the same on the H100 (365-380, run AP); on the H200 (run AO) the table gives
-    # 373 against cuDNN's 428, and a sweep read 4 slots at 368.6-390.0 (2: 373.0), not yet read in the table there
+    # 373 against cuDNN's 428, and a sweep read 4 slots at 368.6-390.0 (2: 373.0), not yet read in the table there.
+    # Run AQ (H100), with delta spread late in the dk/dv pass (no spill in its loop): 362-370 -> 375-379, with the
+    # overlap 381-385 (cuDNN 399-411); LPT sections lose here (8-32 MB with the overlap 361-373, 32 MB without it
+    # 354-357; with them the pass spills 32 bytes more a thread, reloaded in its loop: compile_check)
     (128, "bfloat16", True): (
         (1 << 30, FwdPlan(block_m=192, block_n=64, num_warps=4, num_stages=3, gluon=1, persistent=True,
                           section_mb=32),
          BwdPlan(block_m1=64, block_n1=128, block_m2=128, block_n2=64, num_warps=4, num_stages=2, dq_warps=8,
-                 dq_stages=3, gluon=2, delta_in_dq=True)),
+                 dq_stages=3, gluon=2, delta_in_dq=True, overlap=True)),
     ),
 }
 
