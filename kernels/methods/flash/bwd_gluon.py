@@ -414,7 +414,8 @@ if gluon is not None:
                       LPT: gl.constexpr = False):
         """One program: dq of 2 x BLOCK_M queries of (batch, head); the producer loads q and do once per
         consumer and streams the k and v tiles up to the program's last visible key, heaviest first (with LPT in
-        sections of n_sec heads, ``_lpt_program``). DELTA_IN_DQ: the consumers form delta from O (see ``_dq_consumer``)."""
+        sections of n_sec heads, ``_lpt_program``). DELTA_IN_DQ: the consumers form delta from O (see
+        ``_dq_consumer``)."""
         b, h, m0, n_tiles = _query_program(TQ, TK, n_sec, H, BLOCK_M, BLOCK_N, CAUSAL, LPT)
         q_bufs, do_bufs, k_bufs, v_bufs, qd_bar, ready, empty = _pass_buffers(desc_q, desc_do, desc_k, desc_v, STAGES)
         fence_async_shared()
