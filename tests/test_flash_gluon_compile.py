@@ -136,12 +136,12 @@ from kernels.methods.flash import bwd_gluon as G
 
 for case in sys.argv[1:]:
     D, BM, STAGES, causal, dq, *more = (int(a) for a in case.split(","))
-    overlap, split = (more + [0, 0])[:2]
+    overlap, split, lpt = (more + [0, 0, 0])[:3]
     DQ_COLS = D // 2 if split else D
     lay = lambda rows, ty=gl.bfloat16: gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], ty)  # noqa: E731
     desc = lambda rows: f"tensordesc<bf16[1,1,{rows},{D}],{lay(rows)}>"  # noqa: E731
     const = {"s_dkd": 1, "s_dvd": 1, "BLOCK_N": 64, "BLOCK_M": BM, "D": D, "STAGES": STAGES, "CAUSAL": bool(causal),
-             "DQ": bool(dq), "OVERLAP": bool(overlap), "DQ_SPLIT": bool(split)}
+             "DQ": bool(dq), "OVERLAP": bool(overlap), "DQ_SPLIT": bool(split), "LPT": bool(lpt)}
     sig = {"desc_k": desc(64), "desc_v": desc(64), "desc_q": desc(BM), "desc_do": desc(BM), "LSE": "*fp32",
            "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16", "s_dkb": "i32", "s_dkh": "i32", "s_dkn": "i32",
            "s_dvb": "i32", "s_dvh": "i32", "s_dvn": "i32", "H": "i32", "TQ": "i32", "TK": "i32", "qk_scale": "fp32",
@@ -160,14 +160,15 @@ def test_gluon_dkdv_compiles_for_sm90_warp_specialized():
     """The Gluon dk/dv pass compiled for Hopper as the forward is (see above): per query tile the barrier
     expects a q and a do tile's bytes, each consumer's k and v once; one elected arrive per release; the
     consumers' 240 registers; no spill at the plans the tests take (d = 64 with 64-query tiles, d = 128
-    with 32)."""
+    with 32), the d = 64 one also with the programs in LPT sections (``BwdPlan.lpt_mb``)."""
     from tests.compiled_report import compile_cases
 
     if fwd_gluon.GLUON_ERROR:
         pytest.skip(fwd_gluon.GLUON_ERROR)
-    cases = ["64,32,3,1,0", "128,32,3,0,0", "128,32,2,1,0"]  # (q + do and k + v tiles of different sizes)
+    cases = ["64,32,3,1,0", "128,32,3,0,0", "128,32,2,1,0", "64,64,3,1,0,0,0,1"]  # (q + do and k + v tiles of
+    # different sizes; the last in LPT sections)
     for case, k in zip(cases, compile_cases(_COMPILE_BWD, cases, timeout=900)):
-        d, block_m, stages, _, _ = (int(a) for a in case.split(","))  # k and v; q and do
+        d, block_m, stages, *_ = (int(a) for a in case.split(","))  # k and v; q and do
         _check_compiled(k, case, {2 * 64 * d * 2, 2 * block_m * d * 2}, bwd_gluon.shared_bytes(d, block_m, stages))
         assert "cp.reduce.async.bulk" not in k["ptx"], case
 
@@ -260,11 +261,11 @@ from tests.compiled_report import report
 from kernels.methods.flash import bwd_gluon as G
 
 for case in sys.argv[1:]:
-    D, BN, STAGES, causal, delta = (int(a) for a in case.split(","))
+    D, BN, STAGES, causal, delta, *lpt = (int(a) for a in case.split(","))
     lay = lambda rows: gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], gl.bfloat16)  # noqa: E731
     desc = lambda rows: f"tensordesc<bf16[1,1,{rows},{D}],{lay(rows)}>"  # noqa: E731
     const = {"s_dqd": 1, "s_od": 1, "BLOCK_M": 64, "BLOCK_N": BN, "D": D, "STAGES": STAGES, "CAUSAL": bool(causal),
-             "DELTA_IN_DQ": bool(delta)}
+             "DELTA_IN_DQ": bool(delta), "LPT": bool(lpt and lpt[0])}
     sig = {"desc_q": desc(64), "desc_do": desc(64), "desc_k": desc(BN), "desc_v": desc(BN), "LSE": "*fp32",
            "DELTA": "*fp32", "DQ": "*bf16", "s_dqb": "i32", "s_dqh": "i32", "s_dqm": "i32", "s_dqd": "constexpr",
            "O": "*bf16", "s_ob": "i32", "s_oh": "i32", "s_om": "i32", "H": "i32", "TQ": "i32", "TK": "i32",
@@ -280,14 +281,15 @@ def test_gluon_dq_compiles_for_sm90_warp_specialized():
     """The Gluon dq pass compiled for Hopper as the others: per key tile the barrier expects a k and a v
     tile's bytes, each consumer's q and do once; one elected arrive per release; 240 registers; no spill.
     Forming delta (DELTA_IN_DQ, the table's d = 128 plan): o read from global memory as 16-byte vectors (the
-    strides divisible by 16, as the launch specializes them), which the pass reading delta does not read."""
+    strides divisible by 16, as the launch specializes them), which the pass reading delta does not read. The
+    table's d = 128 plan also with the programs in LPT sections (``BwdPlan.lpt_mb``)."""
     from tests.compiled_report import compile_cases
 
     if fwd_gluon.GLUON_ERROR:
         pytest.skip(fwd_gluon.GLUON_ERROR)
-    cases = ["64,128,2,1,0", "128,64,3,0,0", "128,128,2,1,0", "128,64,3,1,1", "64,128,2,1,1"]
+    cases = ["64,128,2,1,0", "128,64,3,0,0", "128,128,2,1,0", "128,64,3,1,1", "64,128,2,1,1", "128,64,3,1,1,1"]
     for case, k in zip(cases, compile_cases(_COMPILE_DQ, cases, timeout=900)):
-        d, block_n, stages, _, delta = (int(a) for a in case.split(","))  # q and do; k and v
+        d, block_n, stages, _, delta, *_ = (int(a) for a in case.split(","))  # q and do; k and v
         _check_compiled(k, case, {2 * 64 * d * 2, 2 * block_n * d * 2}, bwd_gluon.shared_bytes(d, block_n, stages))
         o_loads = re.findall(r"\bld\.global(?:\.\w+)*\.v4\.b32\b", k["ptx"])  # (lse and delta: scalar fp32)
         assert len(o_loads) == (2 * 64 * d * 2 // (128 * 16) if delta else 0), (case, len(o_loads))
