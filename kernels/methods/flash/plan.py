@@ -173,9 +173,7 @@ class BwdPlan:
         if self.overlap and not self.gluon:
             raise ValueError("BwdPlan(overlap=True) is the Gluon dk/dv pass's (gluon=1 or 2); the Triton kernels' "
                              "pipelining is Triton's")
-        if not isinstance(self.lpt_mb, int) or isinstance(self.lpt_mb, bool) or self.lpt_mb < 0:
-            raise ValueError(f"BwdPlan.lpt_mb={self.lpt_mb!r}: MB of streamed tiles a section of heads of the Gluon "
-                             f"passes' program order holds, an int >= 0 (0: head by head)")
+        check_section_mb(self.lpt_mb, "BwdPlan.lpt_mb", "the tiles a Gluon pass streams", "head by head")
         if self.lpt_mb and not self.gluon:
             raise ValueError("BwdPlan(lpt_mb > 0) orders the Gluon passes' programs (gluon=1 or 2); the Triton "
                              "kernels start head by head")
@@ -185,12 +183,13 @@ class BwdPlan:
                              f"block_n2={self.block_n2}, dq_stages={self.dq_stages}")
 
 
-def check_section_mb(value, name: str = "section_mb") -> None:
-    """The persistent Gluon forward's sections of heads (``FwdPlan.section_mb``, ``fwd_gluon.launch_fwd``): MB of
-    keys and values a section holds, an int >= 0."""
+def check_section_mb(value, name: str = "section_mb", tiles: str = "keys and values",
+                     zero: str = "every head in one section") -> None:
+    """Sections of heads in a program order, an int >= 0 of MB of the tiles a section holds: the persistent Gluon
+    forward's (``FwdPlan.section_mb``, ``fwd_gluon.launch_fwd``; its keys and values) or, with ``tiles`` and
+    what 0 means (``zero``) given, the Gluon backward's (``BwdPlan.lpt_mb``)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{name}={value!r}: MB of keys and values a section of heads holds, an int >= 0 (0: every "
-                         f"head in one section)")
+        raise ValueError(f"{name}={value!r}: MB of {tiles} a section of heads holds, an int >= 0 (0: {zero})")
 
 
 def _check_blocks(plan, names) -> None:
