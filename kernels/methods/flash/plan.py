@@ -264,8 +264,9 @@ TABLE: dict[tuple[int, str, bool], tuple[tuple[int, FwdPlan, BwdPlan], ...]] = {
     # against 329 for run V's Triton plan, default 205; run AC: 380 against 341 for the dk/dv pass adding dq split),
     # the dq pass first, forming delta (H100: 360.7 against 355.0 with the delta kernel in run AG's sweep, 357.9
     # against 358.3 in run AI's, cuDNN 400.9-402.9; Nsight Compute: 964-969 us of kernels against 994-1005). The
-    # dk/dv pass's 2 slots: 3 or 4 read the same on the H100 (365-380, run AP); on the H200 (run AO) the table gives
-    # 373 against cuDNN's 428, and a sweep read 4 slots at 368.6-390.0 (2: 373.0), not yet read in the table there.
+    # dk/dv pass's 2 slots: 3 or 4 read the same on the H100 (365-380, run AP; over the overlap plan 372-395 against
+    # 373-382, run AR); on the H200 (run AO) the table gives 373 against cuDNN's 428, and a sweep read 4 slots at
+    # 368.6-390.0 (2: 373.0), not yet read in the table there.
     # Run AQ (H100), with delta spread late in the dk/dv pass (no spill in its loop): 362-370 -> 375-379, with the
     # overlap 381-385 (cuDNN 399-411); LPT sections lose here (8-32 MB with the overlap 361-373, 32 MB without it
     # 354-357; with them the pass spills 32 bytes more a thread, reloaded in its loop: compile_check)
