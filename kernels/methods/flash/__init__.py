@@ -11,9 +11,10 @@ Code paths (each module opens with its own details):
   diagonal blocks (and the last, partial block of keys) get the causal / boundary mask; blocks above
   the diagonal are never visited. The masked blocks run in a second loop, or (plan ``one_loop``, the
   table's at T <= 1024) inside the first under a branch, so their loads are prefetched with the rest
-  (+5% forward at (16, 12, 1024, 64) on an H100, run AL; the backward's loops likewise, +2%). Written: out (in the (B, T, H, d) memory layout) and the natural
-  log-sum-exp per query row (fp32). A query with no key (causal, Tq > Tk) gets out = 0 and
-  lse = +inf, so the backward's exp(s - lse) is exactly 0 (zero gradient, no NaN).
+  (+5% forward at (16, 12, 1024, 64), measured on an H100 (docs/perf.md); the backward's loops likewise,
+  +2%). Written: out (in the (B, T, H, d) memory layout) and the natural log-sum-exp per query row
+  (fp32). A query with no key (causal, Tq > Tk) gets out = 0 and lse = +inf, so the backward's
+  exp(s - lse) is exactly 0 (zero gradient, no NaN).
 * Forward in Gluon (``fwd_gluon``, plan ``FwdPlan.gluon``; Hopper, 16-bit, d = dv in {64, 128}):
   FA3's structure, warp-specialized: a producer partition streams k and v tiles by TMA through a
   ring of shared-memory slots, two consumer warpgroups of 64 queries each (three with ``block_m=192``:
@@ -24,13 +25,13 @@ Code paths (each module opens with its own details):
   tiles, loading the next one's q and key tiles under this one's math (causal: heaviest blocks first,
   with ``section_mb`` a section of heads at a time, their keys and values kept in L2). An explicit plan
   it cannot take refuses with the reason; a table plan falls back to the Triton kernel's measured plan
-  (``plan.triton_plans``). Measured (docs/perf.md), on an H100: three consumers +6-8% over two at d = 64,
-  1.07x cuDNN at (4, 12, 4096, 64) (run AA; the table's entry beyond T = 1024); at (8, 16, 2048, 128)
-  three consumers with 64-key steps and 32 MB sections 1.46x run Y's two consumers, 0.89x cuDNN in the
-  sweep (run AC; the table's d = 128 entry: without sections the keys and values of all 128 heads were
+  (``plan.triton_plans``). Measured on an H100 (docs/perf.md): three consumers +6-8% over two at d = 64,
+  1.07x cuDNN at (4, 12, 4096, 64) (the table's entry beyond T = 1024); at (8, 16, 2048, 128) three
+  consumers with 64-key steps and 32 MB sections 1.46x two consumers with 128-key steps, 0.89x cuDNN in
+  the sweep (the table's d = 128 entry: without sections the keys and values of all 128 heads were
   read from memory again for every query block); ``overlap`` and ping-pong lost to free-running
-  consumers at every shape (run AA, -2% to -14%); with ``sum_mma`` the row sums come from the tensor cores
-  (p times a tile of ones beside p v): +1.6-3.5% at d = 64 beyond T = 1024 (run AK, in the table there).
+  consumers at every shape (-2% to -14%); with ``sum_mma`` the row sums come from the tensor cores
+  (p times a tile of ones beside p v): +1.6-3.5% at d = 64 beyond T = 1024 (in the table there).
   Its consumers are in ``fwd_gluon_consumers``, its work-tile schedule in ``fwd_gluon_schedule``.
 * ``gluon_common``: what the Gluon kernels share (wgmma layouts, program prologues, ring barriers, masks,
   which inputs they take, their TMA descriptors).
@@ -43,35 +44,34 @@ Code paths (each module opens with its own details):
   backward, the dk/dv kernel adds dq itself (the consumers take turns forming each query tile's share
   over the program's 128 keys from their ds^T in shared memory, one TMA reduction per tile into an
   fp32 buffer the delta kernel zeroed; the dq pass instead under deterministic algorithms). In the
-  table (run Y): ``gluon=1, dq_mode="tma_add"`` for d = 64 beyond T = 1024 (+6% forward + backward at
-  (4, 12, 4096, 64) over the Triton passes), ``gluon=2`` at d = 128 (+5%), since run AG with
-  ``delta_in_dq`` (no delta kernel: 30-36 us less kernel time by Nsight Compute, runs AH-AI). With
+  table: ``gluon=1, dq_mode="tma_add"`` for d = 64 beyond T = 1024 (+6% forward + backward at
+  (4, 12, 4096, 64) over the Triton passes, on an H200), ``gluon=2`` with ``delta_in_dq`` at d = 128
+  (+5% on an H200; no delta kernel: 30-36 us less kernel time by Nsight Compute on an H100). With
   ``overlap`` the dk/dv consumers issue dp^T with s^T and wait only for the product needed next; with
   ``lpt_mb`` the programs start in FA3's LPT order (sections of heads, every head's heaviest block
-  first). Since run AQ (H100) the d = 64 entry beyond T = 1024 takes both (+6% forward + backward at
-  (4, 12, 4096, 64), 0.98x cuDNN), d = 128 the overlap (+2%; +4% with delta spread over the
-  accumulator's columns only where ds^T needs it, which took the dk/dv pass's loop off its spill:
-  0.95-0.96x cuDNN).
+  first). The d = 64 entry beyond T = 1024 takes both (+6% forward + backward at (4, 12, 4096, 64),
+  0.98x cuDNN, on an H100), d = 128 the overlap (+2%; +4% with delta spread over the accumulator's
+  columns only where ds^T needs it, which took the dk/dv pass's loop off its spill: 0.95-0.96x cuDNN).
 * Backward (``bwd``): delta = rowsum(o * do) (a small kernel); a dk/dv kernel (a program per
   BLOCK_N1 keys, looping over the queries that see them, diagonal blocks masked) and a dq kernel (a
   program per BLOCK_M2 queries, looping over their keys); both recompute P = exp2(s * c - lse *
   log2(e)) from q, k and lse; dS = P * (dP - delta) with dP = do v^T; dv = P^T do, dk = scale *
   dS^T q, dq = scale * dS k. No Tq x Tk tensor. The two run as two launches or one fused launch
   (plan ``fused``); with plan ``delta_in_dq`` the dq pass forms delta for its rows (it reads do anyway,
-  and o once) and runs first, and there is no delta kernel (run Y, the Triton dq pass: +2.7% forward +
-  backward at (4, 12, 4096, 64), -0.5% at d = 128; runs AG-AI, the Gluon one at d = 128: 0 to +1.6% in
-  the sweeps, 30-36 us less kernel time; the table's). With plan ``dq_mode="atomic"`` (FA2's structure)
+  and o once) and runs first, and there is no delta kernel (the Triton dq pass: +2.7% forward +
+  backward at (4, 12, 4096, 64), -0.5% at d = 128, on an H200; the Gluon one at d = 128: 0 to +1.6% in
+  H100 sweeps, 30-36 us less kernel time; the table's). With plan ``dq_mode="atomic"`` (FA2's structure)
   there is no dq pass: the dk/dv
   programs add each tile's scale * dS k into an fp32 dq buffer by atomic adds (five matmuls per tile
   pair instead of seven; dq's summation order then varies from run to run), cast once at the end.
-  Measured slower than the dq pass at every swept shape (docs/perf.md, run S: the atomics cost more
-  than the two matmuls they save), so no table entry uses it; the sweep still tries it. Plan
+  Measured slower than the dq pass at every swept shape on an H200 (docs/perf.md: the atomics cost
+  more than the two matmuls they save), so no table entry uses it; the sweep still tries it. Plan
   ``dq_mode="tma_add"`` (FA3's structure) adds each tile's share by one TMA reduction instead
   (``cp.reduce.async.bulk.tensor`` through a descriptor of the buffer). Compiled for sm_90 with the
   T > 1024, d = 64 table plan: 174 registers against 200 for the element atomics under Triton 3.6
   (162 against 160 under 3.9); at d = 128 (8-warp 64 x 128) 255 with a 112 B spill, as the pass plan
-  there. Measured slower than the dq pass too (run V: 252 against 310 TFLOP/s forward + backward at
-  (4, 12, 4096, 64): each key block reduces a share into every later dq row, 1.6 GB of fp32
+  there. Measured slower than the dq pass too (252 against 310 TFLOP/s forward + backward at
+  (4, 12, 4096, 64) on an H200: each key block reduces a share into every later dq row, 1.6 GB of fp32
   reductions at that shape with 64-key tiles).
 * Any strides: every tensor is addressed through its own (B, H, T, d) strides; the model's (B, T, H,
   d) views are read in place, never copied. Head dims 1..128, padded to the next power of two

@@ -17,10 +17,10 @@ under ``torch.use_deterministic_algorithms(True)`` such a plan runs the dq pass 
 (``cp.reduce.async.bulk.tensor`` through a host tensor descriptor of the buffer: the tile goes through
 shared memory, the adds happen in L2, the registers and issue slots of the element atomics are free).
 Triton's interpreter has no descriptor reductions: there, and on GPUs without TMA, it runs "atomic".
-In the Triton kernels both lost to the dq pass on the H200 (docs/perf.md, runs S and V): the sweep tries
-them, no table entry uses them. With a Gluon plan (``BwdPlan.gluon``) ``dq_mode="tma_add"`` is the Gluon dk/dv kernel adding
-dq (bwd_gluon: both consumers' shares in one reduction per 128 keys): the table's backward for d = 64
-beyond T = 1024 (run Y).
+In the Triton kernels both lost to the dq pass, measured on an H200 (docs/perf.md): the sweep tries
+them, no table entry uses them. With a Gluon plan (``BwdPlan.gluon``) ``dq_mode="tma_add"`` is the Gluon
+dk/dv kernel adding dq (bwd_gluon: both consumers' shares in one reduction per 128 keys): the table's
+backward for d = 64 beyond T = 1024.
 """
 
 from __future__ import annotations

@@ -34,9 +34,10 @@ consumer warpgroups have read them.
 
 Both passes' programs start heaviest first, head by head, or (``BwdPlan.lpt_mb``, ``_lpt_program``) in sections of
 heads whose streamed tiles fit in L2, every head's heaviest block of a section first: FA3's LPT order, where the grid's
-last programs are its lightest, not the last head's lightest after its heaviest. Run AQ (H100), forward + backward at
-(4, 12, 4096, 64): 32 MB sections 339 -> 347-349 TFLOP/s, 16 MB with the overlap 358-359 against the overlap alone
-350-352 (+2-3%, where a model of the grid's last wave predicted up to 9%); at (8, 16, 2048, 128) they lost 2-5%.
+last programs are its lightest, not the last head's lightest after its heaviest. Measured on an H100 (docs/perf.md),
+forward + backward at (4, 12, 4096, 64): 32 MB sections 339 -> 347-349 TFLOP/s, 16 MB with the overlap 358-359
+against the overlap alone 350-352 (+2-3%, where a model of the grid's last wave predicted up to 9%); at
+(8, 16, 2048, 128) they lost 2-5%.
 
 Rows past Tq get lse = +inf (p = 0). dk, dv, dq (dk and dq times scale) go out in the tensors' own
 strides (the (B, T, H, d) memory layout). Takes what the Gluon forward takes (``gluon_common.supported``):

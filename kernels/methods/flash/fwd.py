@@ -33,8 +33,8 @@ if triton is not None:
         full tiles compute (two loops: the second starts its own pipeline after the first drains); EVEN_K:
         Tk is a multiple of BLOCK_N, so no load needs a row mask.
         SUM_MMA: l is a (BLOCK_M, 16) tile, every column the row's sum, added by the tensor cores (p times
-        a tile of ones, beside p v) instead of by a reduction of p (run AK, H100: -7.5% at (16, 12, 1024, 64),
-        Triton 3.6 waiting for each of the two products on its own; the Gluon consumers wait once)."""
+        a tile of ones, beside p v) instead of by a reduction of p (-7.5% at (16, 12, 1024, 64) on an H100,
+        docs/perf.md: Triton 3.6 waits for each of the two products on its own; the Gluon consumers wait once)."""
         for n0 in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPEC):
             n0 = tl.multiple_of(n0, BLOCK_N)
             rows_masked: tl.constexpr = MASKED == 1 or (MASKED == 2 and not EVEN_K)

@@ -20,15 +20,15 @@ How the consumers order their products (plan ``gluon`` and ``overlap``):
   overlap).
 - ``gluon=2`` (``_consumer_lagged``, ping-pong): the consumers also take turns at issuing, each passing the turn
   as soon as its products are issued (FA3's warp-scheduler barrier), so the tensor cores run one consumer's
-  products queued behind the other's while the other's softmax runs. (Before this design, run Y measured a
-  ping-pong that passed the turn only once its products had finished: slower than free-running everywhere.)
+  products queued behind the other's while the other's softmax runs. (A ping-pong that passes the turn only
+  once its products have finished idles the tensor cores at every hand-off: slower than free-running everywhere.)
 Scores of tiles every query sees whole take one FMA each before the exponential (scale and max folded; the
 Triton forward's SCALE_NONNEG).
 With ``sum_mma`` (free-running consumers) each row's sum l comes from the tensor cores, p times a shared
 BLOCK_N x 16 tile of ones issued beside p v and waited for with it, in place of a thread's adds and shuffles of
 p (a reduction a tile): l then sums the 16-bit p that p v multiplies, so the output's normalization matches its
-numerator, and lse = m + log(l) lies within 2^-9 of the fp32 sum's. Run AK (H100): +1.6-3.5% with 128-key
-tiles at d = 64 (the table's entry beyond T = 1024), -1.1% with d = 128's 64-key tiles.
+numerator, and lse = m + log(l) lies within 2^-9 of the fp32 sum's. Measured on an H100 (docs/perf.md):
++1.6-3.5% with 128-key tiles at d = 64 (the table's entry beyond T = 1024), -1.1% with d = 128's 64-key tiles.
 With ``block_m=192`` three consumer warpgroups of 160 registers share the program (FA3's head-dim-64 shape;
 at d = 128 with 64-key tiles only, whose scores take half the registers of 128-key ones): a 192-query work
 tile, each key tile read once for three warpgroups' queries, and one more warpgroup's products to fill the
@@ -48,7 +48,7 @@ time, a section's keys and values at most that many MB, so they stay in L2 while
 swizzle): level by level over every head, each query block reads its keys and values from memory again
 once the heads' keys and values outgrow L2 (at (8, 16, 2048, 128), 128 MB against the H100's 50; Nsight
 Compute saw 2.6 TB/s of DRAM reads and 18% L2 hits, and 32 MB sections took the forward +17-21%; at the
-d = 64 shapes, 48 MB of heads, they bought at most 3% and cost up to 27%: docs/perf.md, run AC). One
+d = 64 shapes, 48 MB of heads, they bought at most 3% and cost up to 27%: measured on an H100, docs/perf.md). One
 program fits an SM (the consumers' registers), so without it each tile starts with the tensor cores
 idle until its q and first key tiles arrive and ends with its stores; persistent, the producer loads
 the next tile's q (a second q buffer) and key tiles while the consumers finish this one, and the ring's

@@ -27,8 +27,8 @@ from kernels.methods.triton import fastlaunch
 TMA_MODES = ("off", "host", "device")
 #: Where the backward computes dq: its own programs ("pass"), or the dk/dv programs, adding their
 #: shares into an fp32 buffer element by element ("atomic") or a tile at a time by TMA reductions
-#: ("tma_add": cp.reduce.async.bulk through a tensor descriptor, sm_90+). Both adding modes lost to
-#: the pass on the H200 (runs S and V); the sweep tries them.
+#: ("tma_add": cp.reduce.async.bulk through a tensor descriptor, sm_90+). In the Triton kernels both adding
+#: modes lost to the pass, measured on an H200 (docs/perf.md); the sweep tries them.
 DQ_MODES = ("pass", "atomic", "tma_add")
 
 
@@ -39,8 +39,8 @@ class FwdPlan:
     heaviest first (its keys and values stay in L2 while its programs run); G > 1: G heads at a time,
     all their heaviest blocks first, then the next lighter ones, so the last programs of the grid are
     the lightest (a shorter tail when the last wave leaves SMs idle), for G heads' keys and values in
-    L2 at once. On the H200 at (16, 12, 1024, 64) no G moved the forward beyond the sweep's noise
-    (run X: -2% to +2%), so the table keeps 1."""
+    L2 at once. On an H200 at (16, 12, 1024, 64) no G moved the forward beyond the sweep's noise
+    (-2% to +2%, docs/perf.md), so the table keeps 1."""
 
     block_m: int = 128
     block_n: int = 64
@@ -58,17 +58,19 @@ class FwdPlan:
     section_mb: int = 0  # (Gluon, persistent, causal) the heaviest-first order a section of heads at a time, their
     # keys and values at most this many MB (they stay in L2; FA3's L2 swizzle); 0: every head in one section
     maxnreg: int = 0  # (the Triton kernel) registers a thread at most (ptxas's cap: more programs an SM where
-    # registers bound them, e.g. 96 for five 4-warp programs); 0: the compiler's choice. Run AD, (16, 12, 1024, 64):
-    # 96 lost (255-261 TFLOP/s against 278), since 3 slots' shared memory holds four programs an SM anyway
+    # registers bound them, e.g. 96 for five 4-warp programs); 0: the compiler's choice. At (16, 12, 1024, 64) 96
+    # lost on an H100 (docs/perf.md), since 3 slots' shared memory holds four programs an SM anyway
     sum_mma: bool = False  # the row sums l by the tensor cores (p times a tile of ones beside p v; l then sums the
-    # 16-bit p that p v multiplies: the normalization matches the numerator) instead of a reduction of p. Run AK (H100,
-    # forward): the Gluon three consumers with 128-key tiles +1.6-3.5% at (4, 12, 4096, 64) and (1, 12, 16384, 64);
-    # with 64-key tiles at d = 128 -1.1%; the Triton kernel's 64 x 64 tiles at (16, 12, 1024, 64) -7.5%
+    # 16-bit p that p v multiplies: the normalization matches the numerator) instead of a reduction of p. Forward on
+    # an H100 (docs/perf.md): the Gluon three consumers with 128-key tiles +1.6-3.5% at (4, 12, 4096, 64) and
+    # (1, 12, 16384, 64); with 64-key tiles at d = 128 -1.1%; the Triton kernel's 64 x 64 tiles at (16, 12, 1024, 64)
+    # -7.5% (Triton waits for each of the two products on its own)
 
     one_loop: bool = False  # (the Triton kernel) the masked tiles (causal diagonal, end of the keys) in the full
     # tiles' pipelined loop under a branch, not a second loop whose loads start only when the first has drained (sm_90
-    # SASS: 944 instructions against 1490, the second loop's prologue gone). Run AL (H100): (16, 12, 1024, 64)
-    # 276-281 -> 287-295 TFLOP/s; the Triton plan at (8, 16, 2048, 128) 384 -> 410, at (4, 12, 4096, 64) 383 -> 376
+    # SASS: 944 instructions against 1490, the second loop's prologue gone). On an H100 (docs/perf.md): (16, 12, 1024,
+    # 64) 276-281 -> 287-295 TFLOP/s; the Triton plan at (8, 16, 2048, 128) 384 -> 410, at (4, 12, 4096, 64) 383 -> 376
+    # (64 tiles a program: the prologue weighs little there)
 
     def __post_init__(self) -> None:
         _check_blocks(self, ("block_n",) if self.gluon and self.block_m == 192 else ("block_m", "block_n"))
@@ -136,7 +138,7 @@ class BwdPlan:
     # tile, instead of taking turns at all of them (FA3's split: half the accumulator, no consumer idles)
     one_loop: bool = False  # (the Triton kernels) the causal diagonal's tiles in the full tiles' pipelined loop, masked
     # under a branch, not a loop of their own whose loads start only when the other has drained (FwdPlan.one_loop).
-    # Run AL (H100), the fused backward at (16, 12, 1024, 64): forward + backward 254-256 -> 260-262 TFLOP/s
+    # The fused backward at (16, 12, 1024, 64): +2% forward + backward, measured on an H100 (docs/perf.md)
     lpt_mb: int = 0  # (the Gluon passes) the order the programs start in: 0 head by head, each head's heaviest
     # blocks first; > 0 in sections of heads whose streamed tiles (dk/dv: q and do; dq: k and v) take at most this many
     # MB, every head's heaviest block of a section first, then every head's next (FA3's LPT order): the grid's last
@@ -229,48 +231,23 @@ def default_plans(d_pad: int, dtype: torch.dtype, causal: bool) -> tuple[FwdPlan
 
 
 #: (padded head dim, dtype name, causal) -> ((max T, FwdPlan, BwdPlan), ...) by ascending max T: the
-#: first entry whose max T >= max(Tq, Tk) is used (the last one beyond). Filled from the H200 sweep
-#: (``python -m kernels.methods.flash.sweep``, which prints entries in this form); empty until then.
+#: first entry whose max T >= max(Tq, Tk) is used (the last one beyond). Filled from sweeps on an H200 and an
+#: H100 (``python -m kernels.methods.flash.sweep``, which prints entries in this form), each entry read again
+#: through ``python -m harness.bench attention``; the numbers behind each entry: docs/perf.md, "Launch tables".
 TABLE: dict[tuple[int, str, bool], tuple[tuple[int, FwdPlan, BwdPlan], ...]] = {
-    # H200 sweeps, causal bf16 (docs/perf.md, runs B, S, V and Y). T <= 1024, at (16, 12, 1024, 64): forward
-    # 280 TFLOP/s (the tutorial's 128 x 64 tiles: 244; the Gluon forward 238 at best, run Y), forward +
-    # backward 251 with the fused backward (the Gluon dk/dv: 238). Longer rows, at (4, 12, 4096, 64): forward
-    # 383 (default 344; Gluon 340 at best); forward + backward 336 (run Y) with the Gluon dk/dv kernel adding
-    # dq by TMA tile reductions (128 keys a program, 64-query steps), against 316 for run V's Triton plan
-    # (4-warp 32 x 64 dk/dv and 8-warp 128 x 64 dq tiles; 325 with delta_in_dq) and 323 for the Gluon dk/dv
-    # beside the Triton dq pass; applied beyond 4096 too (the tiles' work is the same, there are more of
-    # them). The Triton kernels' dq by atomic adds lost at every swept shape (runs S and V). Forward beyond 1024: the
-    # Gluon kernel's three consumers (192-query work tiles, 128-key tiles, 3 slots, persistent), 425 TFLOP/s at
-    # (4, 12, 4096, 64) against 398.5 for cuDNN in the same run (H100, run AA; two consumers 399); their row sums by
-    # the tensor cores (sum_mma): 428-432 against 416-418 at 4096, 480-507 against 472-490 at 16384 (run AK). T <= 1024
-    # since run AL: both directions' masked tiles inside the full tiles' loop (one_loop): forward 279-281 -> 293-298,
-    # forward + backward 254-256 -> 259-262 (H100; cuDNN 297-304 and 237-240). Beyond 1024 since run AQ (H100), the
-    # dk/dv programs in LPT sections of 16 MB of q and do with the overlap: (4, 12, 4096, 64) forward + backward 339 ->
-    # 358-359 (head by head with the overlap 350-352; 8 / 32 MB sections with it 355-358 / 354-356, 32 MB without it
-    # 347-349; cuDNN 365-369)
     (64, "bfloat16", True): (
+        # T <= 1024: Triton tiles (several programs an SM) beat the Gluon kernels here; fused backward; one loop
         (1024, FwdPlan(block_m=64, block_n=64, num_warps=4, num_stages=3, one_loop=True),
          BwdPlan(block_m1=32, block_n1=64, block_m2=64, block_n2=64, num_warps=4, num_stages=3, dq_warps=4,
                  dq_stages=3, fused=True, one_loop=True)),
+        # longer: Gluon, three consumers, row sums by MMA; dk/dv adding dq by TMA, overlap, 16 MB LPT sections
         (1 << 30, FwdPlan(block_m=192, block_n=128, num_warps=4, num_stages=3, gluon=1, persistent=True,
                           sum_mma=True),
          BwdPlan(block_m1=64, block_n1=128, block_m2=128, block_n2=64, num_warps=4, num_stages=3, dq_warps=8,
                  dq_stages=4, dq_mode="tma_add", gluon=1, lpt_mb=16, overlap=True)),
     ),
-    # at (8, 16, 2048, 128): forward by the persistent Gluon kernel's three consumers, 64-key steps, 3 slots, heads
-    # in sections of 32 MB of keys and values (run AC, H100: 472 TFLOP/s against 322 for run Y's two consumers with
-    # 128-key steps, 405 for three without sections, cuDNN 531; run Y, H200: two consumers 402, the Triton
-    # kernel's 64 x 64 tiles 374); forward + backward by the Gluon dk/dv (128 keys) and Gluon dq passes (run Y: 345
-    # against 329 for run V's Triton plan, default 205; run AC: 380 against 341 for the dk/dv pass adding dq split),
-    # the dq pass first, forming delta (H100: 360.7 against 355.0 with the delta kernel in run AG's sweep, 357.9
-    # against 358.3 in run AI's, cuDNN 400.9-402.9; Nsight Compute: 964-969 us of kernels against 994-1005). The
-    # dk/dv pass's 2 slots: 3 or 4 read the same on the H100 (365-380, run AP; over the overlap plan 372-395 against
-    # 373-382, run AR); on the H200 (run AO) the table gives 373 against cuDNN's 428, and a sweep read 4 slots at
-    # 368.6-390.0 (2: 373.0), not yet read in the table there.
-    # Run AQ (H100), with delta spread late in the dk/dv pass (no spill in its loop): 362-370 -> 375-379, with the
-    # overlap 381-385 (cuDNN 399-411); LPT sections lose here (8-32 MB with the overlap 361-373, 32 MB without it
-    # 354-357; with them the pass spills 32 bytes more a thread, reloaded in its loop: compile_check)
     (128, "bfloat16", True): (
+        # Gluon, three consumers on 64-key tiles, 32 MB L2 sections; Gluon dq pass forming delta, then dk/dv, overlap
         (1 << 30, FwdPlan(block_m=192, block_n=64, num_warps=4, num_stages=3, gluon=1, persistent=True,
                           section_mb=32),
          BwdPlan(block_m1=64, block_n1=128, block_m2=128, block_n2=64, num_warps=4, num_stages=2, dq_warps=8,
@@ -280,9 +257,9 @@ TABLE: dict[tuple[int, str, bool], tuple[tuple[int, FwdPlan, BwdPlan], ...]] = {
 
 #: The Triton kernels' measured plans for keys whose TABLE entry is a Gluon plan: what such an entry falls back to
 #: where the Gluon kernels cannot take the inputs (head dims other than 64 and 128, padded to them here; strides TMA
-#: cannot read; GPUs other than Hopper). Run V's sweep (docs/perf.md): (4, 12, 4096, 64) forward + backward 322
-#: TFLOP/s (the defaults: 267), (8, 16, 2048, 128) 335 (defaults: 205); run Y: 316 and 329. The d = 128 forward takes
-#: one_loop (run AL: 384 -> 410 forward), the d = 64 one does not (383 -> 376 at 4096).
+#: cannot read; GPUs other than Hopper). Swept on an H200 (docs/perf.md): (4, 12, 4096, 64) forward + backward 322
+#: TFLOP/s (the defaults: 267), (8, 16, 2048, 128) 335 (defaults: 205). The d = 128 forward takes one_loop (384 -> 410
+#: forward on an H100), the d = 64 one does not (383 -> 376 at 4096).
 TRITON_TABLE: dict[tuple[int, str, bool], tuple[tuple[int, FwdPlan, BwdPlan], ...]] = {
     (64, "bfloat16", True): (
         (1 << 30, FwdPlan(block_m=64, block_n=64, num_warps=4, num_stages=3),
