@@ -40,8 +40,8 @@ constexpr int fwd_items(int block_n) {
 }
 // Backward register rows: 8 elements per thread up to 8192 columns; 16-bit rows of 8193-32768 columns 32
 // (512 or 1024 threads), except rows of 12289-16384 columns (over three quarters of their tile): 1024 x 16
-// (cuda-sweep, run AF, H100, GB/s: 12288 2997 against 2906 for 16 elements a thread; 16384 2998 against
-// 2986-2989 for 32; 32768 2971 against at most 2932 for the cluster path they took before).
+// (cuda-sweep on an H100, docs/perf.md, GB/s: 12288 2997 against 2906 for 16 elements a thread; 16384 2998
+// against 2986-2989 for 32; 32768 2971 against at most 2932 for the cluster path they took before).
 constexpr int bwd_items(int block_n) { return block_n > 8192 ? 32 : 8; }
 // ... and for rows over three quarters of their tile (a column of the same table; equal where unmeasured)
 constexpr int bwd_items_full(int block_n) { return block_n == 16384 ? 16 : bwd_items(block_n); }
@@ -61,7 +61,7 @@ constexpr int kHybridThreads = 512, kHybridRegItems = 64;
 // Persistent path, forward: fp32 rows over a cluster of two CTAs only (cluster-persist: 2 x 512
 // threads x 32 elements, 64 KB each; 16-bit rows take the hybrid path). Backward: rows of up to 32 KB,
 // 1024 threads, one buffer (y and dy of the next row); only fp32 rows (4097-8192 columns) take it, 16-bit
-// rows of that size being faster in registers (run AD).
+// rows of that size being faster in registers (measured on an H100, docs/perf.md).
 template <typename T, bool BWD>
 constexpr int persist_max() {
   return BWD ? 32768 / (int)sizeof(T) : 16384;

@@ -25,7 +25,7 @@ constexpr int ce_min_blocks(int threads, int nr, int nsv, bool packed, int vec) 
   return b < 1 ? 1 : (b > 32 ? 32 : b);
 }
 
-// The passes over the staged vectors (max, sum, stores) run SU vectors at a time: fully unrolled, ptxas
+// The passes over the staged vectors (max, sum, stores) take SU vectors at a time: fully unrolled, ptxas
 // hoists every shared-memory read of a pass and the 64-register hybrid kernel spills.
 #ifndef CE_SHARED_UNROLL
 #define CE_SHARED_UNROLL 2
