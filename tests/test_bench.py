@@ -252,7 +252,7 @@ def test_launch_table_measures_both_triton_launch_paths():
     """The triton method is measured once per launch path (direct, plain); where the direct path cannot
     run (the interpreter) its label says why; other methods once."""
     from harness.bench.launch import _launch_paths
-    from kernels.methods.triton import fastlaunch
+    from kernels.runtime import fastlaunch
 
     paths = _launch_paths("triton")
     assert [d for _, d in paths] == [True, False] and paths[1][0] == "plain"

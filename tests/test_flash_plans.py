@@ -1,7 +1,7 @@
 """The flash method's launch plans (kernels/methods/flash/plan.py) and launch path: every plan switch
 against float64 (TMA modes, the fused backward, dq by atomic adds or by TMA reductions, the causal
 program order), what the dq modes compile to for sm_90, the plan table and its lookup, the sweep, and
-the direct launches (kernels.methods.triton.fastlaunch). The helpers and the CPU/GPU split are
+the direct launches (kernels.runtime.fastlaunch). The helpers and the CPU/GPU split are
 tests/test_flash_attention.py's.
 """
 
@@ -112,7 +112,7 @@ def tma_reductions_emulated(monkeypatch):
     every backward launch and the number of reductions run."""
     from kernels.methods.flash import bwd
     from kernels.methods.flash.tiles import interpreter_enabled
-    from kernels.methods.triton import fastlaunch
+    from kernels.runtime import fastlaunch
 
     if not interpreter_enabled():
         pytest.skip("emulates the reduction in Triton's interpreter (on a GPU the GPU tests run the real one)")
@@ -316,7 +316,7 @@ def test_gpu_hopper_switches_are_correct(variant):
 def _recorded_launches(monkeypatch, plan, tma="off", run=True):
     """(kernel, args, meta) of every launch one forward + backward makes (launched the plain way, or
     not at all without ``run``)."""
-    from kernels.methods.triton import fastlaunch
+    from kernels.runtime import fastlaunch
 
     seen = []
 
@@ -354,7 +354,7 @@ def test_every_flash_launch_takes_the_direct_path_shape(monkeypatch, fused):
         assert all("constexpr" in str(p.annotation) for p in params[len(args):]), fn.__name__
         assert set(later) <= set(meta), f"{fn.__name__}: constexprs {set(later) - set(meta)} not given by keyword"
         if hasattr(kernel, "params"):  # a JITFunction (no interpreter): fastlaunch's own test of the signature
-            from kernels.methods.triton import fastlaunch
+            from kernels.runtime import fastlaunch
 
             assert fastlaunch._layout(kernel, args, meta) is not None, fn.__name__
         else:  # the interpreter's stand-in: the decorator's arguments
@@ -410,7 +410,7 @@ def test_gpu_direct_launches_match_plain_ones(fused):
     """Forward and backward launched directly (after the first, compiling call) give bit for bit what
     Triton's launcher gives, and direct entries were made for the flash kernels."""
     from kernels.methods.flash.bwd import launch_bwd
-    from kernels.methods.triton import fastlaunch as fl
+    from kernels.runtime import fastlaunch as fl
 
     if fl.unsupported_reason() is not None:
         pytest.skip(f"no direct launches with this Triton: {fl.unsupported_reason()}")

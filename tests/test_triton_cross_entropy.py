@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
+from kernels.runtime import availability
 from tests.test_cross_entropy import DEVICE, assert_matches, grad_tol, linear_inputs, logits_like, targets_like
 
 pytestmark = [pytest.mark.skipif("triton" not in kernels.runnable_methods(), reason="triton cannot run here"),
@@ -171,7 +172,7 @@ def test_cpu_tensors_without_the_interpreter_and_bad_targets_in_the_op_are_clear
     x, t = torch.randn(2, 8), torch.tensor([1, 9])
     with pytest.raises(ValueError, match=r"target 9 is outside \[0, 8\)"):  # the op checks CPU targets itself
         OPS.triton_cross_entropy_fwd(x, t, -100, "mean", True)
-    monkeypatch.setattr(ck, "interpreter_enabled", lambda: False)
+    monkeypatch.setattr(availability, "interpreter_enabled", lambda: False)
     with pytest.raises(ValueError, match="CUDA tensors"):
         OPS.triton_cross_entropy_fwd(x, torch.tensor([1, 2]), -100, "mean", True)
 

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import kernels
-from kernels.methods.triton import availability, plan as tp
+from kernels.methods.triton import plan as tp
+from kernels.runtime import availability
 from tests.compiled_report import check_hybrid_layout, compile_cases
 from tests.helpers import ce_rows_reference
 from tests.test_cross_entropy import DEVICE
@@ -58,8 +59,8 @@ def test_hybrid_kernel_compiles_for_sm90_with_its_buffer_at_the_start_of_shared_
     warps, registers within maxnreg, nothing in local memory, and at most a pointer or two on the
     stack (the scheduler's; a shared part held in registers across passes takes hundreds of bytes).
     Without the gradient the kernel only reads the logits (no vector stores)."""
-    if availability._GLUON_ERROR:
-        pytest.skip(availability._GLUON_ERROR)
+    if availability.GLUON_ERROR:
+        pytest.skip(availability.GLUON_ERROR)
     cases = ["bf16:65536:1:16", "fp16:50304:1:16", "bf16:50304:0:16", "fp16:65536:0:16", "bf16:50304:1:8",
              "fp16:65536:1:8"]
     for r in compile_cases(_COMPILE, cases, timeout=600):
@@ -91,7 +92,7 @@ def test_hybrid_unusable_reasons(cg, monkeypatch):
     stride, address; logits and gradient), shared memory; None where it can run. (Causal rows are no
     cross-entropy case: nothing to check.)"""
     x = torch.zeros(2, 50304, dtype=torch.bfloat16)
-    if availability._GLUON_ERROR:
+    if availability.GLUON_ERROR:
         assert cg.hybrid_unusable(x, x) is not None
         return
     monkeypatch.setattr(cg, "interpreter_enabled", lambda: True)

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import kernels
-from kernels.methods.triton import availability, plan as tp
+from kernels.methods.triton import plan as tp
+from kernels.runtime import availability
 from kernels.methods.triton.launch import launch_bwd, launch_fwd
 from tests.helpers import BWD_TOL, FWD_TOL, check_method, random_scores
 
@@ -339,8 +340,8 @@ def test_gluon_kernels_compile_for_sm90_with_their_buffer_at_the_start_of_shared
     import subprocess
     import sys
 
-    if availability._GLUON_ERROR:
-        pytest.skip(availability._GLUON_ERROR)
+    if availability.GLUON_ERROR:
+        pytest.skip(availability.GLUON_ERROR)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", _GLUON_COMPILE, kernel, dtype, str(int(even))], capture_output=True,
                          text=True, env=env, timeout=300)

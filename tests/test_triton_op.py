@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kernels
-from kernels.methods.triton import availability
+from kernels.runtime import availability
 from tests.helpers import random_scores
 
 pytestmark = pytest.mark.skipif("triton" not in kernels.runnable_methods(), reason="triton cannot run here")

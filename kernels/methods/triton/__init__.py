@@ -96,11 +96,11 @@ Modules (host side, then kernels, then what runs them):
 
 from __future__ import annotations
 
-from kernels.methods.triton.availability import triton, unavailable_reason, validate
 from kernels.methods.triton.launch import launch_bwd, launch_fwd
-from kernels.methods.triton.op import triton_softmax, triton_softmax_bwd, triton_softmax_fwd
+from kernels.methods.triton.op import triton_softmax, triton_softmax_bwd, triton_softmax_fwd, validate
 from kernels.methods.triton.plan import Plan
 from kernels.registry import Method, register
+from kernels.runtime.availability import triton, unavailable_reason
 
 __all__ = [
     "Plan",

@@ -35,7 +35,7 @@ from typing import Optional
 import torch
 
 from kernels.methods.triton import plan as tp
-from kernels.methods.triton.availability import gl, gluon, interpreter_enabled
+from kernels.runtime.availability import gl, gluon, interpreter_enabled
 
 #: Rows this path takes: HYBRID_MIN_N < V <= HYBRID_MAX_N (16-bit; the registers' part at 16 warps is
 #: 16384 columns, the rest at most 96 KB of shared memory at 65536).

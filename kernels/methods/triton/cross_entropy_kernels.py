@@ -63,7 +63,6 @@ The torch ops and their autograd are in :mod:`kernels.methods.triton.cross_entro
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -73,7 +72,6 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
-from kernels.methods.triton import fastlaunch
 from kernels.methods.triton.cross_entropy_gluon import (HYBRID_MAX_N, HYBRID_MIN_N, hybrid_unusable,
                                                         launch_hybrid)
 from kernels.methods.triton.cross_entropy_slices import (default_slices, launch_slices, slices_reason, slices_shape,
@@ -81,6 +79,8 @@ from kernels.methods.triton.cross_entropy_slices import (default_slices, launch_
 from kernels.methods.triton.cross_entropy_reduction import (  # noqa: F401  (re-exported: the module's API)
     _device_guard, count_targets, reduce_loss, scale_grad_)
 from kernels.methods.triton.tile import _split_arrive_and_wait, _split_chunk
+from kernels.runtime import fastlaunch
+from kernels.runtime.availability import interpreter_enabled, require_gpu_tensor
 
 
 LOG2E = tl.constexpr(1.4426950408889634)  # a global a @jit function reads must be a constexpr
@@ -112,14 +112,8 @@ _TILE = {128: (64, 8), 256: (16, 4), 512: (16, 16), 1024: (8, 16), 2048: (4, 16)
          8192: (1, 16), 16384: (1, 16)}
 
 
-def interpreter_enabled() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def validate(x: Tensor) -> None:
-    if x.device.type != "cuda" and not interpreter_enabled():
-        raise ValueError(f"the triton cross-entropy runs on CUDA tensors; got a tensor on {x.device} "
-                         "(TRITON_INTERPRET=1 runs Triton's CPU interpreter, for tests)")
+    require_gpu_tensor(x, "the triton cross-entropy")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from typing import Optional
 import torch
 
 from kernels.methods.triton import plan as tp
-from kernels.methods.triton.availability import gl, gluon, interpreter_enabled
+from kernels.runtime.availability import gl, gluon, interpreter_enabled
 from kernels.methods.triton.cross_entropy_gluon import HYBRID_MAX_N, _softmax_plan, hybrid_maxnreg
 
 #: Longest slice (its shared part as the hybrid path's longest row); rows longer than this take slices.

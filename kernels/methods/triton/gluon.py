@@ -7,7 +7,7 @@ where this Triton has Gluon; launched by ``launch``; ``plan.gluon_unusable`` say
 
 from __future__ import annotations
 
-from kernels.methods.triton.availability import gl, gl_async, gluon
+from kernels.runtime.availability import gl, gl_async, gluon
 from kernels.methods.triton.plan import _RING_MAX_WAIT
 
 if gluon is not None:

@@ -14,8 +14,7 @@ from typing import Optional
 
 import torch
 
-from kernels.methods.triton import fastlaunch, gluon, tile
-from kernels.methods.triton.availability import interpreter_enabled
+from kernels.methods.triton import gluon, tile
 from kernels.methods.triton.plan import (
     HYBRID_MAX_REGS,
     LOG2E,
@@ -30,6 +29,8 @@ from kernels.methods.triton.plan import (
     ring_pairs,
     ring_slots,
 )
+from kernels.runtime import fastlaunch
+from kernels.runtime.availability import interpreter_enabled
 
 
 def _rows_view(x: torch.Tensor) -> torch.Tensor:

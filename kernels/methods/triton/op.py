@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import torch
 
-from kernels.methods.triton.availability import validate
 from kernels.methods.triton.launch import launch_bwd, launch_fwd
+from kernels.runtime.availability import require_gpu_tensor
+
+
+def validate(x: torch.Tensor) -> None:
+    require_gpu_tensor(x, "the triton softmax")
 
 
 def _check_op_input(x: torch.Tensor, causal: bool) -> None:

@@ -13,8 +13,9 @@ from typing import Optional
 
 import torch
 
-from kernels.methods.triton import fastlaunch
-from kernels.methods.triton.availability import _GLUON_ERROR
+from kernels.runtime import fastlaunch
+from kernels.runtime.availability import GLUON_ERROR
+from kernels.runtime.device import device_props
 
 LOG2E = 1.4426950408889634
 #: Longest row kept whole in registers; longer rows take the streaming (long) path.
@@ -165,16 +166,6 @@ def plan(n_cols: int, elem_bytes: int, backward: bool = False, causal: bool = Fa
     return Plan(False, block_n, rows, max(1, min(8, rows * block_n // (32 * 16))))
 
 
-_DEVICE_PROPS: dict = {}
-
-
-def device_props(device: torch.device):
-    """The GPU's properties (SM count, shared memory per block), asked once per device."""
-    if device not in _DEVICE_PROPS:
-        _DEVICE_PROPS[device] = torch.cuda.get_device_properties(device)
-    return _DEVICE_PROPS[device]
-
-
 def _smem_per_block(device: torch.device) -> int:
     """Shared memory one program may opt in to on this GPU (48 KB where the property is missing)."""
     return getattr(device_props(device), "shared_memory_per_block_optin", 0) or 48 * 1024
@@ -228,8 +219,8 @@ def gluon_unusable(x2: torch.Tensor, causal: bool, p: Plan, dy2: Optional[torch.
     name = name or ("the ring path" if p.ring else "the hybrid path")
     if causal:
         return f"{name} does not take causal rows"
-    if _GLUON_ERROR:
-        return _GLUON_ERROR
+    if GLUON_ERROR:
+        return GLUON_ERROR
     if not x2.is_cuda:
         return f"{name} runs on a GPU only (not in Triton's interpreter)"
     props = device_props(x2.device)  # (asked once per device, not every call)

@@ -6,7 +6,7 @@ described in the package docstring (``kernels/methods/triton/__init__.py``).
 
 from __future__ import annotations
 
-from kernels.methods.triton.availability import tl, triton
+from kernels.runtime.availability import tl, triton
 
 if triton is not None:
 

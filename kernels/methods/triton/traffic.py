@@ -15,7 +15,7 @@ def causal_traffic_ms(shape: tuple, dtype: torch.dtype, device: str, rep_ms: int
     move exactly its bytes (read each row's unmasked prefix, write the whole row: the prefix copied,
     zeros after) and compute nothing. None where Triton cannot run."""
     try:
-        from kernels.methods.triton import availability
+        from kernels.runtime import availability
 
         if availability.unavailable_reason() or availability.triton is None:
             return None

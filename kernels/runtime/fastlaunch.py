@@ -40,7 +40,7 @@ from typing import Any, Optional
 
 import torch
 
-from kernels.methods.triton.availability import interpreter_enabled, triton
+from kernels.runtime.availability import interpreter_enabled, triton
 
 _Tensor = torch.Tensor
 _MAX_ENTRIES = 1024  # direct entries per kernel (a key that never repeats must not grow memory)
@@ -379,7 +379,7 @@ def prepare(kernel, grid: tuple, args: tuple, meta: dict, device: Optional[int] 
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for grids. ``triton.cdiv`` is a ``ConstexprFunction`` (Triton 3.5 on): called from host
     code it unwraps its arguments first, 3-5 us a call on the H200's host (4 calls per flash forward +
-    backward in run U's profile)."""
+    backward, measured with a host profile)."""
     return -(-a // b)
 
 
