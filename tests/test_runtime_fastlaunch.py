@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import kernels
-from kernels.methods.triton import plan as tp
-from kernels.methods.triton.launch import launch_bwd, launch_fwd
+from kernels.methods.triton.softmax import plan as tp
+from kernels.methods.triton.softmax.launch import launch_bwd, launch_fwd
 from kernels.runtime import fastlaunch as fl
 
 pytestmark = pytest.mark.skipif("triton" not in kernels.runnable_methods(), reason="triton cannot run here")
@@ -312,7 +312,7 @@ def _both_ways(x, dy, causal, calls=3):
 def test_direct_launches_match_plain_ones_on_the_gpu(shape, dtype, causal, view, seeded):
     """Every softmax path launched directly, and through its prepared launch, gives bit-for-bit the plain
     launch's outputs, with the same strides."""
-    from kernels.methods.triton import launch as tl_launch
+    from kernels.methods.triton.softmax import launch as tl_launch
 
     assert fl.unsupported_reason() is None, fl.unsupported_reason()  # the Triton this was written for
     x, dy = _inputs(shape, dtype, view, seeded)

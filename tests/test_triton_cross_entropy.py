@@ -23,7 +23,7 @@ OPS = torch.ops.softmax_harness
 
 @pytest.fixture
 def lce():
-    from kernels.methods.triton import linear_cross_entropy
+    from kernels.methods.triton.cross_entropy import linear as linear_cross_entropy
 
     return linear_cross_entropy
 
@@ -116,7 +116,7 @@ def test_float16_keeps_its_gradient_unscaled_until_the_backward(ck, monkeypatch)
     """1 / n_valid in fp16 pushes small probabilities into fp16's subnormals (or to zero) before a
     GradScaler's factor (here 2^16) can lift them: the forward leaves it to the backward. Measured
     elementwise on the entries that fp16 holds as normal numbers after the scaling."""
-    from kernels.methods.triton import cross_entropy as ce
+    from kernels.methods.triton.cross_entropy import op as ce
 
     x = logits_like((64, 64), torch.float16, spread=4.0)
     t = targets_like((64,), 64, "none")
@@ -201,7 +201,7 @@ def test_opcheck(reduction):
 def test_fullgraph_compile_equals_eager_with_ignored_rows(monkeypatch):
     """The compiled loss (the known failure: Liger's with ignore_index rows) and gradients equal eager;
     compiled, the forward computes no gradient (the backward recomputes it)."""
-    from kernels.methods.triton import cross_entropy as ce
+    from kernels.methods.triton.cross_entropy import op as ce
 
     calls = []
     real = ce.forward
@@ -357,8 +357,8 @@ _CE_COMPILE = r'''
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-import kernels.methods.triton.cross_entropy_kernels as K
-import kernels.methods.triton.cross_entropy_reduction as R
+import kernels.methods.triton.cross_entropy.kernels as K
+import kernels.methods.triton.cross_entropy.reduction as R
 P = "*bf16"
 common = {"X": P, "T": "*i64", "LOSS": "*fp32", "G": P, "S": "*fp32", "C": "*fp32"}
 strides = {"stride_xr": "i64", "stride_xc": "i64", "stride_gr": "i64", "stride_s": "i32", "ignore_index": "i32"}
@@ -429,7 +429,7 @@ def test_split_path_all_inf_chunks_beside_very_negative_logits(ck, monkeypatch):
 def test_eager_calls_go_around_the_custom_ops(monkeypatch):
     """Not compiling, the op function launches the kernels itself (no custom-op dispatch on the host),
     with and without a gradient, and gives what the ops give."""
-    import kernels.methods.triton.cross_entropy as ce
+    import kernels.methods.triton.cross_entropy.op as ce
 
     x = logits_like((5, 11), torch.float32)
     t = targets_like((5,), 11)

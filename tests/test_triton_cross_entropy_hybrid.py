@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import kernels
-from kernels.methods.triton import plan as tp
+from kernels.methods.triton.softmax import plan as tp
 from kernels.runtime import availability
 from tests.compiled_report import check_hybrid_layout, compile_cases
 from tests.helpers import ce_rows_reference
@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.skipif("triton" not in kernels.runnable_methods(), rea
 
 @pytest.fixture
 def cg():
-    from kernels.methods.triton import cross_entropy_gluon
+    from kernels.methods.triton.cross_entropy import gluon as cross_entropy_gluon
 
     return cross_entropy_gluon
 
@@ -34,7 +34,8 @@ def cg():
 _COMPILE = r"""
 import json, sys
 from tests.compiled_report import compile_gluon_sm90, report
-from kernels.methods.triton import cross_entropy_gluon as cg, plan as tp
+from kernels.methods.triton.cross_entropy import gluon as cg
+from kernels.methods.triton.softmax import plan as tp
 
 for case in sys.argv[1:]:
     dtype, v, grad, warps = case.split(":")

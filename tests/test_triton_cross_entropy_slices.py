@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import kernels
-from kernels.methods.triton import plan as tp
+from kernels.methods.triton.softmax import plan as tp
 from kernels.runtime import availability
 from tests.compiled_report import check_hybrid_layout, compile_cases
 from tests.test_cross_entropy import DEVICE
@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.skipif("triton" not in kernels.runnable_methods(), rea
 
 @pytest.fixture
 def cs():
-    from kernels.methods.triton import cross_entropy_slices
+    from kernels.methods.triton.cross_entropy import slices as cross_entropy_slices
 
     return cross_entropy_slices
 
@@ -38,8 +38,9 @@ _COMPILE = r"""
 import json, sys
 import triton
 from tests.compiled_report import compile_gluon_sm90, report
-from kernels.methods.triton import cross_entropy_slices as cs, plan as tp
-from kernels.methods.triton.cross_entropy_gluon import hybrid_maxnreg
+from kernels.methods.triton.cross_entropy import slices as cs
+from kernels.methods.triton.softmax import plan as tp
+from kernels.methods.triton.cross_entropy.gluon import hybrid_maxnreg
 
 for case in sys.argv[1:]:
     dtype, v, grad, warps, n_slices = case.split(":")

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import kernels
-from kernels.methods.triton import plan as tp
-from kernels.methods.triton.launch import launch_bwd, launch_fwd
+from kernels.methods.triton.softmax import plan as tp
+from kernels.methods.triton.softmax.launch import launch_bwd, launch_fwd
 from kernels.runtime import device as runtime_device
 from tests.helpers import BWD_TOL, FWD_TOL, random_scores
 

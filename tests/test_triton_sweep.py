@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import kernels
-from kernels.methods.triton import plan as tp
+from kernels.methods.triton.softmax import plan as tp
 from kernels.methods.triton import sweep
 from kernels.methods.triton.sweep import triton_candidates
 

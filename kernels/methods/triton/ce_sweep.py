@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from kernels.methods.triton import cross_entropy_kernels as ck
+from kernels.methods.triton.cross_entropy import launch as ck
 from kernels.timing import bench_graph_ms, bench_ms, copy_bandwidth
 
 IGNORE = -100

@@ -15,9 +15,9 @@ from typing import Callable, Optional
 import torch
 
 import kernels
-from kernels.methods.triton import plan as tp
-from kernels.methods.triton.launch import launch_bwd, launch_fwd
-from kernels.methods.triton.plan import Plan, _next_pow2
+from kernels.methods.triton.softmax import plan as tp
+from kernels.methods.triton.softmax.launch import launch_bwd, launch_fwd
+from kernels.methods.triton.softmax.plan import Plan, _next_pow2
 from kernels.timing import bench_graph_ms, error_on_device, sweep_references
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

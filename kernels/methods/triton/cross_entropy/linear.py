@@ -2,7 +2,7 @@
 
 Algorithm. For each chunk of ``chunk_rows`` tokens (forward, when gradients are needed):
 logits_c = hidden_c @ weight.T (cuBLAS, in the compute dtype), then the cross-entropy kernel
-(:mod:`.cross_entropy_kernels`) writes the chunk's loss rows and its gradient (softmax - onehot) / n_valid
+(:mod:`.launch`) writes the chunk's loss rows and its gradient (softmax - onehot) / n_valid
 into logits_c itself (in place: the buffer is ours and the kernel never re-reads a column it has
 written), then grad_hidden_c = grad_c @ weight and grad_weight += grad_c.T @ hidden_c, accumulated in
 fp32 (``weight_grad_mode``: cuBLAS with an fp32 output accumulating into it, ``addmm``/``baddbmm`` with
@@ -11,7 +11,7 @@ fp32 buffer). The backward only multiplies the saved gradients by grad_output (n
 reduction='none' cannot be done that way (grad_weight sums rows that grad_output weights
 differently), so there the forward computes the loss rows only and the backward recomputes each
 chunk's logits and writes its gradient scaled by grad_output per row. float16 keeps its gradients
-unscaled and divides by n_valid in the backward (see :mod:`.cross_entropy_kernels`); its grad_weight
+unscaled and divides by n_valid in the backward (see the package docstring); its grad_weight
 stays fp32 until then. Under torch.compile the same forward runs, and the backward multiplies out of place:
 scaled in place, the saved grad_hidden and grad_weight were first copied by Inductor (it does not
 reinplace mutations of saved tensors: (N + V) C elements read and written, 204 MB a step in gpt2s),
@@ -42,8 +42,8 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
 
 from kernels import chunking
-from kernels.methods.triton.cross_entropy import SECOND_BACKWARD, triton_cross_entropy_bwd
-from kernels.methods.triton.cross_entropy_kernels import count_targets, defers_scale, launch_ce, reduce_loss, validate
+from kernels.methods.triton.cross_entropy.launch import count_targets, defers_scale, launch_ce, reduce_loss, validate
+from kernels.methods.triton.cross_entropy.op import SECOND_BACKWARD, triton_cross_entropy_bwd
 
 #: Bytes of one chunk's logits (:mod:`kernels.chunking`: why 350 MiB).
 LINEAR_CHUNK_BYTES = chunking.CHUNK_BYTES

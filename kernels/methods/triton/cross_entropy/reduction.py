@@ -1,5 +1,5 @@
 """The `triton` cross-entropy's reduction kernels, around the row kernels of
-:mod:`.cross_entropy_kernels`: the target count and range check (``count_targets``: n_valid for
+:mod:`.kernels`: the target count and range check (``count_targets``: n_valid for
 'mean', on the device, no host sync), the loss from its rows (``reduce_loss``) and the backward's
 multiply by grad_output (``scale_grad_``: in place, no work where the factor is exactly 1). Small
 launches (one program, or a few per SM), through the direct launch path (``fastlaunch``)."""
@@ -15,7 +15,7 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
-from kernels.methods.triton.plan import _next_pow2
+from kernels.methods.triton.softmax.plan import _next_pow2
 from kernels.runtime import fastlaunch
 from kernels.runtime.device import device_props
 
