@@ -31,8 +31,8 @@ bytes of partials per slice; the stream path it replaces reads the logits twice 
 H200 at V = 128256-262144). Measured on the H200 (docs/perf.md): 0.83 of copy at V = 128256 (2
 slices) and 262144 (4), 8 warps; at 8 warps a slice of 64K columns takes 112 KB of shared memory (one
 program per SM), yet one more slice (two programs an SM) measured 0.76, twice as many 0.70, and 16
-warps 0.65-0.75 (``python -m harness.bench triton-ce-sweep`` times them all). The kernel is defined only where this Triton has Gluon;
-``slices_unusable`` says when it cannot run.
+warps 0.65-0.75 (``python -m harness.bench triton-ce-sweep`` times them all). The kernel is defined only
+where this Triton has Gluon; ``slices_unusable`` says when it cannot run.
 """
 
 from __future__ import annotations
