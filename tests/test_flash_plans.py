@@ -84,7 +84,7 @@ def test_atomic_dq_gives_way_to_the_dq_pass_in_deterministic_mode():
 
 
 def test_dq_adds_compile_to_what_each_mode_promises():
-    """Compiled for sm_90 (no GPU: kernels.methods.flash.compile_check in a subprocess without the
+    """Compiled for sm_90 (no GPU: harness.bench flash-compile-check in a subprocess without the
     interpreter, HARNESS_COMPILE_PYTHON's Triton where set): the atomic mode's dk/dv kernel adds dq by
     vector fp32 atomics, tma_add's by bulk tensor reductions and no element atomic."""
     import re
@@ -93,7 +93,7 @@ def test_dq_adds_compile_to_what_each_mode_promises():
 
     lines = {}
     for mode in ("atomic", "tma_add"):
-        run = compile_run(["-m", "kernels.methods.flash.compile_check", "--d", "64", "--bwd",  # the Triton dk/dv kernel
+        run = compile_run(["-m", "harness.bench", "flash-compile-check", "--d", "64", "--bwd",  # the Triton dk/dv kernel
                            f"gluon=0 block_m1=32 block_n1=64 dq_mode={mode} overlap=0 lpt_mb=0"], 600)
         assert run.returncode == 0, run.stderr[-2000:]
         lines[mode] = next(line for line in run.stdout.splitlines() if line.strip().startswith("dk/dv"))
@@ -185,13 +185,13 @@ def test_sweep_checks_and_times_both_dq_modes(tmp_path):
     first, the atomic-dq phase timed, an invalid combination skipped, a table entry printed."""
     import json
 
-    from kernels.methods.flash import sweep
+    from harness.bench import main
 
     out = tmp_path / "new" / "sweep.json"  # (its folder made)
-    sweep.main(["--shapes", "1,2,40,16", "--device", DEVICE, "--no-baselines", "--rep-ms", "1", "--out", str(out),
-                "--fwd-phases", "block_m=16 block_n=16",
-                "--bwd-phases", "block_m1=16 block_n1=16 block_m2=16 block_n2=16 pre_block=16 | fused=1 | "
-                                "fused=0 dq_mode=atomic | fused=1 dq_mode=atomic | fused=0 dq_mode=pass delta_in_dq=1"])
+    main(["flash-sweep", "--shapes", "1,2,40,16", "--device", DEVICE, "--no-baselines", "--rep-ms", "1", "--out", str(out),
+          "--fwd-phases", "block_m=16 block_n=16",
+          "--bwd-phases", "block_m1=16 block_n1=16 block_m2=16 block_n2=16 pre_block=16 | fused=1 | "
+                          "fused=0 dq_mode=atomic | fused=1 dq_mode=atomic | fused=0 dq_mode=pass delta_in_dq=1"])
     recs = json.loads(out.read_text())
     bwd = [r for r in recs["results"] if r["direction"] == "fwd+bwd"]
     assert {r["plan"]["dq_mode"] for r in bwd} == {"pass", "atomic"}
@@ -206,11 +206,11 @@ def test_sweep_tries_the_program_order_only_where_causal(tmp_path):
     phase out of the non-causal shape (the same launch four times otherwise)."""
     import json
 
-    from kernels.methods.flash import sweep
+    from harness.bench import main
 
     out = tmp_path / "flash_sweep.json"  # (--out a folder: the file goes inside, as the other sweeps write)
-    sweep.main(["--shapes", "2,3,40,16", "--device", DEVICE, "--no-baselines", "--rep-ms", "1", "--out", str(tmp_path),
-                "--causal", "both", "--mode", "fwd", "--fwd-phases", "block_m=16 block_n=16 | group=1,2,4"])
+    main(["flash-sweep", "--shapes", "2,3,40,16", "--device", DEVICE, "--no-baselines", "--rep-ms", "1", "--out",
+          str(tmp_path), "--causal", "both", "--mode", "fwd", "--fwd-phases", "block_m=16 block_n=16 | group=1,2,4"])
     recs = json.loads(out.read_text())["results"]
     groups = {causal: {r["plan"]["group"] for r in recs if r["shape"].split("/")[1] == causal} for causal in
               ("causal", "full")}

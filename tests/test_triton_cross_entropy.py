@@ -397,7 +397,7 @@ def test_cross_entropy_kernels_compile_for_sm90():
 
 
 def test_sweep_candidates_start_with_the_current_plan_and_cover_both_long_paths(ck):
-    from kernels.methods.triton.ce_sweep import candidates
+    from harness.bench.tuning.triton_ce_sweep import candidates
 
     for v in (50304, 128256, 262144):
         c = candidates(v)

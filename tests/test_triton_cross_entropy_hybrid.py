@@ -151,7 +151,7 @@ def test_launch_falls_back_where_the_hybrid_path_cannot_run(ck, monkeypatch):
 
 
 def test_sweep_candidates_include_the_hybrid_path_only_where_usable(ck, monkeypatch):
-    from kernels.methods.triton.ce_sweep import candidates
+    from harness.bench.tuning.triton_ce_sweep import candidates
 
     hybrid = [ck.Plan("hybrid", 65536, 1, 8), ck.Plan("hybrid", 65536, 1, 16)]
     c = candidates(50304)  # (default: nothing is usable; the current plan is the one launch_ce falls back to)

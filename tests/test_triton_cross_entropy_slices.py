@@ -185,7 +185,7 @@ def test_launch_falls_back_where_the_slices_path_cannot_run(ck):
 
 
 def test_sweep_candidates_include_the_slices_path_only_where_usable(ck):
-    from kernels.methods.triton.ce_sweep import candidates, current_plan
+    from harness.bench.tuning.triton_ce_sweep import candidates, current_plan
 
     c = candidates(128256)  # (nothing usable: the stream plan launch_ce falls back to comes first)
     assert c[0] == ck.plan(128256, hybrid=False) and all(p.path != "slices" for p in c)

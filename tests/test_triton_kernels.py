@@ -211,7 +211,7 @@ def test_backward_tile_reload_and_narrow_on_the_gpu(n, warps, causal, variant, s
 _RELOAD_REGS = """
 import torch
 from triton.backends.compiler import GPUTarget
-from kernels.methods.flash.compile_check import compile_call
+from harness.bench.tuning.flash_compile_check import compile_call
 from kernels.methods.triton.softmax import tile
 y = torch.empty(16, dtype=torch.bfloat16)
 for n, warps in ((16384, 16), (32768, 32)):

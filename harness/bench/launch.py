@@ -22,14 +22,15 @@ flash eager routes are). No method's forward + backward can cost less than that 
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 import kernels
-from harness.bench.common import error_text, host_us
+from harness.bench.common import error_text, host_us, parse_names
 from harness.results import write_json
 from kernels.runtime import fastlaunch
 
@@ -200,3 +201,13 @@ def run_launch_bench(methods: Optional[list[str]], out: Path, calls: int = 200) 
                     fastlaunch.configure()
     print(_table(rows), end="")
     return rows
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--methods", default="", help="comma-separated methods (default: every method here)")
+    p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--out", default="outputs/bench", type=Path)
+
+
+def run(a: argparse.Namespace, error: Callable[[str], None]) -> list[LaunchRow]:
+    return run_launch_bench(parse_names(a.methods), a.out, a.calls)

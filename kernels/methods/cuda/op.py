@@ -16,8 +16,7 @@ import threading
 
 import torch
 
-from kernels.methods.cuda import build
-from kernels.methods.cuda.build import STATE
+from kernels.methods.cuda.build import STATE, load
 
 _LOCK = threading.Lock()
 
@@ -28,7 +27,7 @@ def prepare() -> dict:
     with _LOCK:
         if STATE["loaded"]:
             return {"build_s": 0.0, "cached_in_process": True}
-        build_s = build.load()
+        build_s = load()
         register_python_side()
         STATE["loaded"] = True
         STATE["build_s"] = build_s

@@ -14,7 +14,8 @@ from typing import Optional
 
 import torch
 
-from kernels.methods.triton.softmax import gluon, tile
+import kernels.methods.triton.softmax.gluon as gluon
+import kernels.methods.triton.softmax.tile as tile
 from kernels.methods.triton.softmax.plan import (
     HYBRID_MAX_REGS,
     LOG2E,
