@@ -242,13 +242,18 @@ def run_ce_sweep(sizes: list[int], rows: int, max_gb: float, out: Path, rep_ms: 
     return results
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_vocabulary_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments both cross-entropy sweeps take (this one and ``triton-ce-sweep``)."""
     p.add_argument("--sizes", default="32768,50304,128256,262144", help="vocabulary sizes V, comma-separated")
     p.add_argument("--rows", type=int, default=16384, help="rows (tokens) per measurement, fewer for large V")
     p.add_argument("--max-gb", type=float, default=4.0, help="bound on logits + gradient bytes (GB)")
     p.add_argument("--rep-ms", type=int, default=50)
-    p.add_argument("--match", default="", help="only the candidates whose description holds this text")
     p.add_argument("--out", default="outputs/bench", type=Path)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_vocabulary_arguments(p)
+    p.add_argument("--match", default="", help="only the candidates whose description holds this text")
 
 
 def run(a: argparse.Namespace, error: Callable[[str], None]) -> list[dict]:

@@ -27,7 +27,7 @@ import torch
 
 from harness.bench.common import parse_ints
 from harness.bench.timing import bench_graph_ms, bench_ms, copy_bandwidth
-from harness.bench.tuning.cuda_ce_sweep import ce_inputs, check, reference_loss
+from harness.bench.tuning.cuda_ce_sweep import add_vocabulary_arguments, ce_inputs, check, reference_loss
 from kernels.methods.triton.cross_entropy import launch as ck
 
 IGNORE = -100
@@ -115,11 +115,7 @@ def run_sweep(sizes: list[int], rows: int, max_gb: float, rep_ms: int, out: Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sizes", default="32768,50304,128256,262144", help="vocabulary sizes V, comma-separated")
-    p.add_argument("--rows", type=int, default=16384, help="rows (tokens) per measurement, fewer for large V")
-    p.add_argument("--max-gb", type=float, default=4.0, help="bound on logits + gradient bytes (GB)")
-    p.add_argument("--rep-ms", type=int, default=50)
-    p.add_argument("--out", default="outputs/bench", type=Path)
+    add_vocabulary_arguments(p)
 
 
 def run(a: argparse.Namespace, error: Callable[[str], None]) -> list[dict]:
