@@ -15,6 +15,7 @@ import kernels
 from kernels.methods.triton.softmax import plan as tp
 from kernels.methods.triton.softmax.launch import launch_bwd, launch_fwd
 from kernels.runtime import fastlaunch as fl
+from kernels.runtime import run_source
 
 pytestmark = pytest.mark.skipif("triton" not in kernels.runnable_methods(), reason="triton cannot run here")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -65,14 +66,14 @@ def test_run_source_check():
     from triton.runtime.jit import JITFunction
 
     src = inspect.getsource(JITFunction.run)
-    assert fl.source_digest(src) in fl.KNOWN_RUN_SOURCES
-    why, knobs, _ = fl.check_run_source(src)
+    assert run_source.source_digest(src) in run_source.KNOWN_RUN_SOURCES
+    why, knobs, _ = run_source.check_run_source(src)
     assert why is None and ("runtime", "debug") in knobs and ("compilation", "instrumentation_mode") in knobs
-    assert "not a version" in fl.check_run_source(src + "\n        x = 1\n")[0]
+    assert "not a version" in run_source.check_run_source(src + "\n        x = 1\n")[0]
     extra = src.replace("        # parse options", '        kwargs["new"] = knobs.compilation.new\n        # parse options')
-    assert "unknown knob" in fl.check_run_source(extra, force=True)[0]
+    assert "unknown knob" in run_source.check_run_source(extra, force=True)[0]
     moved = src.replace("kernel.run(grid_0", "kernel.run_new(grid_0")
-    assert "has no line" in fl.check_run_source(moved, force=True)[0]
+    assert "has no line" in run_source.check_run_source(moved, force=True)[0]
 
 
 class _Compiled:

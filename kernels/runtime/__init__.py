@@ -6,7 +6,8 @@ outside every method so that any method (``triton``, ``flash``, a new one) and t
 * ``fastlaunch``: the direct launch path of compiled Triton kernels (a specialization key computed as
   Triton's ``JITFunction.run`` does, the compiled kernel's launcher called with it; the plain
   ``kernel[grid]`` otherwise), prepared launches (``prepare``, ``Prepared``, ``SiteCache``: a launch whose
-  key is known, called with new tensors) and ``cdiv`` for grids;
+  key is known, called with new tensors) and ``cdiv`` for grids; ``run_source``: which Triton
+  ``JITFunction.run`` sources the direct path stands in for;
 * ``device``: the GPU's properties, asked once per device.
 
 Importing this package or any of its modules registers no method (the registry is filled by
