@@ -10,12 +10,11 @@
 #   launch   python -m harness.bench launch (host microseconds per call; LAUNCH_ARGS)
 #   host-profile  python -m harness.bench host-profile (where the host time of a call goes, at benchmark
 #            sizes; HOST_PROFILE_ARGS, e.g. "--methods flash,sdpa --shapes 16,12,1024,64")
-#   sweep    python -m harness.bench triton-sweep (Triton launch settings per N; extra args in SWEEP_ARGS;
-#            the same as python -m kernels.methods.triton.sweep)
+#   sweep    python -m harness.bench triton-sweep (Triton launch settings per N; extra args in SWEEP_ARGS)
 #   cuda-sweep  python -m harness.bench cuda-sweep (CUDA launch variants per N; CUDA_SWEEP_ARGS)
-#   triton-ce-sweep  python -m kernels.methods.triton.ce_sweep (Triton cross-entropy plans per V; TRITON_CE_SWEEP_ARGS)
-#   ce-sweep python -m kernels.methods.cuda.ce_sweep (CUDA cross-entropy launch variants per V; CE_SWEEP_ARGS)
-#   flash-sweep  python -m kernels.methods.flash.sweep (flash attention plans per shape, SDPA flash and cuDNN
+#   triton-ce-sweep  python -m harness.bench triton-ce-sweep (Triton cross-entropy plans per V; TRITON_CE_SWEEP_ARGS)
+#   ce-sweep python -m harness.bench cuda-ce-sweep (CUDA cross-entropy launch variants per V; CE_SWEEP_ARGS)
+#   flash-sweep  python -m harness.bench flash-sweep (flash attention plans per shape, SDPA flash and cuDNN
 #            beside them; FLASH_SHAPES, FLASH_FWD_PHASES, FLASH_BWD_PHASES, FLASH_MODE (fwd, bwd, both) override
 #            its --shapes, phases and --mode,
 #            e.g. FLASH_SHAPES="4,12,4096,64" FLASH_BWD_PHASES="fused=0 dq_mode=pass,atomic,tma_add")
@@ -77,11 +76,11 @@ for stage in "$@"; do
       summary+=("cuda-sweep: see $OUT/cuda_sweep.json")
       ;;
     triton-ce-sweep)
-      timeout ${TRITON_CE_SWEEP_TIMEOUT:-300} python3 -m kernels.methods.triton.ce_sweep --out "$OUT" ${TRITON_CE_SWEEP_ARGS:-} 2>&1 | tee "$OUT/triton_ce_sweep.log" | grep -E "best|current|Error" | tail -30
+      timeout ${TRITON_CE_SWEEP_TIMEOUT:-300} python3 -m harness.bench triton-ce-sweep --out "$OUT" ${TRITON_CE_SWEEP_ARGS:-} 2>&1 | tee "$OUT/triton_ce_sweep.log" | grep -E "best|current|Error" | tail -30
       summary+=("triton-ce-sweep: see $OUT/triton_ce_sweep.json")
       ;;
     ce-sweep)
-      timeout ${CE_SWEEP_TIMEOUT:-300} python3 -m kernels.methods.cuda.ce_sweep --out "$OUT" ${CE_SWEEP_ARGS:-} 2>&1 | tee "$OUT/ce_sweep.log" | grep -E "^V=|best|^ce-sweep|WRONG|Error" | tail -30
+      timeout ${CE_SWEEP_TIMEOUT:-300} python3 -m harness.bench cuda-ce-sweep --out "$OUT" ${CE_SWEEP_ARGS:-} 2>&1 | tee "$OUT/ce_sweep.log" | grep -E "^V=|best|^ce-sweep|WRONG|Error" | tail -30
       summary+=("ce-sweep: see $OUT/ce_sweep.json")
       ;;
     flash-sweep)
@@ -90,7 +89,7 @@ for stage in "$@"; do
       [ -n "${FLASH_FWD_PHASES:-}" ] && args+=(--fwd-phases "$FLASH_FWD_PHASES")
       [ -n "${FLASH_BWD_PHASES:-}" ] && args+=(--bwd-phases "$FLASH_BWD_PHASES")
       [ -n "${FLASH_MODE:-}" ] && args+=(--mode "$FLASH_MODE")
-      timeout ${FLASH_SWEEP_TIMEOUT:-400} python3 -m kernels.methods.flash.sweep "${args[@]}" 2>&1 | tee "$OUT/flash_sweep.log" \
+      timeout ${FLASH_SWEEP_TIMEOUT:-400} python3 -m harness.bench flash-sweep "${args[@]}" 2>&1 | tee "$OUT/flash_sweep.log" \
         | grep -E "^==|sdpa-|table entry|\*$|FAILED|WRONG" | cut -c1-220 | tail -40
       summary+=("flash-sweep: see $OUT/flash_sweep.json")
       ;;

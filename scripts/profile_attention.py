@@ -9,7 +9,7 @@ Each call runs the causal forward (and, with --direction bwd or both, the backwa
 bf16 (or --dtype) q, k, v in the model's (B, T, H, d) memory layout: one warm-up call (JIT, first-use builds),
 then --repeat calls, so `--launch-skip` should skip the warm-up call's launches of the kernels the filter
 selects. For `flash`, --fwd and --bwd set plan knobs over the table's plan for the shape (as the sweep's
-phases and `python -m kernels.methods.flash.compile_check` take them: knob=value ...), and the plans run
+phases and `python -m harness.bench flash-compile-check` take them: knob=value ...), and the plans run
 are printed. On a CPU it runs too (methods that run there; flash in Triton's interpreter), which is what
 the test suite checks.
 """
@@ -22,13 +22,13 @@ import contextlib
 import torch
 
 import kernels
-from kernels.timing import warm_then_repeat
+from harness.bench.timing import warm_then_repeat
 
 
 def _plans(shape: tuple, dtype: torch.dtype, fwd: str, bwd: str, error):
     """The flash plans for the shape: the table's (plans_for), with the given knobs over them."""
     from kernels.methods.flash import plan as plans
-    from kernels.methods.flash.sweep import knobs_over
+    from harness.bench.tuning.flash_sweep import knobs_over
 
     _, _, t, d = shape
     f0, b0 = plans.plans_for(d, d, dtype, True, t, t)

@@ -19,7 +19,7 @@ import argparse
 import torch
 
 import kernels
-from kernels.timing import warm_then_repeat
+from harness.bench.timing import warm_then_repeat
 
 
 def main(argv: list[str] | None = None) -> None:

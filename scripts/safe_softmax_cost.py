@@ -16,7 +16,7 @@ import json
 
 import torch
 
-from kernels.timing import bench_graph_ms
+from harness.bench.timing import bench_graph_ms
 from kernels.common import causal_mask
 
 

@@ -46,6 +46,6 @@ def seeded():
 @pytest.fixture
 def ck():
     """The Triton cross-entropy's row kernels and plans (imported late: after TRITON_INTERPRET is set)."""
-    from kernels.methods.triton import cross_entropy_kernels
+    from kernels.methods.triton.cross_entropy import launch as cross_entropy_kernels
 
     return cross_entropy_kernels

@@ -50,7 +50,7 @@ def test_sweep_candidates_cover_the_launch_tables():
     """The CUDA sweep times what the launch table may pick: every CUDA table entry is among the variants,
     every variant is launchable (threads per row within a block, a cluster of 2-16 CTAs). (The Triton
     sweep's candidates: tests/test_triton_sweep.py.)"""
-    from kernels.methods.cuda.sweep import cuda_variants
+    from harness.bench.tuning.cuda_sweep import cuda_variants
 
     for n, items in ((128, {8, 16, 32, 64}), (1000, {8, 16, 32, 64}), (16384, {16, 32, 64})):
         vs = cuda_variants(n)
@@ -252,7 +252,7 @@ def test_launch_table_measures_both_triton_launch_paths():
     """The triton method is measured once per launch path (direct, plain); where the direct path cannot
     run (the interpreter) its label says why; other methods once."""
     from harness.bench.launch import _launch_paths
-    from kernels.methods.triton import fastlaunch
+    from kernels.runtime import fastlaunch
 
     paths = _launch_paths("triton")
     assert [d for _, d in paths] == [True, False] and paths[1][0] == "plain"
@@ -378,7 +378,7 @@ def test_attention_profile_script_runs_a_method_and_flash_plans(capsys, monkeypa
 
 
 def test_warm_then_repeat_calls_once_then_repeat_times():
-    from kernels.timing import warm_then_repeat
+    from harness.bench.timing import warm_then_repeat
 
     calls = []
     warm_then_repeat(lambda: calls.append(1), 3)
@@ -405,3 +405,32 @@ def test_overhead_bare_loop_compiles_the_model_as_the_harness_does(monkeypatch):
     cfg = compose_cfg(*base, "compile_model=true", "compile_mode=max-autotune")
     assert bare_loop_tokens_per_s(cfg, steps=1, warmup=1) > 0
     assert compiled == [("GPT", "max-autotune")]
+
+
+def test_one_table_of_benchmarks_lists_and_runs_every_command(capsys):
+    """``python -m harness.bench --help`` lists every benchmark and tuning tool of the table (the old
+    names among them), importing none of their modules; each command's own --help gives its arguments;
+    every module in the table has the two functions the table calls."""
+    import importlib
+    import os
+    import sys
+
+    from harness.bench import BENCHMARKS, main
+
+    assert {"kernels", "loss", "attention", "launch", "host-profile", "overhead", "triton-sweep", "cuda-sweep",
+            "triton-ce-sweep", "cuda-ce-sweep", "flash-sweep", "flash-compile-check"} <= set(BENCHMARKS)
+    before = set(sys.modules)
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in BENCHMARKS), out
+    assert not {b.module for b in BENCHMARKS.values()} & (set(sys.modules) - before)
+    with pytest.raises(SystemExit) as e:
+        main(["launch", "--help"])
+    assert e.value.code == 0 and "--calls" in capsys.readouterr().out
+    for name, bench in BENCHMARKS.items():
+        if name == "flash-compile-check" and os.environ.get("TRITON_INTERPRET") == "1":
+            continue  # (it compiles for a GPU target: it refuses Triton's interpreter at import)
+        module = importlib.import_module(bench.module)
+        assert callable(module.add_arguments) and callable(module.run), name

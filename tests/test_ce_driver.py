@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.chunking import chunk_rows as default_chunk_rows  # what the driver chunks by
+from kernels.linear_ce import chunk_rows as default_chunk_rows  # what the driver chunks by
 from kernels.methods.cuda.ce_driver import make_cross_entropy, make_linear_cross_entropy
 
 CALLS = {"scale": 0}

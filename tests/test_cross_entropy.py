@@ -251,7 +251,7 @@ def linear_inputs(n=20, c=16, v=37, dtype=torch.float32, seed=0):
 def small_chunks(monkeypatch):
     """Triton's native linear cross-entropy in chunks of 8 tokens (so every test crosses chunks)."""
     if "triton" in LINEAR_METHODS:
-        from kernels.methods.triton import linear_cross_entropy as lce
+        from kernels.methods.triton.cross_entropy import linear as lce
 
         monkeypatch.setattr(lce, "LINEAR_CHUNK_BYTES", 8 * 37 * 4)
 

@@ -114,7 +114,7 @@ def test_cross_entropy_kernels_compile_for_sm90_without_spills(ce_builds):
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found (CI installs the CUDA toolkit's compiler)")
 @pytest.mark.parametrize("source", ["cross_entropy_tuning.cu", "cross_entropy_tuning_split.cu"])
 def test_cross_entropy_tuning_variants_compile_for_sm90(ce_builds, source):
-    """The launch variants that `python -m kernels.methods.cuda.ce_sweep` times."""
+    """The launch variants that `python -m harness.bench cuda-ce-sweep` times."""
     _, obj = _finish(ce_builds, source)
     assert obj.stat().st_size > 0
 

@@ -110,7 +110,7 @@ def test_the_plans_pick_the_consumers_and_the_scale_fold(monkeypatch):
     pass."""
     if fwd_gluon.GLUON_ERROR:
         pytest.skip(fwd_gluon.GLUON_ERROR)
-    from kernels.methods.triton import fastlaunch
+    from kernels.runtime import fastlaunch
 
     seen = []
     monkeypatch.setattr(fastlaunch, "launch", lambda kernel, grid, args, meta, device=None: seen.append((grid, meta)))
@@ -149,7 +149,7 @@ def test_the_persistent_order_takes_heads_in_sections_of_section_mb(monkeypatch)
             fwd_gluon.section_heads(bad, 2048, 128, 128, 2, 128)
     if fwd_gluon.GLUON_ERROR:
         pytest.skip(fwd_gluon.GLUON_ERROR)
-    from kernels.methods.triton import fastlaunch
+    from kernels.runtime import fastlaunch
 
     seen = []
     monkeypatch.setattr(fastlaunch, "launch", lambda kernel, grid, args, meta, device=None: seen.append((args, meta)))

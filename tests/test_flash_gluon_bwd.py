@@ -269,7 +269,7 @@ def test_the_backward_passes_start_in_lpt_sections_of_lpt_mb(monkeypatch):
     assert bwd_gluon.lpt_heads(64, 100, 64, 64, 2, 6) == 6  # (never more than there are)
     if bwd_gluon.GLUON_ERROR:
         pytest.skip(bwd_gluon.GLUON_ERROR)
-    from kernels.methods.triton import fastlaunch
+    from kernels.runtime import fastlaunch
 
     seen = []
     monkeypatch.setattr(fastlaunch, "launch", lambda kernel, grid, args, meta, device=None: seen.append(

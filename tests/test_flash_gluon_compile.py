@@ -1,7 +1,7 @@
 """flash's Gluon kernels (kernels/methods/flash/fwd_gluon.py, bwd_gluon.py) compiled for sm_90 without a GPU
 (tests.compiled_report: a subprocess without TRITON_INTERPRET, the Triton of HARNESS_COMPILE_PYTHON where
 set): warp-specialized, TMA loads, wgmma, the barrier protocol read off the PTX, no spill, shared memory
-within the H200's; and ``compile_check`` reporting them."""
+within the H200's; and ``flash-compile-check`` reporting them."""
 
 from __future__ import annotations
 
@@ -233,14 +233,14 @@ def test_gluon_dkdv_adding_dq_compiles_for_sm90_with_ordered_reductions():
 
 
 def test_compile_check_reports_the_gluon_kernels_of_gluon_plans():
-    """``python -m kernels.methods.flash.compile_check`` with Gluon plans compiles the Gluon kernels they launch
+    """``python -m harness.bench flash-compile-check`` with Gluon plans compiles the Gluon kernels they launch
     (here the ping-pong forward and the dk/dv pass adding dq) for sm_90 and reports each: warp-specialized,
     no spill at d = 64, the dq reductions."""
     from tests.compiled_report import compile_run
 
     if fwd_gluon.GLUON_ERROR:
         pytest.skip(fwd_gluon.GLUON_ERROR)
-    run = compile_run(["-m", "kernels.methods.flash.compile_check", "--d", "64",
+    run = compile_run(["-m", "harness.bench", "flash-compile-check", "--d", "64",
                        "--fwd", "gluon=2 block_m=128 block_n=128 num_stages=2 sum_mma=0",
                        "--bwd", "gluon=1 block_n1=128 block_m1=64 num_stages=2 dq_mode=tma_add"], 600)
     assert run.returncode == 0, run.stderr[-2000:]

@@ -1,7 +1,7 @@
 """The flash method's launch plans (kernels/methods/flash/plan.py) and launch path: every plan switch
 against float64 (TMA modes, the fused backward, dq by atomic adds or by TMA reductions, the causal
 program order), what the dq modes compile to for sm_90, the plan table and its lookup, the sweep, and
-the direct launches (kernels.methods.triton.fastlaunch). The helpers and the CPU/GPU split are
+the direct launches (kernels.runtime.fastlaunch). The helpers and the CPU/GPU split are
 tests/test_flash_attention.py's.
 """
 
@@ -84,7 +84,7 @@ def test_atomic_dq_gives_way_to_the_dq_pass_in_deterministic_mode():
 
 
 def test_dq_adds_compile_to_what_each_mode_promises():
-    """Compiled for sm_90 (no GPU: kernels.methods.flash.compile_check in a subprocess without the
+    """Compiled for sm_90 (no GPU: harness.bench flash-compile-check in a subprocess without the
     interpreter, HARNESS_COMPILE_PYTHON's Triton where set): the atomic mode's dk/dv kernel adds dq by
     vector fp32 atomics, tma_add's by bulk tensor reductions and no element atomic."""
     import re
@@ -93,7 +93,7 @@ def test_dq_adds_compile_to_what_each_mode_promises():
 
     lines = {}
     for mode in ("atomic", "tma_add"):
-        run = compile_run(["-m", "kernels.methods.flash.compile_check", "--d", "64", "--bwd",  # the Triton dk/dv kernel
+        run = compile_run(["-m", "harness.bench", "flash-compile-check", "--d", "64", "--bwd",  # the Triton dk/dv kernel
                            f"gluon=0 block_m1=32 block_n1=64 dq_mode={mode} overlap=0 lpt_mb=0"], 600)
         assert run.returncode == 0, run.stderr[-2000:]
         lines[mode] = next(line for line in run.stdout.splitlines() if line.strip().startswith("dk/dv"))
@@ -112,7 +112,7 @@ def tma_reductions_emulated(monkeypatch):
     every backward launch and the number of reductions run."""
     from kernels.methods.flash import bwd
     from kernels.methods.flash.tiles import interpreter_enabled
-    from kernels.methods.triton import fastlaunch
+    from kernels.runtime import fastlaunch
 
     if not interpreter_enabled():
         pytest.skip("emulates the reduction in Triton's interpreter (on a GPU the GPU tests run the real one)")
@@ -185,13 +185,13 @@ def test_sweep_checks_and_times_both_dq_modes(tmp_path):
     first, the atomic-dq phase timed, an invalid combination skipped, a table entry printed."""
     import json
 
-    from kernels.methods.flash import sweep
+    from harness.bench import main
 
     out = tmp_path / "new" / "sweep.json"  # (its folder made)
-    sweep.main(["--shapes", "1,2,40,16", "--device", DEVICE, "--no-baselines", "--rep-ms", "1", "--out", str(out),
-                "--fwd-phases", "block_m=16 block_n=16",
-                "--bwd-phases", "block_m1=16 block_n1=16 block_m2=16 block_n2=16 pre_block=16 | fused=1 | "
-                                "fused=0 dq_mode=atomic | fused=1 dq_mode=atomic | fused=0 dq_mode=pass delta_in_dq=1"])
+    main(["flash-sweep", "--shapes", "1,2,40,16", "--device", DEVICE, "--no-baselines", "--rep-ms", "1", "--out", str(out),
+          "--fwd-phases", "block_m=16 block_n=16",
+          "--bwd-phases", "block_m1=16 block_n1=16 block_m2=16 block_n2=16 pre_block=16 | fused=1 | "
+                          "fused=0 dq_mode=atomic | fused=1 dq_mode=atomic | fused=0 dq_mode=pass delta_in_dq=1"])
     recs = json.loads(out.read_text())
     bwd = [r for r in recs["results"] if r["direction"] == "fwd+bwd"]
     assert {r["plan"]["dq_mode"] for r in bwd} == {"pass", "atomic"}
@@ -206,11 +206,11 @@ def test_sweep_tries_the_program_order_only_where_causal(tmp_path):
     phase out of the non-causal shape (the same launch four times otherwise)."""
     import json
 
-    from kernels.methods.flash import sweep
+    from harness.bench import main
 
     out = tmp_path / "flash_sweep.json"  # (--out a folder: the file goes inside, as the other sweeps write)
-    sweep.main(["--shapes", "2,3,40,16", "--device", DEVICE, "--no-baselines", "--rep-ms", "1", "--out", str(tmp_path),
-                "--causal", "both", "--mode", "fwd", "--fwd-phases", "block_m=16 block_n=16 | group=1,2,4"])
+    main(["flash-sweep", "--shapes", "2,3,40,16", "--device", DEVICE, "--no-baselines", "--rep-ms", "1", "--out",
+          str(tmp_path), "--causal", "both", "--mode", "fwd", "--fwd-phases", "block_m=16 block_n=16 | group=1,2,4"])
     recs = json.loads(out.read_text())["results"]
     groups = {causal: {r["plan"]["group"] for r in recs if r["shape"].split("/")[1] == causal} for causal in
               ("causal", "full")}
@@ -316,7 +316,7 @@ def test_gpu_hopper_switches_are_correct(variant):
 def _recorded_launches(monkeypatch, plan, tma="off", run=True):
     """(kernel, args, meta) of every launch one forward + backward makes (launched the plain way, or
     not at all without ``run``)."""
-    from kernels.methods.triton import fastlaunch
+    from kernels.runtime import fastlaunch
 
     seen = []
 
@@ -354,7 +354,7 @@ def test_every_flash_launch_takes_the_direct_path_shape(monkeypatch, fused):
         assert all("constexpr" in str(p.annotation) for p in params[len(args):]), fn.__name__
         assert set(later) <= set(meta), f"{fn.__name__}: constexprs {set(later) - set(meta)} not given by keyword"
         if hasattr(kernel, "params"):  # a JITFunction (no interpreter): fastlaunch's own test of the signature
-            from kernels.methods.triton import fastlaunch
+            from kernels.runtime import fastlaunch
 
             assert fastlaunch._layout(kernel, args, meta) is not None, fn.__name__
         else:  # the interpreter's stand-in: the decorator's arguments
@@ -410,7 +410,7 @@ def test_gpu_direct_launches_match_plain_ones(fused):
     """Forward and backward launched directly (after the first, compiling call) give bit for bit what
     Triton's launcher gives, and direct entries were made for the flash kernels."""
     from kernels.methods.flash.bwd import launch_bwd
-    from kernels.methods.triton import fastlaunch as fl
+    from kernels.runtime import fastlaunch as fl
 
     if fl.unsupported_reason() is not None:
         pytest.skip(f"no direct launches with this Triton: {fl.unsupported_reason()}")

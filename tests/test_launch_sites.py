@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import kernels
-from kernels.methods.triton import fastlaunch as fl
-from kernels.methods.triton import plan as tp
-from kernels.methods.triton.launch import launch_bwd, launch_fwd
+from kernels.methods.triton.softmax import plan as tp
+from kernels.methods.triton.softmax.launch import launch_bwd, launch_fwd
+from kernels.runtime import fastlaunch as fl
 
 pytestmark = pytest.mark.skipif("triton" not in kernels.runnable_methods(), reason="triton cannot run here")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -11,7 +11,7 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 
 import kernels
-from kernels.methods.triton.cross_entropy_kernels import defers_scale
+from kernels.methods.triton.cross_entropy.launch import defers_scale
 from tests.test_cross_entropy import DEVICE, linear_inputs
 
 

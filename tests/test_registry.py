@@ -170,7 +170,7 @@ def test_the_floor_has_a_loss_floor_that_reads_the_logits_once():
     assert torch.allclose(x.grad, x.detach() / 6)
 
 
-@pytest.mark.parametrize("module", ["kernels.methods.triton.availability", "kernels.methods.flash.ops"])
+@pytest.mark.parametrize("module", ["kernels.runtime.availability", "kernels.methods.flash.ops"])
 def test_triton_methods_without_a_gpu_say_how_to_run_the_interpreter(module, monkeypatch):
     import importlib
 

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
+from kernels.runtime import availability
 from tests.test_cross_entropy import DEVICE, assert_matches, grad_tol, linear_inputs, logits_like, targets_like
 
 pytestmark = [pytest.mark.skipif("triton" not in kernels.runnable_methods(), reason="triton cannot run here"),
@@ -22,7 +23,7 @@ OPS = torch.ops.softmax_harness
 
 @pytest.fixture
 def lce():
-    from kernels.methods.triton import linear_cross_entropy
+    from kernels.methods.triton.cross_entropy import linear as linear_cross_entropy
 
     return linear_cross_entropy
 
@@ -115,7 +116,7 @@ def test_float16_keeps_its_gradient_unscaled_until_the_backward(ck, monkeypatch)
     """1 / n_valid in fp16 pushes small probabilities into fp16's subnormals (or to zero) before a
     GradScaler's factor (here 2^16) can lift them: the forward leaves it to the backward. Measured
     elementwise on the entries that fp16 holds as normal numbers after the scaling."""
-    from kernels.methods.triton import cross_entropy as ce
+    from kernels.methods.triton.cross_entropy import op as ce
 
     x = logits_like((64, 64), torch.float16, spread=4.0)
     t = targets_like((64,), 64, "none")
@@ -171,7 +172,7 @@ def test_cpu_tensors_without_the_interpreter_and_bad_targets_in_the_op_are_clear
     x, t = torch.randn(2, 8), torch.tensor([1, 9])
     with pytest.raises(ValueError, match=r"target 9 is outside \[0, 8\)"):  # the op checks CPU targets itself
         OPS.triton_cross_entropy_fwd(x, t, -100, "mean", True)
-    monkeypatch.setattr(ck, "interpreter_enabled", lambda: False)
+    monkeypatch.setattr(availability, "interpreter_enabled", lambda: False)
     with pytest.raises(ValueError, match="CUDA tensors"):
         OPS.triton_cross_entropy_fwd(x, torch.tensor([1, 2]), -100, "mean", True)
 
@@ -200,7 +201,7 @@ def test_opcheck(reduction):
 def test_fullgraph_compile_equals_eager_with_ignored_rows(monkeypatch):
     """The compiled loss (the known failure: Liger's with ignore_index rows) and gradients equal eager;
     compiled, the forward computes no gradient (the backward recomputes it)."""
-    from kernels.methods.triton import cross_entropy as ce
+    from kernels.methods.triton.cross_entropy import op as ce
 
     calls = []
     real = ce.forward
@@ -356,8 +357,8 @@ _CE_COMPILE = r'''
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-import kernels.methods.triton.cross_entropy_kernels as K
-import kernels.methods.triton.cross_entropy_reduction as R
+import kernels.methods.triton.cross_entropy.kernels as K
+import kernels.methods.triton.cross_entropy.reduction as R
 P = "*bf16"
 common = {"X": P, "T": "*i64", "LOSS": "*fp32", "G": P, "S": "*fp32", "C": "*fp32"}
 strides = {"stride_xr": "i64", "stride_xc": "i64", "stride_gr": "i64", "stride_s": "i32", "ignore_index": "i32"}
@@ -396,7 +397,7 @@ def test_cross_entropy_kernels_compile_for_sm90():
 
 
 def test_sweep_candidates_start_with_the_current_plan_and_cover_both_long_paths(ck):
-    from kernels.methods.triton.ce_sweep import candidates
+    from harness.bench.tuning.triton_ce_sweep import candidates
 
     for v in (50304, 128256, 262144):
         c = candidates(v)
@@ -428,7 +429,7 @@ def test_split_path_all_inf_chunks_beside_very_negative_logits(ck, monkeypatch):
 def test_eager_calls_go_around_the_custom_ops(monkeypatch):
     """Not compiling, the op function launches the kernels itself (no custom-op dispatch on the host),
     with and without a gradient, and gives what the ops give."""
-    import kernels.methods.triton.cross_entropy as ce
+    import kernels.methods.triton.cross_entropy.op as ce
 
     x = logits_like((5, 11), torch.float32)
     t = targets_like((5,), 11)

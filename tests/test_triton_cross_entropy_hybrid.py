@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import kernels
-from kernels.methods.triton import availability, plan as tp
+from kernels.methods.triton.softmax import plan as tp
+from kernels.runtime import availability
 from tests.compiled_report import check_hybrid_layout, compile_cases
 from tests.helpers import ce_rows_reference
 from tests.test_cross_entropy import DEVICE
@@ -25,7 +26,7 @@ pytestmark = [pytest.mark.skipif("triton" not in kernels.runnable_methods(), rea
 
 @pytest.fixture
 def cg():
-    from kernels.methods.triton import cross_entropy_gluon
+    from kernels.methods.triton.cross_entropy import gluon as cross_entropy_gluon
 
     return cross_entropy_gluon
 
@@ -33,7 +34,8 @@ def cg():
 _COMPILE = r"""
 import json, sys
 from tests.compiled_report import compile_gluon_sm90, report
-from kernels.methods.triton import cross_entropy_gluon as cg, plan as tp
+from kernels.methods.triton.cross_entropy import gluon as cg
+from kernels.methods.triton.softmax import plan as tp
 
 for case in sys.argv[1:]:
     dtype, v, grad, warps = case.split(":")
@@ -58,8 +60,8 @@ def test_hybrid_kernel_compiles_for_sm90_with_its_buffer_at_the_start_of_shared_
     warps, registers within maxnreg, nothing in local memory, and at most a pointer or two on the
     stack (the scheduler's; a shared part held in registers across passes takes hundreds of bytes).
     Without the gradient the kernel only reads the logits (no vector stores)."""
-    if availability._GLUON_ERROR:
-        pytest.skip(availability._GLUON_ERROR)
+    if availability.GLUON_ERROR:
+        pytest.skip(availability.GLUON_ERROR)
     cases = ["bf16:65536:1:16", "fp16:50304:1:16", "bf16:50304:0:16", "fp16:65536:0:16", "bf16:50304:1:8",
              "fp16:65536:1:8"]
     for r in compile_cases(_COMPILE, cases, timeout=600):
@@ -91,7 +93,7 @@ def test_hybrid_unusable_reasons(cg, monkeypatch):
     stride, address; logits and gradient), shared memory; None where it can run. (Causal rows are no
     cross-entropy case: nothing to check.)"""
     x = torch.zeros(2, 50304, dtype=torch.bfloat16)
-    if availability._GLUON_ERROR:
+    if availability.GLUON_ERROR:
         assert cg.hybrid_unusable(x, x) is not None
         return
     monkeypatch.setattr(cg, "interpreter_enabled", lambda: True)
@@ -149,7 +151,7 @@ def test_launch_falls_back_where_the_hybrid_path_cannot_run(ck, monkeypatch):
 
 
 def test_sweep_candidates_include_the_hybrid_path_only_where_usable(ck, monkeypatch):
-    from kernels.methods.triton.ce_sweep import candidates
+    from harness.bench.tuning.triton_ce_sweep import candidates
 
     hybrid = [ck.Plan("hybrid", 65536, 1, 8), ck.Plan("hybrid", 65536, 1, 16)]
     c = candidates(50304)  # (default: nothing is usable; the current plan is the one launch_ce falls back to)

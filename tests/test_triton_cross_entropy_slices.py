@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import kernels
-from kernels.methods.triton import availability, plan as tp
+from kernels.methods.triton.softmax import plan as tp
+from kernels.runtime import availability
 from tests.compiled_report import check_hybrid_layout, compile_cases
 from tests.test_cross_entropy import DEVICE
 from tests.test_triton_cross_entropy_hybrid import DTYPES, _check, _err, _FakeRows, _after, _grad_bound, _inputs
@@ -28,7 +29,7 @@ pytestmark = [pytest.mark.skipif("triton" not in kernels.runnable_methods(), rea
 
 @pytest.fixture
 def cs():
-    from kernels.methods.triton import cross_entropy_slices
+    from kernels.methods.triton.cross_entropy import slices as cross_entropy_slices
 
     return cross_entropy_slices
 
@@ -37,8 +38,9 @@ _COMPILE = r"""
 import json, sys
 import triton
 from tests.compiled_report import compile_gluon_sm90, report
-from kernels.methods.triton import cross_entropy_slices as cs, plan as tp
-from kernels.methods.triton.cross_entropy_gluon import hybrid_maxnreg
+from kernels.methods.triton.cross_entropy import slices as cs
+from kernels.methods.triton.softmax import plan as tp
+from kernels.methods.triton.cross_entropy.gluon import hybrid_maxnreg
 
 for case in sys.argv[1:]:
     dtype, v, grad, warps, n_slices = case.split(":")
@@ -66,8 +68,8 @@ def test_slices_kernel_compiles_for_sm90(cs):
     sweep candidate) a few words of the registers' part do spill (STACK 80 bytes with Triton 3.9, 8-24 with 3.6).
     The ticket's broadcast scratch lies past the shared part (its copies are in flight then); the
     partials are stored, then a block barrier, then the arrival (acq_rel), then the wait (acquire)."""
-    if availability._GLUON_ERROR:
-        pytest.skip(availability._GLUON_ERROR)
+    if availability.GLUON_ERROR:
+        pytest.skip(availability.GLUON_ERROR)
     cases = ["bf16:128256:1:8:2", "fp16:262144:1:8:4", "bf16:100000:0:8:2", "fp16:65544:1:8:2",
              "bf16:300000:1:8:5", "fp16:1048576:1:8:16", "bf16:128256:1:16:2", "bf16:262144:0:16:4"]
     for r in compile_cases(_COMPILE, cases):
@@ -113,7 +115,7 @@ def test_slices_unusable_reasons(cs, monkeypatch):
     """The interpreter, the slices' arithmetic, the dtype, alignment (row stride, address; logits and
     gradient), shared memory per block, the program count; None where it can run."""
     x = torch.zeros(2, 128256, dtype=torch.bfloat16)
-    if availability._GLUON_ERROR:
+    if availability.GLUON_ERROR:
         assert cs.slices_unusable(x, x, 8) is not None
         return
     monkeypatch.setattr(cs, "interpreter_enabled", lambda: True)
@@ -183,7 +185,7 @@ def test_launch_falls_back_where_the_slices_path_cannot_run(ck):
 
 
 def test_sweep_candidates_include_the_slices_path_only_where_usable(ck):
-    from kernels.methods.triton.ce_sweep import candidates, current_plan
+    from harness.bench.tuning.triton_ce_sweep import candidates, current_plan
 
     c = candidates(128256)  # (nothing usable: the stream plan launch_ce falls back to comes first)
     assert c[0] == ck.plan(128256, hybrid=False) and all(p.path != "slices" for p in c)

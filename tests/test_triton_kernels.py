@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import kernels
-from kernels.methods.triton import availability, plan as tp
-from kernels.methods.triton.launch import launch_bwd, launch_fwd
+from kernels.methods.triton.softmax import plan as tp
+from kernels.runtime import availability
+from kernels.methods.triton.softmax.launch import launch_bwd, launch_fwd
 from tests.helpers import BWD_TOL, FWD_TOL, check_method, random_scores
 
 pytestmark = pytest.mark.skipif("triton" not in kernels.runnable_methods(), reason="triton cannot run here")
@@ -126,7 +127,7 @@ def test_backward_tile_of_whole_rows_drops_the_masks_and_keeps_the_result(narrow
     """Rows that fill their tile (not causal, n_cols = BLOCK_N, ROWS dividing the rows) take the tile kernel's
     WHOLE branch (no masks): the launch asks for it exactly there, and it computes what the masked kernel does
     on the same rows, bit for bit (compiled fp32 rows to a few units in the last place, as above)."""
-    from kernels.methods.triton import launch as tl_launch
+    from kernels.methods.triton.softmax import launch as tl_launch
 
     seen = []
     real = tl_launch._run
@@ -137,7 +138,7 @@ def test_backward_tile_of_whole_rows_drops_the_masks_and_keeps_the_result(narrow
     plan = tp.Plan(False, 64, 2, 1, narrow=narrow)
     whole = launch_bwd(y, dy, 0.5, False, plan)
     assert seen[-1]["WHOLE"] is True
-    from kernels.methods.triton import tile
+    from kernels.methods.triton.softmax import tile
     masked = torch.empty_like(whole)
     meta = dict(seen[-1], WHOLE=False)
     tile._bwd_tile_kernel[(4,)](y, dy, masked, 8, 64, dy.stride(0), dy.stride(1), 1, 0, 0.5, **meta)
@@ -210,8 +211,8 @@ def test_backward_tile_reload_and_narrow_on_the_gpu(n, warps, causal, variant, s
 _RELOAD_REGS = """
 import torch
 from triton.backends.compiler import GPUTarget
-from kernels.methods.flash.compile_check import compile_call
-from kernels.methods.triton import tile
+from harness.bench.tuning.flash_compile_check import compile_call
+from kernels.methods.triton.softmax import tile
 y = torch.empty(16, dtype=torch.bfloat16)
 for n, warps in ((16384, 16), (32768, 32)):
     for variant in ("held", "reload", "narrow"):
@@ -301,7 +302,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from tests.compiled_report import report
-from kernels.methods.triton import gluon as gk, plan as tp
+from kernels.methods.triton.softmax import gluon as gk, plan as tp
 
 kernel, dtype, even = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 div16 = lambda n: {(i,): [["tt.divisibility", 16]] for i in range(n)}  # the first n pointers: 16-byte aligned
@@ -339,8 +340,8 @@ def test_gluon_kernels_compile_for_sm90_with_their_buffer_at_the_start_of_shared
     import subprocess
     import sys
 
-    if availability._GLUON_ERROR:
-        pytest.skip(availability._GLUON_ERROR)
+    if availability.GLUON_ERROR:
+        pytest.skip(availability.GLUON_ERROR)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", _GLUON_COMPILE, kernel, dtype, str(int(even))], capture_output=True,
                          text=True, env=env, timeout=300)

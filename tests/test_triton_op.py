@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kernels
-from kernels.methods.triton import availability
+from kernels.runtime import availability
 from tests.helpers import random_scores
 
 pytestmark = pytest.mark.skipif("triton" not in kernels.runnable_methods(), reason="triton cannot run here")
@@ -61,7 +61,7 @@ def test_fullgraph_compile_of_a_model_using_it():
 def test_eager_route_through_the_cpp_apply_matches_function_apply(seeded):
     """The eager route enters the autograd.Function through the C++ apply (Function.apply's Python
     skipped where no functorch transform is active): same output, same gradient, same graph node."""
-    from kernels.methods.triton import op
+    from kernels.methods.triton.softmax import op
 
     assert op._raw_apply is not None
     x = random_scores((2, 3, 16, 16), torch.float32, DEVICE, gen=seeded).requires_grad_(True)

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import kernels
-from kernels.methods.triton import plan as tp
-from kernels.methods.triton.launch import launch_bwd, launch_fwd
+from kernels.methods.triton.softmax import plan as tp
+from kernels.methods.triton.softmax.launch import launch_bwd, launch_fwd
+from kernels.runtime import device as runtime_device
 from tests.helpers import BWD_TOL, FWD_TOL, random_scores
 
 pytestmark = pytest.mark.skipif("triton" not in kernels.runnable_methods(), reason="triton cannot run here")
@@ -83,7 +84,7 @@ def test_ring_launch_arithmetic_on_an_h200_sized_gpu(monkeypatch):
     from types import SimpleNamespace
 
     gpu = torch.device("cuda", 0)
-    monkeypatch.setitem(tp._DEVICE_PROPS, gpu,
+    monkeypatch.setitem(runtime_device._DEVICE_PROPS, gpu,
                         SimpleNamespace(multi_processor_count=132, shared_memory_per_block_optin=227 * 1024))
     p = tp.plan(65536, 2, backward=True)
     assert [tp.ring_pairs(r, gpu, p) for r in (1, 5, 65, 66, 67, 131, 2048)] == [1, 5, 65, 66, 66, 66, 66]

@@ -1,4 +1,4 @@
-"""The Triton launch-table sweep (``kernels.methods.triton.sweep``, also ``python -m harness.bench
+"""The Triton launch-table sweep (``harness.bench.tuning.triton_sweep``, ``python -m harness.bench
 triton-sweep``): its candidates cover the tables' choices, and its plumbing at tiny sizes (on a CPU in
 Triton's interpreter; the timings mean nothing there)."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 import kernels
-from kernels.methods.triton import plan as tp
-from kernels.methods.triton import sweep
-from kernels.methods.triton.sweep import triton_candidates
+from harness.bench.tuning import triton_sweep as sweep
+from harness.bench.tuning.triton_sweep import triton_candidates
+from kernels.methods.triton.softmax import plan as tp
 
 
 def test_sweep_candidates_cover_the_launch_tables():
@@ -49,18 +49,13 @@ def test_triton_sweep_checks_every_candidate(monkeypatch, tmp_path):
 
 
 @pytest.mark.skipif("triton" not in kernels.runnable_methods(), reason="triton cannot run here")
-@pytest.mark.parametrize("entry", ["harness.bench", "sweep"])
-def test_triton_sweep_command_line(entry, monkeypatch, tmp_path, capsys):
-    """Both command lines (``python -m harness.bench triton-sweep``, ``python -m
-    kernels.methods.triton.sweep``) take the same arguments, run the sweep and reject a malformed
-    --causal."""
-    monkeypatch.setattr(sweep, "triton_candidates", lambda n, causal=False: [tp.Plan(False, 16, 2, 1)])
-    if entry == "harness.bench":
-        from harness.bench import main
+def test_triton_sweep_command_line(monkeypatch, tmp_path, capsys):
+    """The command line (``python -m harness.bench triton-sweep``) takes the sweep's arguments, runs the
+    sweep and rejects a malformed --causal."""
+    from harness.bench import main
 
-        run = lambda args: main(["triton-sweep", *args])  # noqa: E731
-    else:
-        run = sweep.main
+    monkeypatch.setattr(sweep, "triton_candidates", lambda n, causal=False: [tp.Plan(False, 16, 2, 1)])
+    run = lambda args: main(["triton-sweep", *args])  # noqa: E731
     run(["--sizes", "16", "--elements", "32", "--causal", "1,1,16,16", "--match", "rows=2", "--out", str(tmp_path)])
     assert (tmp_path / "triton_sweep.json").exists()
     assert "N=16 " in capsys.readouterr().out

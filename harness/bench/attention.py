@@ -17,16 +17,17 @@ that the TFLOP/s then include); its files are attention-qkv.md, .csv and .json.
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 import kernels
 from kernels.contract import split_qkv
-from harness.bench.common import (eager_and_graph_ms, error_text, fmt, free_memory, issue_us, peak_extra_gib,
-                                  write_rows_csv)
+from harness.bench.common import (eager_and_graph_ms, error_text, fmt, free_memory, issue_us, parse_names, parse_shapes,
+                                  peak_extra_gib, runnable, write_rows_csv)
 from harness.results import atomic_write_text, write_json
 
 MAX_SCORES_GIB = 4.0
@@ -180,3 +181,19 @@ def run_attention_bench(methods: Optional[list[str]], shapes: list[tuple], out: 
     write_json(out / f"{stem}.json", {"env": env, "layout": layout, "rows": [asdict(r) for r in rows]})
     print(md)
     return rows
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--methods", default="", help="comma-separated methods (default: every attention method)")
+    p.add_argument("--shapes", default="16,12,1024,64;4,12,4096,64;1,12,16384,64;8,16,2048,128",
+                   help="B,H,T,d shapes separated by ';'")
+    p.add_argument("--layout", default="separate", choices=LAYOUTS,
+                   help="separate: q, k, v and their three gradients; qkv: one projection output and its gradient, "
+                   "as the model calls attention (a method's native attention_qkv, else its attention on split views)")
+    p.add_argument("--rep-ms", type=int, default=100)
+    p.add_argument("--out", default="outputs/bench", type=Path)
+
+
+def run(a: argparse.Namespace, error: Callable[[str], None]) -> list:
+    shapes = parse_shapes(error, "--shapes", a.shapes, 4)
+    return run_attention_bench(runnable(parse_names(a.methods), "attention"), shapes, a.out, a.rep_ms, a.layout)

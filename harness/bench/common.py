@@ -1,5 +1,6 @@
 """What every benchmark table shares: dtypes by name, the two timings of one callable (eager as a
-training loop calls it, and CUDA-graph replay: the kernels alone), CSV and number formatting."""
+training loop calls it, and CUDA-graph replay: the kernels alone), CSV and number formatting, and the
+parsing of the command-line lists the tables take (sizes, method names, shapes)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,49 @@ from typing import Callable, Optional
 
 import torch
 
+import kernels
+from harness.bench.timing import bench_graph_ms, bench_ms
 from harness.results import atomic_write_text
-from kernels.timing import bench_graph_ms, bench_ms
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def parse_ints(s: str) -> list[int]:
+    """'1,2,3' -> [1, 2, 3] (empty items skipped)."""
+    return [int(v) for v in s.split(",") if v.strip()]
+
+
+def parse_names(s: str) -> Optional[list[str]]:
+    """'a, b' -> ['a', 'b']; None for none (the table's default methods)."""
+    out = [m.strip() for m in s.split(",") if m.strip()]
+    return out or None
+
+
+def parse_shapes(error: Callable[[str], None], flag: str, s: str, arity: int) -> list[tuple]:
+    """'1,2,3;4,5,6' -> [(1, 2, 3), (4, 5, 6)]; ``error`` (the parser's) where one has not ``arity`` numbers."""
+    out = [tuple(parse_ints(c)) for c in s.split(";") if c.strip()]
+    if any(len(c) != arity for c in out):
+        error(f"{flag} takes shapes of {arity} integers separated by ';' (got {s!r})")
+    return out
+
+
+def runnable(methods: Optional[list[str]], op: str) -> Optional[list[str]]:
+    """The asked-for methods that can run here; the others are named with the reason and skipped."""
+    if methods is None:
+        return None
+    avail = kernels.available_methods(include_timing_only=True)
+    keep = []
+    for m in methods:
+        a = avail.get(m)
+        if a is None:
+            print(f"skipping {m}: unknown method (registered: {', '.join(sorted(avail))})")
+        elif not a.available:
+            print(f"skipping {m}: {a.reason}")
+        elif op not in a.ops:
+            print(f"skipping {m}: it does not provide {op} (it provides {', '.join(a.ops)})")
+        else:
+            keep.append(m)
+    return keep
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -25,6 +25,7 @@ blocking allocation shows as a runtime call whose self time is long.
 
 from __future__ import annotations
 
+import argparse
 import re
 import statistics
 import time
@@ -37,7 +38,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 import kernels
-from harness.bench.common import error_text, fmt, free_memory, host_us
+from harness.bench.common import error_text, fmt, free_memory, host_us, parse_names, parse_shapes, runnable
 from harness.results import atomic_write_text, write_json
 
 OPS = ("attention", "softmax")
@@ -46,7 +47,7 @@ DEFAULT_SHAPES = {"attention": "16,12,1024,64;4,12,4096,64;1,12,16384,64",
 WINDOW = "harness.bench.host_profile: calls"
 #: events of the profiler itself (entering its range, its Python), never the call's
 _PROFILER_OWN = re.compile(r"torch/profiler/|torch/autograd/profiler|_record_function_|^Activity Buffer Request|^"
-                           + re.escape(WINDOW))  # (CUPTI's buffer requests: run AB's largest "event")
+                           + re.escape(WINDOW))  # (CUPTI's buffer requests: a profile's largest "event" once)
 _RUNTIME = re.compile(r"^cu(da)?[A-Z]")
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # <built-in method to of Tensor object at 0x...>: one name for every tensor
 
@@ -247,3 +248,20 @@ def run_host_profile(methods: Optional[list[str]], op: str, shapes: list[tuple],
                 atomic_write_text(out / "host_profile.md", _table(rows))
     print(_table(rows).split("\n\n")[0])
     return rows
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--op", default="attention", choices=OPS)
+    p.add_argument("--methods", default="", help="comma-separated methods (default: every method that provides --op)")
+    p.add_argument("--shapes", default="", help="B,H,T,d (attention) or B,H,T,T (softmax) shapes separated by ';' "
+                   f"(default: attention {DEFAULT_SHAPES['attention']}; softmax {DEFAULT_SHAPES['softmax']})")
+    p.add_argument("--calls", type=int, default=10, help="calls per timed run (default: %(default)s, as the issue time)")
+    p.add_argument("--top", type=int, default=12, help="events and Python functions listed per row")
+    p.add_argument("--out", default="outputs/bench", type=Path)
+
+
+def run(a: argparse.Namespace, error: Callable[[str], None]) -> list[ProfileRow]:
+    if a.calls < 1 or a.top < 1:
+        error(f"--calls and --top take positive integers (got {a.calls} and {a.top})")
+    shapes = parse_shapes(error, "--shapes", a.shapes or DEFAULT_SHAPES[a.op], 4)
+    return run_host_profile(runnable(parse_names(a.methods), a.op), a.op, shapes, a.out, a.calls, a.top)

@@ -8,7 +8,7 @@ calls in a row with the device synchronized only before and after (the tiny kern
 queue never fills and the wall time is the host's). A median over repeats, with the spread.
 
 The ``triton`` method is measured twice, once per launch path of its softmax (column ``launch``):
-``direct`` (compiled kernels' launchers called directly: ``kernels.methods.triton.fastlaunch``) and
+``direct`` (compiled kernels' launchers called directly: ``kernels.runtime.fastlaunch``) and
 ``plain`` (every launch through ``kernel[grid]``, as with ``HARNESS_TRITON_DIRECT=0``); where the direct
 path cannot run here the first row says why.
 
@@ -22,15 +22,17 @@ flash eager routes are). No method's forward + backward can cost less than that 
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 import kernels
-from harness.bench.common import error_text, host_us
+from harness.bench.common import error_text, host_us, parse_names
 from harness.results import write_json
+from kernels.runtime import fastlaunch
 
 #: op -> tiny inputs (built on the device), the one-shot call, the bound call's arguments
 TINY = {
@@ -130,8 +132,6 @@ def _launch_paths(method: str) -> list[tuple[str, Optional[bool]]]:
     """(label, fastlaunch setting) per measurement of the method: the triton method once per launch path."""
     if method != "triton":
         return [("", None)]
-    from kernels.methods.triton import fastlaunch
-
     why = fastlaunch.unsupported_reason()
     return [("direct" if why is None else f"direct unavailable ({why[:80]}): plain", True), ("plain", False)]
 
@@ -188,8 +188,6 @@ def run_launch_bench(methods: Optional[list[str]], out: Path, calls: int = 200) 
             m.prepare()  # a build is not a launch cost
         for label, direct in _launch_paths(method):
             if direct is not None:
-                from kernels.methods.triton import fastlaunch
-
                 fastlaunch.configure(direct)
             try:
                 for op in TINY:
@@ -203,3 +201,13 @@ def run_launch_bench(methods: Optional[list[str]], out: Path, calls: int = 200) 
                     fastlaunch.configure()
     print(_table(rows), end="")
     return rows
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--methods", default="", help="comma-separated methods (default: every method here)")
+    p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--out", default="outputs/bench", type=Path)
+
+
+def run(a: argparse.Namespace, error: Callable[[str], None]) -> list[LaunchRow]:
+    return run_launch_bench(parse_names(a.methods), a.out, a.calls)

@@ -15,18 +15,19 @@ cannot starve the next; ``held_gib`` still says what each row left behind within
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 import kernels
-from harness.bench.common import (eager_and_graph_ms, error_text, fmt, free_memory, issue_us, peak_extra_gib,
-                                  write_rows_csv)
+from harness.bench.common import (eager_and_graph_ms, error_text, fmt, free_memory, issue_us, parse_ints, parse_names,
+                                  peak_extra_gib, runnable, write_rows_csv)
+from harness.bench.timing import copy_bandwidth
 from harness.results import atomic_write_text, write_json
-from kernels.timing import copy_bandwidth
 
 CHECK_ROWS = 256
 
@@ -249,3 +250,18 @@ def run_loss_bench(methods: Optional[list[str]], vocabs: list[int], tokens: int,
     write_json(out / "loss.json", {"env": env, "copy_gbs": copy_gbs, "rows": [asdict(r) for r in rows]})
     print(md)
     return rows
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--methods", default="", help="comma-separated methods (default: every cross-entropy method)")
+    p.add_argument("--vocabs", default="32768,50304,128256,262144")
+    p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--linear", default="16384,768,50304", help="tokens,C,V of the linear cross-entropy ('' to skip)")
+    p.add_argument("--rep-ms", type=int, default=100)
+    p.add_argument("--out", default="outputs/bench", type=Path)
+
+
+def run(a: argparse.Namespace, error: Callable[[str], None]) -> list[LossRow]:
+    lin = tuple(parse_ints(a.linear)) if a.linear else None
+    return run_loss_bench(runnable(parse_names(a.methods), "cross_entropy"), parse_ints(a.vocabs), a.tokens, lin,
+                          a.out, a.rep_ms)

@@ -8,10 +8,12 @@ against."""
 
 from __future__ import annotations
 
+import argparse
 import gc
 import statistics
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -94,3 +96,14 @@ def run_overhead(overrides: list[str], steps: int, rounds: int, out: Path) -> di
     write_json(out / "overhead.json", result)
     print(f"harness / bare loop = {h / b:.3f} (harness {h:,.0f}, bare {b:,.0f} tokens/s; median of {rounds})")
     return result
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("overrides", nargs="*", default=[], help="Hydra overrides over model=gpt2s accel=torch")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--out", default="outputs/bench", type=Path)
+
+
+def run(a: argparse.Namespace, error: Callable[[str], None]) -> dict:
+    return run_overhead(a.overrides, a.steps, a.rounds, a.out)

@@ -17,17 +17,19 @@ with the measured memory floor of a fused causal forward. Writes markdown, CSV, 
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 import kernels
 from harness.bench.common import (DTYPES, dtype_name, eager_and_graph_ms, error_text, fmt, free_memory, issue_us,
-                                  write_rows_csv)
+                                  parse_ints, parse_names, runnable, write_rows_csv)
+from harness.bench.timing import copy_bandwidth, error_on_device, write_bandwidth
+from harness.bench.tuning.traffic import causal_traffic_ms
 from harness.results import atomic_write_text, write_json
-from kernels.timing import copy_bandwidth, error_on_device, write_bandwidth
 
 DEFAULT_SIZES = "128,256,512,1024,2048,4096,8192,16384,32768,65536,262144"
 DEFAULT_BASELINES = ("torch", "compile")
@@ -198,14 +200,6 @@ class KernelBench:
     causal_floor_ms: Optional[float] = None
 
 
-def _causal_floor_ms(shape: tuple, dtype: torch.dtype, device: str, rep_ms: int) -> Optional[float]:
-    try:
-        from kernels.methods.triton.traffic import causal_traffic_ms
-    except ImportError:  # pragma: no cover - the Triton method's package not importable
-        return None
-    return causal_traffic_ms(shape, dtype, device, rep_ms)
-
-
 def run_kernel_bench(methods: Optional[list[str]], sizes: list[int], elements: int, dtype: str, fp32_sizes: list[int],
                      attention_shape: Optional[tuple], out: Path, rep_ms: int = 100,
                      baselines: tuple = DEFAULT_BASELINES) -> KernelBench:
@@ -233,7 +227,7 @@ def run_kernel_bench(methods: Optional[list[str]], sizes: list[int], elements: i
             att_rows.append(row)
             print(f"  {m:8s} causal {attention_shape}: fwd {fmt(row.fwd_ms, '.4f')} ms (graph "
                   f"{fmt(row.fwd_graph_ms, '.4f')}) bwd {fmt(row.bwd_ms, '.4f')} ms", flush=True)
-        res.causal_floor_ms = _causal_floor_ms(attention_shape, DTYPES[dtype], device, rep_ms)
+        res.causal_floor_ms = causal_traffic_ms(attention_shape, DTYPES[dtype], device, rep_ms)
         comp = next((r for r in att_rows if r.method == "compile" and r.correct), None)
         for r in att_rows:
             res.attention.append({
@@ -268,3 +262,21 @@ def run_kernel_bench(methods: Optional[list[str]], sizes: list[int], elements: i
     plot(res.rows, copy_gbs, out / "kernels.png", dtype_name(DTYPES[dtype]))
     print(md)
     return res
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--methods", default="", help="comma-separated methods (default: every softmax method here)")
+    p.add_argument("--baselines", default=",".join(DEFAULT_BASELINES), help="ratios against these (default: %(default)s)")
+    p.add_argument("--sizes", default=DEFAULT_SIZES, help="row lengths N (default: %(default)s)")
+    p.add_argument("--elements", type=int, default=2**27, help="rows x N per measurement (default: 2^27)")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+    p.add_argument("--fp32-sizes", default="1024,16384", help="extra fp32 row lengths ('' for none)")
+    p.add_argument("--attention", default="8,12,1024,1024", help="B,H,T,T of the causal case ('' to skip)")
+    p.add_argument("--rep-ms", type=int, default=100)
+    p.add_argument("--out", default="outputs/bench", type=Path)
+
+
+def run(a: argparse.Namespace, error: Callable[[str], None]) -> KernelBench:
+    att = tuple(parse_ints(a.attention)) if a.attention else None
+    return run_kernel_bench(runnable(parse_names(a.methods), "softmax"), parse_ints(a.sizes), a.elements, a.dtype,
+                            parse_ints(a.fp32_sizes), att, a.out, a.rep_ms, tuple(parse_names(a.baselines) or ()))

@@ -21,19 +21,20 @@ and reduces on the device (``mean`` of no target: 0, never NaN). The backward sc
 place by grad_output (one value per row for ``none``) and returns it: when the loss is the last op
 (grad_output = 1) the backward is a launch that does nothing. No host-device sync.
 
-``linear_cross_entropy`` (:func:`make_linear_cross_entropy`): per chunk of ``chunk_rows`` tokens,
-``logits_c = hidden_c @ weight.T`` (cuBLAS through torch), ``ce_rows`` writes the gradient in place of
-``logits_c``, then ``grad_hidden_c = grad_c @ weight`` and ``grad_weight += grad_c.T @ hidden_c``
-accumulated in float32 (one buffer over all chunks, cast to the weight's dtype at the end). ``mean`` /
-``sum``: everything in the forward (a mean's 1 / n_valid in ``ce_rows``, except for fp16, whose logit
-gradients would underflow: there it scales the two small gradients), the backward only scales the two
-gradients by grad_output. ``none``:
-the forward computes the losses only, the backward runs the chunks again with the per-row grad_output as
-the gradient scale. Extra memory: one chunk of logits (:func:`kernels.chunking.chunk_rows`: at most 350
-MiB of them, in chunks of one size), the float32 weight gradient and the hidden gradient; at 16384 x 768
-hidden, 50304 x 768 weight, bf16: 5 chunks of 3280 rows, about 0.47 GiB in all (with the fp32-output GEMM of
-torch >= 2.8; before it each chunk's fp32 (V, C) product comes on top). Under ``torch.autocast``
-hidden and weight are cast to the autocast dtype before the op (the casts' backward carries the gradients back to the inputs' dtypes).
+``linear_cross_entropy`` (:func:`make_linear_cross_entropy`): the chunk loop every chunking method
+shares (:mod:`kernels.linear_ce`: per chunk of ``chunk_rows`` tokens, ``logits_c = hidden_c @ weight.T``,
+``ce_rows`` writes the gradient in place of ``logits_c``, then ``grad_hidden_c = grad_c @ weight`` and
+``grad_weight += grad_c.T @ hidden_c``) with this driver's float32 sums (one buffer over all chunks, cast
+to the weight's dtype at the end; where cuBLAS cannot add into them, each chunk's product in float32, then
+an add). ``mean`` / ``sum``: everything in the forward (a mean's 1 / n_valid in ``ce_rows``, except for
+fp16, whose logit gradients would underflow: there it scales the two small gradients), the backward only
+scales the two gradients by grad_output. ``none``: the forward computes the losses only, the backward
+runs the chunks again with the per-row grad_output as the gradient scale. Extra memory: one chunk of
+logits (:func:`kernels.linear_ce.chunk_rows`: at most 350 MiB of them, in chunks of one size), the
+float32 weight gradient and the hidden gradient; at 16384 x 768 hidden, 50304 x 768 weight, bf16: 5
+chunks of 3280 rows, about 0.47 GiB in all (with the fp32-output GEMM of torch >= 2.8; before it each
+chunk's fp32 (V, C) product comes on top). Under ``torch.autocast`` hidden and weight are cast to the
+autocast dtype before the op (the casts' backward carries the gradients back to the inputs' dtypes).
 
 Each ``make_*`` registers its forward (and backward) as ``torch.library.custom_op``s
 (``softmax_harness::{name}_fwd`` ...) with fake implementations, so ``torch.compile(fullgraph=True)``
@@ -53,7 +54,7 @@ from typing import Callable, Optional
 
 import torch
 
-from kernels import chunking
+from kernels import linear_ce
 
 CeRows = Callable[..., torch.Tensor]
 ScaleGrad = Callable[[torch.Tensor, torch.Tensor], None]
@@ -111,27 +112,19 @@ def _n_valid_scale(targets: torch.Tensor, ignore_index: int) -> torch.Tensor:
 def lce_chunks(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int,
                ce_rows: CeRows, chunk_rows: int, grad_scale: Optional[torch.Tensor], need_gh: bool,
                need_gw: bool) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
-    """One pass over the tokens in chunks (no autograd): the per-row losses (n,) float32 and, as asked, the
-    gradients of sum_rows(loss * scale) for hidden (hidden's dtype) and weight (float32), the scale being
-    ``grad_scale``: None (1), one value (numel 1) or one per token (n,)."""
+    """One pass over the tokens in chunks (:func:`kernels.linear_ce.run_chunks`; no autograd): the per-row
+    losses (n,) float32 and, as asked, the gradients of sum_rows(loss * scale) for hidden (hidden's dtype)
+    and weight (float32), the scale being ``grad_scale``: None (1), one value (numel 1) or one per token
+    (n,)."""
     n = hidden.shape[0]
-    grads = need_gh or need_gw
     per_row = grad_scale is not None and grad_scale.numel() == n and n > 1
     losses = torch.empty(n, dtype=torch.float32, device=hidden.device)
-    gh = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if need_gh else None
-    gw = None
-    wt = weight.t()
-    for s in range(0, n, chunk_rows):
-        e = min(n, s + chunk_rows)
-        h = hidden[s:e]
-        logits = torch.mm(h, wt)  # (rows, V), dense
+
+    def rows(logits: torch.Tensor, s: int, e: int, grad: Optional[torch.Tensor]) -> None:
         scale = grad_scale[s:e] if per_row else grad_scale
-        losses[s:e] = ce_rows(logits, targets[s:e], ignore_index, scale, logits if grads else None)
-        if need_gh:
-            torch.mm(logits, weight, out=gh[s:e])
-        if need_gw:
-            gw = _accumulate(gw, logits.t(), h)
-        del logits
+        losses[s:e] = ce_rows(logits, targets[s:e], ignore_index, scale, grad)
+
+    gh, gw = linear_ce.run_chunks(hidden, weight, chunk_rows, rows, need_gh, need_gw, _accumulate)
     return losses, gh, gw
 
 
@@ -296,7 +289,7 @@ def make_linear_cross_entropy(name: str, ce_rows: CeRows, scale_grad_: ScaleGrad
             raise TypeError(
                 f"{name}: hidden ({hidden.dtype}) and weight ({weight.dtype}) need one dtype outside autocast")
         if chunk_rows is None:
-            chunk_rows = chunking.chunk_rows(hidden.shape[0], weight.shape[0], hidden.element_size())
+            chunk_rows = linear_ce.chunk_rows(hidden.shape[0], weight.shape[0], hidden.element_size())
         return LinearCrossEntropy.apply(hidden, weight, targets, int(ignore_index), reduction, int(chunk_rows))
 
     linear_cross_entropy.__name__ = name

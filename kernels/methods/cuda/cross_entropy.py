@@ -23,8 +23,9 @@ from typing import Optional
 
 import torch
 
-from kernels.methods.cuda.build import STATE, prepare
+from kernels.methods.cuda.build import STATE
 from kernels.methods.cuda.ce_driver import make_cross_entropy, make_linear_cross_entropy
+from kernels.methods.cuda.op import prepare
 
 _DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 #: Forced code paths of ce_rows (tests and the sweep); -1: the launch table's choice.
@@ -32,7 +33,7 @@ CE_PATHS = {"auto": -1, "register": 0, "hybrid": 1, "split": 2, "stream": 3}
 
 
 # ------------------------------------------------------------------------------------------------
-# the primitives (the driver's interface: see kernels/methods/cuda/chunked_lce.py)
+# the primitives (the driver's interface: see kernels/methods/cuda/ce_driver.py)
 # ------------------------------------------------------------------------------------------------
 def ce_rows(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, grad_scale: Optional[torch.Tensor] = None,
             grad: Optional[torch.Tensor] = None, path: int = -1) -> torch.Tensor:

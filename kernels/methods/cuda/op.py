@@ -1,8 +1,10 @@
 """The `cuda` method's ops: ``softmax_harness_cuda::softmax_fwd`` / ``softmax_bwd`` (registered in C++
 by ``csrc/softmax_binding.cpp``) and the cross-entropy primitives ``ce_rows`` / ``scale_grad_``
 (``csrc/cross_entropy_binding.cpp``) get their fake implementations (and the softmax its autograd) here, so
-``torch.compile(fullgraph=True)`` traces through them and ``torch.library.opcheck`` passes; and the
-Python entry points, which build the extension on first use.
+``torch.compile(fullgraph=True)`` traces through them and ``torch.library.opcheck`` passes (the C++
+bindings name this module as the one that registers them: ``m.set_python_module``); :func:`prepare`,
+which builds the extension (:mod:`.build`) and registers that Python side once; and the Python entry
+points, which prepare on first use.
 
 Called eagerly, :func:`cuda_softmax` goes around the op's Python autograd kernel (tens of microseconds
 of dispatch): an ``autograd.Function`` calls the ops below the autograd key, and no autograd at all
@@ -10,13 +12,30 @@ when no gradient is needed; under torch.compile it calls the op itself. Same ker
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
-from kernels.methods.cuda.build import STATE, prepare
+from kernels.methods.cuda.build import STATE, load
+
+_LOCK = threading.Lock()
+
+
+def prepare() -> dict:
+    """Build (or load the cached build of) the extension and register its ops' Python side; returns
+    {'build_s': seconds} of this call."""
+    with _LOCK:
+        if STATE["loaded"]:
+            return {"build_s": 0.0, "cached_in_process": True}
+        build_s = load()
+        register_python_side()
+        STATE["loaded"] = True
+        STATE["build_s"] = build_s
+        return {"build_s": STATE["build_s"], "cached_in_process": False}
 
 
 def register_python_side() -> None:
-    """Called once by :func:`kernels.methods.cuda.build.prepare`, after the extension has loaded."""
+    """Called once by :func:`prepare`, after the extension has loaded."""
 
     @torch.library.register_fake("softmax_harness_cuda::softmax_fwd")
     def _fwd_fake(x, scale, causal):

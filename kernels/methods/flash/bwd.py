@@ -33,7 +33,7 @@ from kernels.methods.flash.fwd import precision, resolve_tma
 from kernels.methods.flash.tiles import (LOG2E, TMA_CODE, device_descriptor, empty_bthd, ensure_allocator,
                                          host_descriptor, interpreter_enabled, key_bounds, load_rows, mma,
                                          query_bounds, store_rows, tl, tma_eligible, triton)
-from kernels.methods.triton import fastlaunch
+from kernels.runtime import fastlaunch
 
 if triton is not None:
 

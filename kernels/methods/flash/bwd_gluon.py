@@ -56,7 +56,7 @@ from kernels.methods.flash.gluon_common import (GLUON_ERROR, SHARED_LIMIT, _desc
                                              fence_async_shared, gl, gluon, mbarrier, mma_layout, operand_layout,
                                              row_layout, tma, warpgroup_mma, warpgroup_mma_wait)
 from kernels.methods.flash.tiles import LOG2E
-from kernels.methods.triton import fastlaunch
+from kernels.runtime import fastlaunch
 
 __all__ = ["GLUON_ERROR", "budget_reason", "launch_dkdv", "launch_dq", "lpt_heads", "shared_bytes"]
 

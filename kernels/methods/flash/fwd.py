@@ -15,7 +15,7 @@ from kernels.methods.flash import plan as plans
 from kernels.methods.flash.tiles import (LOG2E, TMA_CODE, device_descriptor, empty_bthd, ensure_allocator,
                                          fast_log2, host_descriptor, interpreter_enabled, key_bounds, load_rows, mma,
                                          store_rows, tl, tma_eligible, tma_supported, triton)
-from kernels.methods.triton import fastlaunch
+from kernels.runtime import fastlaunch
 
 if triton is not None:
 

@@ -74,8 +74,8 @@ from kernels.methods.flash.gluon_common import (CONSUMER_REGS_3, GLUON_ERROR, SH
                                                 _tma_load, fence_async_shared, gl, gluon, mbarrier, supported)
 from kernels.methods.flash.plan import check_section_mb
 from kernels.methods.flash.tiles import LOG2E, empty_bthd
-from kernels.methods.triton import fastlaunch
-from kernels.methods.triton.plan import device_props
+from kernels.runtime import fastlaunch
+from kernels.runtime.device import device_props
 
 __all__ = ["GLUON_ERROR", "budget_reason", "launch_fwd", "section_heads", "shared_bytes", "supported"]
 

@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 
 from kernels.methods.flash.tiles import interpreter_enabled, tma_eligible
-from kernels.methods.triton.plan import device_props
+from kernels.runtime.device import device_props
 
 try:
     from triton.experimental import gluon

@@ -11,7 +11,7 @@ import torch
 from kernels.methods.flash.bwd import launch_bwd
 from kernels.methods.flash.fwd import launch_fwd
 from kernels.methods.flash.tiles import TRITON_ERROR, interpreter_enabled
-from kernels.methods.triton.availability import NO_GPU_REASON
+from kernels.runtime.availability import NO_GPU_REASON
 
 #: The dtypes the kernels take (fp32 runs full-precision dots: correct, far from tensor-core speed).
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)

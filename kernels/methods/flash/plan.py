@@ -18,7 +18,7 @@ from typing import Iterator, Optional
 
 import torch
 
-from kernels.methods.triton import fastlaunch
+from kernels.runtime import fastlaunch
 
 #: How the kernels load and store their tiles: plain pointers (masked loads, cp.async pipelining),
 #: host-side tensor descriptors (TMA; triton.tools.tensor_descriptor.TensorDescriptor, passed as

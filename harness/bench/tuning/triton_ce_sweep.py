@@ -1,7 +1,7 @@
-"""The cross-entropy launch sweep of the `triton` method: how the plan in ``cross_entropy_kernels.plan``
-is chosen (GPU only)::
+"""The cross-entropy launch sweep of the `triton` method: how the plan in
+``kernels/methods/triton/cross_entropy/launch.py`` (``plan``) is chosen (GPU only)::
 
-    python -m kernels.methods.triton.ce_sweep [--sizes 32768,50304,128256,262144] [--rows 16384]
+    python -m harness.bench triton-ce-sweep [--sizes 32768,50304,128256,262144] [--rows 16384]
         [--max-gb 4] [--rep-ms 50] [--out outputs/bench]
 
 Per vocabulary size V, on rows x V bf16 logits (fewer rows for large V, so that the logits and the
@@ -9,9 +9,9 @@ gradient stay within ``--max-gb``), targets in range with 1% ignored, reduction 
 plan (hybrid: 16 and 8 warps, where it can take the rows; slices, past 65536 columns: 8 and 16 warps x
 the fewest slices, one more and twice as many, where they can take the rows; split: chunk length x
 warps; stream: chunk length x warps; tile where the row fits) runs the eager forward with gradient
-(``cross_entropy_kernels.forward``: the target count, the one pass that writes the loss rows and the
+(``launch.forward``: the target count, the one pass that writes the loss rows and the
 gradient), is checked against float64 (the per-row losses and the
-gradient, ``kernels.methods.cuda.ce_sweep.check``), then timed by CUDA-graph replay (the GPU time)
+gradient, ``cuda_ce_sweep.check``), then timed by CUDA-graph replay (the GPU time)
 and eagerly (host cost included). GB/s count the one-read-one-write ideal, 2 x the logits' bytes, also
 as a fraction of the copy ceiling of the same run. Writes ``triton_ce_sweep.json`` into ``--out``.
 """
@@ -25,8 +25,10 @@ from typing import Callable
 
 import torch
 
-from kernels.methods.triton import cross_entropy_kernels as ck
-from kernels.timing import bench_graph_ms, bench_ms, copy_bandwidth
+from harness.bench.common import parse_ints
+from harness.bench.timing import bench_graph_ms, bench_ms, copy_bandwidth
+from harness.bench.tuning.cuda_ce_sweep import add_vocabulary_arguments, ce_inputs, check, reference_loss
+from kernels.methods.triton.cross_entropy import launch as ck
 
 IGNORE = -100
 
@@ -62,16 +64,14 @@ def current_plan(v: int, usable: Callable[[ck.Plan], bool] = lambda p: False) ->
 
 
 def run_sweep(sizes: list[int], rows: int, max_gb: float, rep_ms: int, out: Path) -> list[dict]:
-    from kernels.methods.cuda.ce_sweep import _inputs, _reference_loss, check
-
     copy_gbs = copy_bandwidth("cuda")
     print(f"triton-ce-sweep: copy {copy_gbs:.0f} GB/s; {torch.cuda.get_device_name()}", flush=True)
     results = []
     for v in sizes:
         n = max(1, min(rows, int(max_gb * 1e9 / (2 * 2 * v))))
-        x, t, inv = _inputs(n, v)
+        x, t, inv = ce_inputs(n, v)
         chk = min(n, 512)
-        ref = _reference_loss(x[:chk], t[:chk], 128)
+        ref = reference_loss(x[:chk], t[:chk], 128)
         moved = 2 * x.numel() * x.element_size()
         head = None
         usable = lambda p: ck.unusable(x, x, p) is None  # noqa: E731
@@ -114,18 +114,11 @@ def run_sweep(sizes: list[int], rows: int, max_gb: float, rep_ms: int, out: Path
     return results
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kernels.methods.triton.ce_sweep", description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", default="32768,50304,128256,262144", help="vocabulary sizes V, comma-separated")
-    p.add_argument("--rows", type=int, default=16384, help="rows (tokens) per measurement, fewer for large V")
-    p.add_argument("--max-gb", type=float, default=4.0, help="bound on logits + gradient bytes (GB)")
-    p.add_argument("--rep-ms", type=int, default=50)
-    p.add_argument("--out", default="outputs/bench", type=Path)
-    a = p.parse_args(argv)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_vocabulary_arguments(p)
+
+
+def run(a: argparse.Namespace, error: Callable[[str], None]) -> list[dict]:
     if not torch.cuda.is_available():
-        p.error("the sweep times kernels on a CUDA GPU; none was found")
-    run_sweep([int(s) for s in a.sizes.split(",") if s.strip()], a.rows, a.max_gb, a.rep_ms, a.out)
-
-
-if __name__ == "__main__":
-    main()
+        error("the sweep times kernels on a CUDA GPU; none was found")
+    return run_sweep(parse_ints(a.sizes), a.rows, a.max_gb, a.rep_ms, a.out)

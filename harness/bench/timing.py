@@ -1,6 +1,6 @@
-"""Timing utilities shared by the benchmarks (harness/) and the launch-table sweeps (next to the kernels
-they tune): medians of CUDA-event timings, CUDA-graph replays, the copy and write ceilings, and the
-float64 checks a timed kernel must pass first. Wall clock on a CPU, where the numbers mean nothing.
+"""Timing utilities shared by the benchmark tables and the tuning tools (``harness/bench/tuning/``):
+medians of CUDA-event timings, CUDA-graph replays, the copy and write ceilings, and the float64 checks a
+timed kernel must pass first. Wall clock on a CPU, where the numbers mean nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from kernels.reference import reference_softmax, reference_softmax_backward
 def bench_ms(fn: Callable[[], object], rep_ms: int = 100) -> float:
     """Median time of fn in ms: CUDA events via triton.testing.do_bench on a GPU, wall clock on a CPU."""
     if torch.cuda.is_available():
-        import triton.testing
+        import triton.testing  # (lazy: only a GPU times by CUDA events, and Triton must see TRITON_INTERPRET first)
 
         return float(triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
     fn()

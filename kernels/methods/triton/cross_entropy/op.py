@@ -1,5 +1,5 @@
-"""`triton` cross-entropy: the torch ops around the kernels of :mod:`.cross_entropy_kernels` (the
-algorithm, its code paths and the bytes they move are described there).
+"""`triton` cross-entropy: the torch ops around the launches of :mod:`.launch` (the algorithm, its code
+paths and the bytes they move: the package docstring).
 
 Ops (``torch.library.custom_op``, fake + autograd registrations, so ``torch.compile(fullgraph=True)``
 traces them and ``opcheck`` passes): ``softmax_harness::triton_cross_entropy_fwd`` (the kernel: loss
@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernels.methods.triton.cross_entropy_kernels import (
+from kernels.methods.triton.cross_entropy.launch import (
     defers_scale,
     forward,
     recompute_grad,

@@ -1,4 +1,4 @@
-"""The Gluon kernels of the ``triton`` method (Gluon: Triton's lower-level dialect, explicit layouts and
+"""The Gluon kernels of the ``triton`` softmax (Gluon: Triton's lower-level dialect, explicit layouts and
 shared memory), for long 16-bit rows on a GPU: the hybrid forward (a row in registers and shared
 memory) and the ring backward (rows streamed through a ring of shared-memory chunks over a pair of
 programs), with their helpers and inline PTX (cp.async copies and waits, 16-bit packing). Defined only
@@ -7,8 +7,8 @@ where this Triton has Gluon; launched by ``launch``; ``plan.gluon_unusable`` say
 
 from __future__ import annotations
 
-from kernels.methods.triton.availability import gl, gl_async, gluon
-from kernels.methods.triton.plan import _RING_MAX_WAIT
+from kernels.runtime.availability import gl, gl_async, gluon
+from kernels.methods.triton.softmax.plan import _RING_MAX_WAIT
 
 if gluon is not None:
     # cp.async.wait_group takes its count as an immediate: one asm string per count

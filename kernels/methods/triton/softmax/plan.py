@@ -1,8 +1,8 @@
-"""Host-side launch planning of the ``triton`` method: the path constants, :class:`Plan`, the launch tables
-(from ``python -m harness.bench triton-sweep`` on an H200; see docs/perf.md), :func:`plan`, the device
-properties it needs and the shape arithmetic of the Gluon paths (:func:`gluon_unusable` says when they
-cannot take a launch). No kernel here: see ``tile`` and ``gluon``; the paths are described in the
-package docstring (``kernels/methods/triton/__init__.py``).
+"""Host-side launch planning of the ``triton`` softmax: the path constants, :class:`Plan`, the launch tables
+(from ``python -m harness.bench triton-sweep`` on an H200; see docs/perf.md), :func:`plan` and the shape
+arithmetic of the Gluon paths (:func:`gluon_unusable` says when they cannot take a launch; the device's
+properties come from ``kernels.runtime.device``). No kernel here: see ``tile`` and ``gluon``; the paths
+are described in the package docstring (``kernels/methods/triton/softmax/__init__.py``).
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from typing import Optional
 
 import torch
 
-from kernels.methods.triton import fastlaunch
-from kernels.methods.triton.availability import _GLUON_ERROR
+from kernels.runtime import fastlaunch
+from kernels.runtime.availability import GLUON_ERROR
+from kernels.runtime.device import device_props
 
 LOG2E = 1.4426950408889634
 #: Longest row kept whole in registers; longer rows take the streaming (long) path.
@@ -92,13 +93,14 @@ _SPLIT_FROM = {False: 65537, True: 32769}
 # by direction (forward: two rows prefetched, 128 KB of shared memory; backward: y and dy of one row).
 # Only the forward at 32768, where the sweep put it ahead of the plain tile (docs/perf.md has the numbers);
 # at 65536 a row does not fit twice in shared memory. On a GPU the forward takes the hybrid path instead; this
-# plan is its fallback. The backward's plain tile holding 16-bit rows (_BWD_NARROW) beat it at 32768 (run AA).
+# plan is its fallback. The backward's plain tile holding 16-bit rows (_BWD_NARROW) beat it at 32768 (measured,
+# docs/perf.md).
 _PERSIST = {False: {32768: (32, 3)}, True: {}}
 # Backward tiles that hold y and dy as loaded (Plan.narrow), by BLOCK_N: the longest row that takes it. At 32768
 # the one-row tile on 32 warps, 2955 GB/s (0.99 of copy) against 2605 (0.87) for the persistent path held and
-# 2823 narrow, Liger 2973, in one run on an H100 (run AA, docs/perf.md); a 16-bit row's widened copy spilled
+# 2823 narrow, Liger 2973, in one run on an H100 (docs/perf.md); a 16-bit row's widened copy spilled
 # there. At 16384 rows of up to 12288 columns (a quarter of the tile masked or more): 2991 against 2944 held
-# (half the registers: two programs an SM), where full rows lose 3001 -> 2979 (run AF, H100).
+# (half the registers: two programs an SM), where full rows lose 3001 -> 2979 (measured on an H100).
 _BWD_NARROW = {16384: 12288, 32768: 32768}
 # Causal backward rows (the attention shape B=8, H=12, T=1024, from the sweep): (rows per program, warps,
 # round_mask); other lengths use _BWD_TILE.
@@ -165,16 +167,6 @@ def plan(n_cols: int, elem_bytes: int, backward: bool = False, causal: bool = Fa
     return Plan(False, block_n, rows, max(1, min(8, rows * block_n // (32 * 16))))
 
 
-_DEVICE_PROPS: dict = {}
-
-
-def device_props(device: torch.device):
-    """The GPU's properties (SM count, shared memory per block), asked once per device."""
-    if device not in _DEVICE_PROPS:
-        _DEVICE_PROPS[device] = torch.cuda.get_device_properties(device)
-    return _DEVICE_PROPS[device]
-
-
 def _smem_per_block(device: torch.device) -> int:
     """Shared memory one program may opt in to on this GPU (48 KB where the property is missing)."""
     return getattr(device_props(device), "shared_memory_per_block_optin", 0) or 48 * 1024
@@ -228,8 +220,8 @@ def gluon_unusable(x2: torch.Tensor, causal: bool, p: Plan, dy2: Optional[torch.
     name = name or ("the ring path" if p.ring else "the hybrid path")
     if causal:
         return f"{name} does not take causal rows"
-    if _GLUON_ERROR:
-        return _GLUON_ERROR
+    if GLUON_ERROR:
+        return GLUON_ERROR
     if not x2.is_cuda:
         return f"{name} runs on a GPU only (not in Triton's interpreter)"
     props = device_props(x2.device)  # (asked once per device, not every call)

@@ -1,16 +1,16 @@
-"""Compile the flash kernels for a GPU target without a GPU: ``python -m kernels.methods.flash.compile_check``.
+"""Compile the flash kernels for a GPU target without a GPU: ``python -m harness.bench flash-compile-check``.
 
 Runs the real launchers on CPU tensors with the kernels swapped for recorders, then hands each
 recorded launch to ``triton.compile`` for the target (sm_90 by default) and prints what ptxas made
 of it: registers per thread, spill stack, shared memory, whether the TTGIR has wgmma
 (``warp_group_dot``), TMA copies and warp-specialized partitions, and the PTX's atomic instructions
 (the atomic dq's adds: how many, and whether vectorized; tma_add's bulk tensor reductions). A plan that spills or does not
-fit shared memory shows here before any GPU time is spent; timings come from ``sweep``. Gluon plans
+fit shared memory shows here before any GPU time is spent; timings come from ``flash-sweep``. Gluon plans
 (``gluon=``) compile their Gluon kernels (Hopper's, whatever this machine has).
 
-    python -m kernels.methods.flash.compile_check --d 64,128 --dtype bfloat16 \\
+    python -m harness.bench flash-compile-check --d 64,128 --dtype bfloat16 \\
         --fwd "num_warps=8" --bwd "block_n1=128 tma=host"
-    python -m kernels.methods.flash.compile_check --d 64 --fwd "gluon=2 block_m=128 block_n=128 num_stages=2" \\
+    python -m harness.bench flash-compile-check --d 64 --fwd "gluon=2 block_m=128 block_n=128 num_stages=2" \\
         --bwd "gluon=1 block_n1=128 block_m1=64 num_stages=2 dq_mode=tma_add"
 """
 
@@ -22,19 +22,20 @@ import re
 import subprocess
 import tempfile
 import types
+from typing import Callable
 
 import torch
 
-if os.environ.get("TRITON_INTERPRET", "0") == "1":
-    raise SystemExit("compile_check compiles for a GPU target: unset TRITON_INTERPRET")
+if os.environ.get("TRITON_INTERPRET", "0") == "1":  # (before Triton is imported, which reads it once)
+    raise SystemExit("flash-compile-check compiles for a GPU target: unset TRITON_INTERPRET")
 
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
 
+from harness.bench.tuning.flash_sweep import knobs_over  # noqa: E402
 from kernels.methods.flash import bwd, bwd_gluon, fwd, fwd_gluon, gluon_common  # noqa: E402
 from kernels.methods.flash import plan as plans  # noqa: E402
-from kernels.methods.flash.sweep import knobs_over  # noqa: E402
 from kernels.methods.flash.tiles import TensorDescriptor  # noqa: E402
 
 _TY = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -150,15 +151,16 @@ def part_name(fn, kw: dict) -> str:
     return {(True, True): "dk/dv + dq", (True, False): "dk/dv", (False, True): "dq"}[(kw["DO_KV"], kw["DO_Q"])]
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--d", default="64,128", help="head dims, comma-separated")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     p.add_argument("--causal", default="1", choices=("0", "1"))
     p.add_argument("--fwd", default="", help="knob=value ... over the default / table plan")
     p.add_argument("--bwd", default="")
     p.add_argument("--arch", type=int, default=90, help="compute capability (90: H100/H200)")
-    a = p.parse_args(argv)
+
+
+def run(a: argparse.Namespace, error: Callable[[str], None]) -> None:
     dtype, causal, target = getattr(torch, a.dtype), a.causal == "1", GPUTarget("cuda", a.arch, 32)
     print(f"triton {triton.__version__}, target sm_{a.arch}")
     for d in (int(x) for x in a.d.split(",")):
@@ -166,7 +168,7 @@ def main(argv=None) -> None:
         try:
             fp, bp = knobs_over(f0, a.fwd), knobs_over(b0, a.bwd)
         except ValueError as exc:  # (knobs that make no plan over d's table plan)
-            p.error(f"d={d}: {exc}")
+            error(f"d={d}: {exc}")
         print(f"d={d}: {fp}\n      {bp}")
         try:
             calls = record(d, dtype, causal, fp, bp)
@@ -186,7 +188,3 @@ def main(argv=None) -> None:
             except Exception as exc:
                 lines = str(exc).strip().splitlines()
                 print(f"  {part:11s} FAILED to compile: {type(exc).__name__}: {lines[-1][:200] if lines else ''}")
-
-
-if __name__ == "__main__":
-    main()

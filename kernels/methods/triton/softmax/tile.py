@@ -1,12 +1,12 @@
-"""The ``@triton.jit`` kernels of the ``triton`` method: the tile path (and its fill variant for causal
+"""The ``@triton.jit`` kernels of the ``triton`` softmax: the tile path (and its fill variant for causal
 forward rows), the persistent tile path, the split path and the long (streaming) path, forward and
 backward, with their helpers. Defined only where Triton imports; launched by ``launch``; the paths are
-described in the package docstring (``kernels/methods/triton/__init__.py``).
+described in the package docstring (``kernels/methods/triton/softmax/__init__.py``).
 """
 
 from __future__ import annotations
 
-from kernels.methods.triton.availability import tl, triton
+from kernels.runtime.availability import tl, triton
 
 if triton is not None:
 
@@ -299,7 +299,7 @@ if triton is not None:
     ):
         """WHOLE (not with RELOAD): every row of every program is BLOCK_N unmasked columns (not causal,
         n_cols = BLOCK_N, ROWS dividing n_rows), so no masks at all: a third fewer instructions (at 32768 on 32
-        warps, narrow: 456 against 672), +0.4-0.6% at 32768 on an H100 (docs/perf.md, run AK).
+        warps, narrow: 456 against 672), +0.4-0.6% at 32768 on an H100 (measured, docs/perf.md).
         RELOAD: y and dy are read twice, for the dot and again (from L1) for dx, so the widened row is not
         held in registers across the row's reduction (at 16384 columns on 16 warps: 44 registers a thread
         against 87, two programs per SM instead of one). The second loads carry another cache modifier,

@@ -1,6 +1,6 @@
 """The ``triton`` cross-entropy's slices path (Gluon; 16-bit rows of more than HYBRID_MAX_N columns, on a
-GPU): the hybrid row kernel (:mod:`.cross_entropy_gluon`) over slices of a row, which trade their
-partial (max, sum of exp) like the split path's chunks (``cross_entropy_kernels._ce_split_kernel``).
+GPU): the hybrid row kernel (:mod:`.gluon`) over slices of a row, which trade their
+partial (max, sum of exp) like the split path's chunks (``kernels._ce_split_kernel``).
 
 Algorithm. A row of V columns is cut into S = ceil(V / 65536) slices of SL = ceil(V / S) columns
 rounded up to a multiple of 8 (every slice starts 16-byte aligned; the last one is V - (S - 1) SL
@@ -31,8 +31,8 @@ bytes of partials per slice; the stream path it replaces reads the logits twice 
 H200 at V = 128256-262144). Measured on the H200 (docs/perf.md): 0.83 of copy at V = 128256 (2
 slices) and 262144 (4), 8 warps; at 8 warps a slice of 64K columns takes 112 KB of shared memory (one
 program per SM), yet one more slice (two programs an SM) measured 0.76, twice as many 0.70, and 16
-warps 0.65-0.75 (``ce_sweep`` times them all). The kernel is defined only where this Triton has Gluon;
-``slices_unusable`` says when it cannot run.
+warps 0.65-0.75 (``python -m harness.bench triton-ce-sweep`` times them all). The kernel is defined only
+where this Triton has Gluon; ``slices_unusable`` says when it cannot run.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ from typing import Optional
 
 import torch
 
-from kernels.methods.triton import plan as tp
-from kernels.methods.triton.availability import gl, gluon, interpreter_enabled
-from kernels.methods.triton.cross_entropy_gluon import HYBRID_MAX_N, _softmax_plan, hybrid_maxnreg
+from kernels.methods.triton.softmax import plan as tp
+from kernels.runtime.availability import gl, gluon, interpreter_enabled
+from kernels.methods.triton.cross_entropy.gluon import HYBRID_MAX_N, _softmax_plan, hybrid_maxnreg
 
 #: Longest slice (its shared part as the hybrid path's longest row); rows longer than this take slices.
 SLICE_MAX_N = HYBRID_MAX_N
@@ -51,8 +51,8 @@ SLICE_MAX_N = HYBRID_MAX_N
 MAX_SLICES = 64
 
 if gluon is not None:
-    from kernels.methods.triton.cross_entropy_gluon import _LOG2E, _ce_grad_pass, _ce_row_stats, _ce_scale
-    from kernels.methods.triton.gluon import _hybrid_copy, _hybrid_words, _ring_start
+    from kernels.methods.triton.cross_entropy.gluon import _LOG2E, _ce_grad_pass, _ce_row_stats, _ce_scale
+    from kernels.methods.triton.softmax.gluon import _hybrid_copy, _hybrid_words, _ring_start
 
     if hasattr(gl, "barrier"):  # (Triton 3.7 renamed thread_barrier)
         @gluon.jit

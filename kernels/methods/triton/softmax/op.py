@@ -1,4 +1,4 @@
-"""The ``triton`` method as torch ops: ``softmax_harness::triton_softmax_fwd`` / ``_bwd``
+"""The ``triton`` softmax as torch ops: ``softmax_harness::triton_softmax_fwd`` / ``_bwd``
 (``torch.library.custom_op`` with fake implementations and autograd; only the output is saved for
 backward), so ``torch.compile(fullgraph=True)`` traces a model that uses it without a graph break;
 :func:`triton_softmax` is the method's softmax.
@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import torch
 
-from kernels.methods.triton.availability import validate
-from kernels.methods.triton.launch import launch_bwd, launch_fwd
+from kernels.methods.triton.softmax.launch import launch_bwd, launch_fwd
+from kernels.runtime.availability import require_gpu_tensor
+
+
+def validate(x: torch.Tensor) -> None:
+    require_gpu_tensor(x, "the triton softmax")
 
 
 def _check_op_input(x: torch.Tensor, causal: bool) -> None:

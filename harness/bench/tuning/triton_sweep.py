@@ -1,8 +1,8 @@
-"""The launch-table sweep of the ``triton`` method: times candidate launch settings per row length N, each
-checked forward and backward against float64 first (how the tables in ``plan`` were chosen; the runs
-are in docs/perf.md). GPU only for meaningful numbers (on a CPU it runs in Triton's interpreter, for
-tests). Run as ``python -m kernels.methods.triton.sweep`` or ``python -m harness.bench triton-sweep``
-(same arguments); writes ``triton_sweep.json`` under ``--out``.
+"""The launch-table sweep of the ``triton`` softmax: times candidate launch settings per row length N, each
+checked forward and backward against float64 first (how the tables in
+``kernels/methods/triton/softmax/plan.py`` were chosen; the measurements are in docs/perf.md). GPU only for
+meaningful numbers (on a CPU it runs in Triton's interpreter, for tests). Run as ``python -m harness.bench
+triton-sweep``; writes ``triton_sweep.json`` under ``--out``.
 """
 
 from __future__ import annotations
@@ -10,17 +10,17 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 
 import kernels
-from kernels.methods.triton import plan as tp
-from kernels.methods.triton.launch import launch_bwd, launch_fwd
-from kernels.methods.triton.plan import Plan, _next_pow2
-from kernels.timing import bench_graph_ms, error_on_device, sweep_references
+from harness.bench.common import DTYPES, parse_ints
+from harness.bench.timing import bench_graph_ms, error_on_device, sweep_references
+from kernels.methods.triton.softmax import plan as tp
+from kernels.methods.triton.softmax.launch import launch_bwd, launch_fwd
+from kernels.methods.triton.softmax.plan import Plan, _next_pow2
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_SIZES = "128,256,512,1024,2048,4096,8192,16384,32768,65536,262144"
 
 
@@ -117,7 +117,7 @@ def run_triton_sweep(sizes: list[int], elements: int, dtype: str, out: Path, cau
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The sweep's command-line arguments (here and for ``python -m harness.bench triton-sweep``)."""
+    """The sweep's command-line arguments (``python -m harness.bench triton-sweep``)."""
     p.add_argument("--sizes", default=DEFAULT_SIZES)
     p.add_argument("--elements", type=int, default=2**27)
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
@@ -127,22 +127,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="outputs/bench", type=Path)
 
 
-def run_from_args(a: argparse.Namespace, error: Callable[[str], None]) -> list[dict]:
+def run(a: argparse.Namespace, error: Callable[[str], None]) -> list[dict]:
     """Run the sweep that parsed arguments ask for; error (the parser's) reports a malformed --causal."""
-    ints = lambda s: [int(v) for v in s.split(",") if v.strip()]  # noqa: E731
     a.out.mkdir(parents=True, exist_ok=True)
-    causal = [tuple(ints(c)) for c in a.causal.split(";") if c.strip()]
+    causal = [tuple(parse_ints(c)) for c in a.causal.split(";") if c.strip()]
     if any(len(c) < 2 for c in causal):
         error(f"--causal takes shapes like 8,12,1024,1024 separated by ';' (got {a.causal!r})")
-    return run_triton_sweep(ints(a.sizes), a.elements, a.dtype, a.out, causal, a.match)
+    return run_triton_sweep(parse_ints(a.sizes), a.elements, a.dtype, a.out, causal, a.match)
 
-
-def main(argv: Optional[list[str]] = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kernels.methods.triton.sweep", description=__doc__.split("\n\n")[0])
-    add_arguments(p)
-    a = p.parse_args(argv)
-    run_from_args(a, p.error)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""The Triton direct-launch path (kernels.methods.triton.fastlaunch): its key against Triton's own
+"""The Triton direct-launch path (kernels.runtime.fastlaunch): its key against Triton's own
 specialization, the direct path's logic on a stand-in kernel (no GPU: the launcher is a recorder), the
 fallback under the interpreter and the environment switch; on a GPU, every softmax path direct against
 plain, bit for bit, and a differently aligned tensor never reusing a compiled specialization."""
@@ -12,9 +12,10 @@ import pytest
 import torch
 
 import kernels
-from kernels.methods.triton import fastlaunch as fl
-from kernels.methods.triton import plan as tp
-from kernels.methods.triton.launch import launch_bwd, launch_fwd
+from kernels.methods.triton.softmax import plan as tp
+from kernels.methods.triton.softmax.launch import launch_bwd, launch_fwd
+from kernels.runtime import fastlaunch as fl
+from kernels.runtime import run_source
 
 pytestmark = pytest.mark.skipif("triton" not in kernels.runnable_methods(), reason="triton cannot run here")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -65,14 +66,14 @@ def test_run_source_check():
     from triton.runtime.jit import JITFunction
 
     src = inspect.getsource(JITFunction.run)
-    assert fl.source_digest(src) in fl.KNOWN_RUN_SOURCES
-    why, knobs, _ = fl.check_run_source(src)
+    assert run_source.source_digest(src) in run_source.KNOWN_RUN_SOURCES
+    why, knobs, _ = run_source.check_run_source(src)
     assert why is None and ("runtime", "debug") in knobs and ("compilation", "instrumentation_mode") in knobs
-    assert "not a version" in fl.check_run_source(src + "\n        x = 1\n")[0]
+    assert "not a version" in run_source.check_run_source(src + "\n        x = 1\n")[0]
     extra = src.replace("        # parse options", '        kwargs["new"] = knobs.compilation.new\n        # parse options')
-    assert "unknown knob" in fl.check_run_source(extra, force=True)[0]
+    assert "unknown knob" in run_source.check_run_source(extra, force=True)[0]
     moved = src.replace("kernel.run(grid_0", "kernel.run_new(grid_0")
-    assert "has no line" in fl.check_run_source(moved, force=True)[0]
+    assert "has no line" in run_source.check_run_source(moved, force=True)[0]
 
 
 class _Compiled:
@@ -312,7 +313,7 @@ def _both_ways(x, dy, causal, calls=3):
 def test_direct_launches_match_plain_ones_on_the_gpu(shape, dtype, causal, view, seeded):
     """Every softmax path launched directly, and through its prepared launch, gives bit-for-bit the plain
     launch's outputs, with the same strides."""
-    from kernels.methods.triton import launch as tl_launch
+    from kernels.methods.triton.softmax import launch as tl_launch
 
     assert fl.unsupported_reason() is None, fl.unsupported_reason()  # the Triton this was written for
     x, dy = _inputs(shape, dtype, view, seeded)
@@ -361,3 +362,17 @@ def test_cdiv_is_tritons_without_the_constexpr_call():
     for a in (0, 1, 15, 16, 17, 1000, 1024, 2**31 + 5):
         for b in (1, 16, 64, 128):
             assert fl.cdiv(a, b) == triton.cdiv(a, b)
+
+
+def test_importing_the_runtime_registers_no_method():
+    """The shared runtime (kernels.runtime and each of its modules) is imported in a fresh process without
+    filling the registry: no `triton` method, no method module imported."""
+    import subprocess
+    import sys
+
+    code = ("import importlib, pkgutil, sys\nimport kernels.runtime as rt\nimport kernels.registry as reg\n"
+            "for m in pkgutil.iter_modules(rt.__path__):\n    importlib.import_module(f'kernels.runtime.{m.name}')\n"
+            "print(sorted(getattr(reg, '_REGISTRY', {})), sorted(n for n in sys.modules if n.startswith('kernels.methods')))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "[] []", run.stdout

@@ -1,6 +1,6 @@
 """The ``triton`` cross-entropy's hybrid path (Gluon; 16-bit rows of HYBRID_MIN_N + 1 .. HYBRID_MAX_N
 columns, on a GPU): the softmax's hybrid forward (``gluon._fwd_hybrid_kernel``) turned into the
-cross-entropy row kernel of ``cross_entropy_kernels._ce_tile_kernel``'s contract.
+cross-entropy row kernel of ``kernels._ce_tile_kernel``'s contract.
 
 Algorithm. One program per row (num_warps 16: 512 threads). Thread t keeps the 16-byte vectors t,
 t + T, ... (HYBRID_REG_VECS of them) in registers as 32-bit words (two 16-bit logits each) and copies
@@ -25,7 +25,7 @@ one-read-one-write ideal, 16384 x 50304 bf16 = 3.3 GB, 0.78 ms at the H200's ~4.
 65536; the stream path it replaced measured 0.59-0.63 (1.26 ms).
 The kernel is defined only where this Triton has Gluon; ``hybrid_unusable`` says when it cannot run.
 Its passes are helpers (``_ce_row_stats``: max, sum and target; ``_ce_grad_pass``; ``_ce_scale``),
-shared with the slices path (:mod:`.cross_entropy_slices`), which runs them over slices of longer rows.
+shared with the slices path (:mod:`.slices`), which runs them over slices of longer rows.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import Optional
 
 import torch
 
-from kernels.methods.triton import plan as tp
-from kernels.methods.triton.availability import gl, gluon, interpreter_enabled
+from kernels.methods.triton.softmax import plan as tp
+from kernels.runtime.availability import gl, gluon, interpreter_enabled
 
 #: Rows this path takes: HYBRID_MIN_N < V <= HYBRID_MAX_N (16-bit; the registers' part at 16 warps is
 #: 16384 columns, the rest at most 96 KB of shared memory at 65536).
@@ -44,8 +44,8 @@ HYBRID_MAX_N = tp.RING_MAX_N
 HYBRID_WARPS = tp.HYBRID_WARPS
 
 if gluon is not None:
-    from kernels.methods.triton.gluon import (_hybrid_copy, _hybrid_keys, _hybrid_words, _pack, _ring_start,
-                                              _ring_wait, _unpack)
+    from kernels.methods.triton.softmax.gluon import (_hybrid_copy, _hybrid_keys, _hybrid_words, _pack, _ring_start,
+                                                      _ring_wait, _unpack)
 
     _LOG2E = gl.constexpr(1.4426950408889634)
 
@@ -194,7 +194,7 @@ def hybrid_unusable(logits: torch.Tensor, grad: Optional[torch.Tensor], num_warp
 
 def launch_hybrid(logits, targets, loss_rows, grad, scale, count, stride_s: int, ignore_index: int, num_warps: int,
                   flags: dict) -> None:
-    """The hybrid kernel over every row (arguments as ``cross_entropy_kernels.launch_ce`` prepares them:
+    """The hybrid kernel over every row (arguments as ``launch.launch_ce`` prepares them:
     None where a buffer is not read or written; ``hybrid_unusable`` must have said None)."""
     n_rows, n_cols = logits.shape
     nr, ns, even = tp._hybrid_shape(n_cols, _softmax_plan(num_warps))

@@ -1,7 +1,7 @@
 """The cross-entropy launch sweep of the `cuda` method: how the launch table in
 ``csrc/cross_entropy_kernels.cu`` is chosen (GPU and nvcc only)::
 
-    python -m kernels.methods.cuda.ce_sweep [--sizes 32768,50304,128256,262144] [--rows 16384]
+    python -m harness.bench cuda-ce-sweep [--sizes 32768,50304,128256,262144] [--rows 16384]
         [--max-gb 4] [--rep-ms 50] [--match TEXT] [--out outputs/bench]
 
 Builds the variants in ``csrc/cross_entropy_tuning*.cu`` as their own extension (bf16, dense rows; see
@@ -9,9 +9,9 @@ Builds the variants in ``csrc/cross_entropy_tuning*.cu`` as their own extension 
 large V so that the logits and the gradient stay within ``--max-gb``), targets in range with 1% ignored,
 the gradient scaled by 1 / n_valid (a mean): every candidate launch is first checked against float64 (the
 per-row losses, and the gradient (softmax - onehot) / n_valid), then timed with
-``kernels.timing.bench_graph_ms`` (CUDA-graph replay: the GPU time) and ``bench_ms`` (eager launches, host
+``harness.bench.timing.bench_graph_ms`` (CUDA-graph replay: the GPU time) and ``bench_ms`` (eager launches, host
 cost included). GB/s count the one-read-one-write ideal, 2 x the logits' bytes, and are also given as a
-fraction of the copy ceiling measured in the same run (``kernels.timing.copy_bandwidth``). Also timed:
+fraction of the copy ceiling measured in the same run (``harness.bench.timing.copy_bandwidth``). Also timed:
 the production table (``ce_rows`` as shipped, and with each path forced), the whole op
 (``kernels.cross_entropy(method="cuda")``, forward + backward), ``scale_grad_`` at g = 1 (a launch) and
 g = 0.5 (a pass), and ``F.cross_entropy`` forward + backward on the same bf16 logits, for scale.
@@ -25,13 +25,17 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+import kernels
+from harness.bench.common import parse_ints
+from harness.bench.timing import bench_graph_ms, bench_ms, copy_bandwidth
+from kernels.methods.cuda import ce_code_path, prepare
 from kernels.methods.cuda.build import CE_DEVICE_HEADERS, CSRC, DEVICE_HEADERS, LDFLAGS, headers_flag
 from kernels.reference import FWD_TOL
-from kernels.timing import bench_graph_ms, bench_ms, copy_bandwidth
 
 _PATHS = {"register": 0, "hybrid": 1, "split": 2, "stream": 3}
 # compiled in csrc/cross_entropy_tuning_split.cu: (threads, register items, shared items)
@@ -81,7 +85,7 @@ def describe(c: dict) -> str:
 
 def load_ce_tuning() -> float:
     """Build (or load) the extension of launch variants (csrc/cross_entropy_tuning*.{cu,cpp}); returns seconds."""
-    from torch.utils.cpp_extension import load
+    from torch.utils.cpp_extension import load  # (lazy: it imports setuptools; only a sweep on a GPU needs it)
 
     t0 = time.perf_counter()
     load(name="softmax_harness_cuda_ce_tuning",
@@ -94,7 +98,8 @@ def load_ce_tuning() -> float:
     return time.perf_counter() - t0
 
 
-def _inputs(rows: int, v: int, seed: int = 0):
+def ce_inputs(rows: int, v: int, seed: int = 0):
+    """(bf16 logits rows x v, targets in range with 1% ignored, 1 / n_valid) on the GPU."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = (torch.randn(rows, v, device="cuda", generator=g) * 2).to(torch.bfloat16)
     t = torch.randint(0, v, (rows,), device="cuda", generator=g)
@@ -103,7 +108,8 @@ def _inputs(rows: int, v: int, seed: int = 0):
     return x, t, inv
 
 
-def _reference_loss(x: torch.Tensor, t: torch.Tensor, chunk: int) -> torch.Tensor:
+def reference_loss(x: torch.Tensor, t: torch.Tensor, chunk: int) -> torch.Tensor:
+    """The per-row losses in float64, ``chunk`` rows at a time (0 on ignored rows)."""
     out = torch.empty(x.shape[0], dtype=torch.float64, device=x.device)
     for s in range(0, x.shape[0], chunk):
         x64 = x[s:s + chunk].double()
@@ -141,9 +147,6 @@ def _timed(run, rep_ms: int, nbytes: int, copy_gbs: float) -> dict:
 
 def run_ce_sweep(sizes: list[int], rows: int, max_gb: float, out: Path, rep_ms: int = 50,
                  match: str = "") -> list[dict]:
-    import kernels
-    from kernels.methods.cuda import ce_code_path, prepare
-
     prep = prepare()
     build_s = load_ce_tuning()
     ops = torch.ops.softmax_harness_cuda_ce_tuning
@@ -154,10 +157,10 @@ def run_ce_sweep(sizes: list[int], rows: int, max_gb: float, out: Path, rep_ms: 
     results: list[dict] = []
     for v in sizes:
         n = max(512, min(rows, int(max_gb * 1e9 / (4 * v)) // 512 * 512))  # logits + gradient, bf16
-        x, t, inv = _inputs(n, v)
+        x, t, inv = ce_inputs(n, v)
         nbytes = 2 * x.numel() * x.element_size()  # the ideal: one read of the logits, one write of the gradient
         chunk = max(1, (1 << 28) // (8 * v))  # float64 reference chunks of <= 256 MiB
-        ref_loss = _reference_loss(x, t, chunk)
+        ref_loss = reference_loss(x, t, chunk)
         g = torch.empty_like(x)
         tol = FWD_TOL[torch.bfloat16]
         head = {"v": v, "rows": n, "logits_gb": x.numel() * 2 / 1e9}
@@ -239,18 +242,19 @@ def run_ce_sweep(sizes: list[int], rows: int, max_gb: float, out: Path, rep_ms: 
     return results
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_vocabulary_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments both cross-entropy sweeps take (this one and ``triton-ce-sweep``)."""
     p.add_argument("--sizes", default="32768,50304,128256,262144", help="vocabulary sizes V, comma-separated")
     p.add_argument("--rows", type=int, default=16384, help="rows (tokens) per measurement, fewer for large V")
     p.add_argument("--max-gb", type=float, default=4.0, help="bound on logits + gradient bytes (GB)")
     p.add_argument("--rep-ms", type=int, default=50)
-    p.add_argument("--match", default="", help="only the candidates whose description holds this text")
     p.add_argument("--out", default="outputs/bench", type=Path)
-    a = p.parse_args(argv)
-    run_ce_sweep([int(s) for s in a.sizes.split(",") if s.strip()], a.rows, a.max_gb, a.out, a.rep_ms, a.match)
 
 
-if __name__ == "__main__":
-    main()
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_vocabulary_arguments(p)
+    p.add_argument("--match", default="", help="only the candidates whose description holds this text")
+
+
+def run(a: argparse.Namespace, error: Callable[[str], None]) -> list[dict]:
+    return run_ce_sweep(parse_ints(a.sizes), a.rows, a.max_gb, a.out, a.rep_ms, a.match)

@@ -1,4 +1,4 @@
-"""Sweep the flash launch plans on a GPU: ``python -m kernels.methods.flash.sweep``.
+"""Sweep the flash launch plans on a GPU: ``python -m harness.bench flash-sweep``.
 
 For each shape, forward plans are timed alone and backward plans as forward + backward (with the
 best forward plan), in phases: each phase tries every combination of its knobs, starting from the
@@ -9,9 +9,9 @@ d, halved for causal Tq = Tk; forward + backward 3.5x that), writes JSON after e
 prints the winners as ``plan.TABLE`` entries. SDPA's flash and cuDNN backends are timed alongside for
 reference (``--no-baselines`` skips them). Knows nothing of Lightning, Hydra or W&B.
 
-    python -m kernels.methods.flash.sweep --shapes "16,12,1024,64;4,12,4096,64;8,16,2048,128" \\
+    python -m harness.bench flash-sweep --shapes "16,12,1024,64;4,12,4096,64;8,16,2048,128" \\
         --causal 1 --dtype bfloat16 --out flash-sweep.json
-    python -m kernels.methods.flash.sweep --shapes 16,12,1024,64 --mode fwd \\
+    python -m harness.bench flash-sweep --shapes 16,12,1024,64 --mode fwd \\
         --fwd-phases "block_m=64,128 block_n=64,128 | tma=off,host,device | warp_specialize=0,1"
 
 About 2 s a candidate while Triton compiles it (plans of one head dim share compiles across
@@ -27,17 +27,19 @@ import json
 import time
 import traceback
 from pathlib import Path
+from typing import Callable
 
 import torch
 
+from harness.bench.timing import bench_ms, error_on_device
 from kernels.methods.flash import plan as plans
 from kernels.methods.flash.bwd import launch_bwd
 from kernels.methods.flash.fwd import launch_fwd
 from kernels.reference import ATTN_BWD_TOL, ATTN_FWD_TOL, reference_attention
-from kernels.timing import bench_ms, error_on_device
+from kernels.runtime import availability
 
 #: The default phases (about 98 forward and 113 backward candidates a shape). warp_specialize is left out: Triton 3.6
-#: does not specialize these loops on Hopper (compile_check); add "| warp_specialize=0,1" to measure it (on
+#: does not specialize these loops on Hopper (flash-compile-check); add "| warp_specialize=0,1" to measure it (on
 #: Blackwell, say). The forward's last phase tries the grouped causal program order (FwdPlan.group; left out where
 #: not causal, where it changes nothing), then the Triton kernel's register cap (FwdPlan.maxnreg: more programs an
 #: SM), then the masked tiles inside the full tiles' loop (FwdPlan.one_loop; the Gluon phases start without it), then
@@ -94,7 +96,7 @@ def parse_phases(text: str, cls) -> list[dict]:
 
 def knobs_over(plan, text: str):
     """plan with 'knob=value ...' set over it (one value a knob, no phases; typed as ``parse_phases`` types them):
-    what compile_check and scripts/profile_attention.py take. ValueError where the text is phases or several
+    what flash_compile_check and scripts/profile_attention.py take. ValueError where the text is phases or several
     values, or the knobs make no plan."""
     phases = parse_phases(text, type(plan))
     if len(phases) > 1 or any(len(v) != 1 for ph in phases for v in ph.values()):
@@ -264,12 +266,7 @@ class Sweep:
 
 
 def _triton_version() -> str:
-    try:
-        import triton
-
-        return triton.__version__
-    except Exception:
-        return "none"
+    return availability.triton.__version__ if availability.triton is not None else "none"
 
 
 def parse_shapes(text: str) -> list[tuple]:
@@ -286,8 +283,7 @@ def parse_shapes(text: str) -> list[tuple]:
     return out
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shapes", default="16,12,1024,64;4,12,4096,64;8,16,2048,128",
                    help="B,H,T,d or B,H,Tq,Tk,d, separated by ';'")
     p.add_argument("--causal", default="1", choices=("0", "1", "both"))
@@ -304,14 +300,13 @@ def main(argv=None) -> None:
     p.add_argument("--out", default="flash-sweep.json",
                    help="the JSON file to write, or a folder to write flash_sweep.json into")
     p.add_argument("--verbose", action="store_true", help="print the traceback of failing candidates")
-    a = p.parse_args(argv)
+
+
+def run(a: argparse.Namespace, error: Callable[[str], None]) -> list[dict]:
     sweep = Sweep(a)
     causals = {"0": [False], "1": [True], "both": [False, True]}[a.causal]
     for shape in parse_shapes(a.shapes):
         for causal in causals:
             sweep.run_shape(shape, causal)
     print(f"\nwrote {sweep.out} ({len(sweep.records)} records, {time.time() - sweep.t0:.0f} s)")
-
-
-if __name__ == "__main__":
-    main()
+    return sweep.records

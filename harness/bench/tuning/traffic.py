@@ -7,19 +7,15 @@ from typing import Optional
 
 import torch
 
-from kernels.timing import bench_graph_ms, bench_ms
+from harness.bench.timing import bench_graph_ms, bench_ms
+from kernels.runtime import availability
 
 
 def causal_traffic_ms(shape: tuple, dtype: torch.dtype, device: str, rep_ms: int = 100) -> Optional[float]:
     """The memory floor of a fused causal forward, measured: the fastest of a few Triton kernels that
     move exactly its bytes (read each row's unmasked prefix, write the whole row: the prefix copied,
     zeros after) and compute nothing. None where Triton cannot run."""
-    try:
-        from kernels.methods.triton import availability
-
-        if availability.unavailable_reason() or availability.triton is None:
-            return None
-    except Exception:  # pragma: no cover
+    if availability.unavailable_reason() or availability.triton is None:
         return None
     kernel = _causal_traffic_kernel()
     x = torch.randn(shape, device=device).to(dtype)
@@ -42,6 +38,7 @@ def causal_traffic_ms(shape: tuple, dtype: torch.dtype, device: str, rep_ms: int
 
 @functools.cache
 def _causal_traffic_kernel():
+    # (lazy: the kernel is defined on a table's first ask, once availability has said Triton runs here)
     import triton
     import triton.language as tl
 

@@ -1,5 +1,5 @@
 """The `triton` cross-entropy's reduction kernels, around the row kernels of
-:mod:`.cross_entropy_kernels`: the target count and range check (``count_targets``: n_valid for
+:mod:`.kernels`: the target count and range check (``count_targets``: n_valid for
 'mean', on the device, no host sync), the loss from its rows (``reduce_loss``) and the backward's
 multiply by grad_output (``scale_grad_``: in place, no work where the factor is exactly 1). Small
 launches (one program, or a few per SM), through the direct launch path (``fastlaunch``)."""
@@ -15,8 +15,9 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
-from kernels.methods.triton import fastlaunch
-from kernels.methods.triton.plan import _next_pow2
+from kernels.methods.triton.softmax.plan import _next_pow2
+from kernels.runtime import fastlaunch
+from kernels.runtime.device import device_props
 
 @triton.jit(debug=True)  # debug: the device assert is compiled in (only this small kernel pays for it)
 def _targets_kernel(T, COUNT, n_rows, n_cols, ignore_index, BLOCK: tl.constexpr):
@@ -82,15 +83,10 @@ def _device_guard(x: Tensor):
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 
-_SMS: dict = {}
-
-
 def _persistent_programs(n_tiles: int, device: torch.device) -> int:
     if device.type != "cuda":
         return max(1, min(n_tiles, 4))  # the interpreter: a few programs, each looping over tiles
-    if device not in _SMS:
-        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(n_tiles, 4 * _SMS[device]))
+    return max(1, min(n_tiles, 4 * device_props(device).multi_processor_count))
 
 
 #: the small kernels around the row kernel (count, reduction, backward scale) go through the direct

@@ -22,8 +22,8 @@ knobs, the current device, each tensor's alignment) and hands anything else to :
 
 Where it stands aside (the plain ``kernel[grid]``, silently correct): ``TRITON_INTERPRET=1``;
 ``HARNESS_TRITON_DIRECT=0`` (read at import; :func:`configure` re-reads it); a ``JITFunction.run`` whose
-source is not one checked against this module (Triton 3.6.0, 3.9.0; ``HARNESS_TRITON_DIRECT=force``
-takes another that still has every reproduced line and no unknown knob read); pre-run hooks, annotated
+source is not one checked against this module (Triton 3.6.0, 3.9.0: :mod:`.run_source`;
+``HARNESS_TRITON_DIRECT=force`` takes another that still has every reproduced line and no unknown knob read); pre-run hooks, annotated
 or unspecialized parameters, constexprs passed positionally; installed launch hooks (a profiler); a
 callable grid; a tensor not on the GPU; an asynchronous compile; a full cache; any exception of the
 direct call. Not reproduced: ``run``'s check that globals a kernel read have not changed (it only raises).
@@ -31,7 +31,6 @@ direct call. Not reproduced: ``run``'s check that globals a kernel read have not
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import math
 import operator
@@ -40,31 +39,11 @@ from typing import Any, Optional
 
 import torch
 
-from kernels.methods.triton.availability import interpreter_enabled, triton
+from kernels.runtime.availability import interpreter_enabled, triton
+from kernels.runtime.run_source import check_run_source
 
 _Tensor = torch.Tensor
 _MAX_ENTRIES = 1024  # direct entries per kernel (a key that never repeats must not grow memory)
-# the lines of JITFunction.run this module reproduces (Triton 3.6; 3.9 reads one more knob, below)
-_RUN_CALLS = (
-    "bound_args, specialization, options = binder(*args, **kwargs)",
-    "key = compute_cache_key(kernel_key_cache, specialization, options)",
-    "device = driver.active.get_current_device()",
-    "stream = driver.active.get_current_stream(device)",
-    "for hook in self.pre_run_hooks:",
-    "kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, launch_metadata,",
-    "knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *bound_args.values())",
-)
-# the knob reads run adds to the compile options (so to the key), by the exact line it reads them in
-_KNOB_LINES = {
-    'kwargs["debug"] = kwargs.get("debug", self.debug) or knobs.runtime.debug': ("runtime", "debug"),
-    'kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode': ("compilation", "instrumentation_mode"),
-    'kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts':
-        ("compilation", "fpsan_homomorphic_casts"),
-}
-_MUST_BE_NONE = {"if knobs.runtime.add_stages_inspection_hook is not None:": ("runtime", "add_stages_inspection_hook")}
-_GUARDED = {"inspect_stages_key, inspect_stages_hash = knobs.runtime.add_stages_inspection_hook()"}  # (under the above)
-#: JITFunction.run sources (sha256 of the stripped non-empty lines) checked line by line against this module
-KNOWN_RUN_SOURCES = {"b23b098b1d164489": "3.6.0", "40d673d756fa87b1": "3.9.0"}
 
 try:  # Triton's own argument specialization (C++), for every argument but tensors
     from triton.backends import BaseBackend as _backend
@@ -100,35 +79,6 @@ def configure(direct: Optional[bool] = None) -> None:
 
 def direct_enabled() -> bool:
     return _direct
-
-
-def source_digest(src: str) -> str:
-    lines = "\n".join(ln.strip() for ln in src.splitlines() if ln.strip())
-    return hashlib.sha256(lines.encode()).hexdigest()[:16]
-
-
-def check_run_source(src: str, force: bool = False) -> tuple[Optional[str], tuple, tuple]:
-    """(why the direct path cannot stand in for this ``JITFunction.run`` source or None, the knob reads
-    it adds to the options, the hooks that must be unset): a source known to this module (or force),
-    every call reproduced here present, every knob it reads known."""
-    if not force and source_digest(src) not in KNOWN_RUN_SOURCES:
-        return f"JITFunction.run is not a version this module was written against ({source_digest(src)})", (), ()
-    lines = [ln.strip() for ln in src.splitlines()]
-    for call in _RUN_CALLS:
-        if call not in lines:
-            return f"JITFunction.run has no line {call!r}", (), ()
-    knobs, nones = [], []
-    for ln in lines:
-        if ln.startswith("kwargs[") or ("knobs." in ln and ln not in _RUN_CALLS):
-            if ln in _KNOB_LINES:
-                knobs.append(_KNOB_LINES[ln])
-            elif ln in _MUST_BE_NONE:
-                nones.append(_MUST_BE_NONE[ln])
-            elif ln in _GUARDED:
-                continue
-            else:
-                return f"JITFunction.run reads an unknown knob: {ln!r}", (), ()
-    return None, tuple(knobs), tuple(nones)
 
 
 def _setup() -> None:
@@ -379,7 +329,7 @@ def prepare(kernel, grid: tuple, args: tuple, meta: dict, device: Optional[int] 
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for grids. ``triton.cdiv`` is a ``ConstexprFunction`` (Triton 3.5 on): called from host
     code it unwraps its arguments first, 3-5 us a call on the H200's host (4 calls per flash forward +
-    backward in run U's profile)."""
+    backward, measured with a host profile)."""
     return -(-a // b)
 
 

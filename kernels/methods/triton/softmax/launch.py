@@ -1,4 +1,4 @@
-"""Launches of the ``triton`` method: :func:`launch_fwd` and :func:`launch_bwd` view the input as rows x N,
+"""Launches of the ``triton`` softmax: :func:`launch_fwd` and :func:`launch_bwd` view the input as rows x N,
 take the plan for its row length (``plan.plan``) and launch that path's kernel (``tile``, ``gluon``),
 falling back to the next-best plan where a Gluon path cannot take the rows. Every launch goes through
 ``fastlaunch.launch`` (the compiled kernel's launcher called directly once it is known, on a GPU); the
@@ -14,9 +14,9 @@ from typing import Optional
 
 import torch
 
-from kernels.methods.triton import fastlaunch, gluon, tile
-from kernels.methods.triton.availability import interpreter_enabled
-from kernels.methods.triton.plan import (
+import kernels.methods.triton.softmax.gluon as gluon
+import kernels.methods.triton.softmax.tile as tile
+from kernels.methods.triton.softmax.plan import (
     HYBRID_MAX_REGS,
     LOG2E,
     Plan,
@@ -30,6 +30,8 @@ from kernels.methods.triton.plan import (
     ring_pairs,
     ring_slots,
 )
+from kernels.runtime import fastlaunch
+from kernels.runtime.availability import interpreter_enabled
 
 
 def _rows_view(x: torch.Tensor) -> torch.Tensor:

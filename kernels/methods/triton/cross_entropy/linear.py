@@ -1,22 +1,22 @@
 """`triton` linear cross-entropy: the loss of ``hidden @ weight.T`` over chunks of tokens, never all logits.
 
-Algorithm. For each chunk of ``chunk_rows`` tokens (forward, when gradients are needed):
-logits_c = hidden_c @ weight.T (cuBLAS, in the compute dtype), then the cross-entropy kernel
-(:mod:`.cross_entropy_kernels`) writes the chunk's loss rows and its gradient (softmax - onehot) / n_valid
-into logits_c itself (in place: the buffer is ours and the kernel never re-reads a column it has
-written), then grad_hidden_c = grad_c @ weight and grad_weight += grad_c.T @ hidden_c, accumulated in
-fp32 (``weight_grad_mode``: cuBLAS with an fp32 output accumulating into it, ``addmm``/``baddbmm`` with
-``out_dtype`` where this PyTorch takes an fp32 input, else a 16-bit product per chunk added into an
-fp32 buffer). The backward only multiplies the saved gradients by grad_output (no work when it is 1).
-reduction='none' cannot be done that way (grad_weight sums rows that grad_output weights
-differently), so there the forward computes the loss rows only and the backward recomputes each
-chunk's logits and writes its gradient scaled by grad_output per row. float16 keeps its gradients
-unscaled and divides by n_valid in the backward (see :mod:`.cross_entropy_kernels`); its grad_weight
-stays fp32 until then. Under torch.compile the same forward runs, and the backward multiplies out of place:
-scaled in place, the saved grad_hidden and grad_weight were first copied by Inductor (it does not
-reinplace mutations of saved tensors: (N + V) C elements read and written, 204 MB a step in gpt2s),
-while a product is fused into their consumers (the final LayerNorm's backward, the tied embedding's
-gradient sum).
+Algorithm. For each chunk of ``chunk_rows`` tokens (forward, when gradients are needed; the chunk loop
+is the one every chunking method shares, :mod:`kernels.linear_ce`): logits_c = hidden_c @ weight.T
+(cuBLAS, in the compute dtype), then the cross-entropy kernel (:mod:`.launch`) writes the chunk's loss
+rows and its gradient (softmax - onehot) / n_valid into logits_c itself (in place: the buffer is ours
+and the kernel never re-reads a column it has written), then grad_hidden_c = grad_c @ weight and
+grad_weight += grad_c.T @ hidden_c, accumulated in fp32 (``weight_grad_mode``: cuBLAS with an fp32
+output accumulating into it, ``addmm``/``baddbmm`` with ``out_dtype`` where this PyTorch takes an fp32
+input, else a 16-bit product per chunk added into an fp32 buffer). The backward only multiplies the
+saved gradients by grad_output (no work when it is 1). reduction='none' cannot be done that way
+(grad_weight sums rows that grad_output weights differently), so there the forward computes the loss
+rows only and the backward recomputes each chunk's logits and writes its gradient scaled by grad_output
+per row. float16 keeps its gradients unscaled and divides by n_valid in the backward (see the package
+docstring); its grad_weight stays fp32 until then. Under torch.compile the same forward runs, and the
+backward multiplies out of place: scaled in place, the saved grad_hidden and grad_weight were first
+copied by Inductor (it does not reinplace mutations of saved tensors: (N + V) C elements read and
+written, 204 MB a step in gpt2s), while a product is fused into their consumers (the final LayerNorm's
+backward, the tied embedding's gradient sum).
 
 Autocast: under ``torch.autocast`` the wrapper casts hidden and weight (the fp32 parameter) to the
 autocast dtype before the op, as F.linear would, and the gradients flow back through the casts;
@@ -41,12 +41,12 @@ import torch
 from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
 
-from kernels import chunking
-from kernels.methods.triton.cross_entropy import SECOND_BACKWARD, triton_cross_entropy_bwd
-from kernels.methods.triton.cross_entropy_kernels import count_targets, defers_scale, launch_ce, reduce_loss, validate
+from kernels import linear_ce
+from kernels.methods.triton.cross_entropy.launch import count_targets, defers_scale, launch_ce, reduce_loss, validate
+from kernels.methods.triton.cross_entropy.op import SECOND_BACKWARD, triton_cross_entropy_bwd
 
-#: Bytes of one chunk's logits (:mod:`kernels.chunking`: why 350 MiB).
-LINEAR_CHUNK_BYTES = chunking.CHUNK_BYTES
+#: Bytes of one chunk's logits (:mod:`kernels.linear_ce`: why 350 MiB).
+LINEAR_CHUNK_BYTES = linear_ce.CHUNK_BYTES
 _WEIGHT_GRAD_MODE: dict = {}
 
 
@@ -54,7 +54,7 @@ def chunk_rows(n_rows: int, n_cols: int, elem_bytes: int, held_bytes: int = 0) -
     """Tokens per chunk: the fewest equal chunks of at most LINEAR_CHUNK_BYTES of logits, less
     ``held_bytes`` (the product mode's (V, C) buffer, so that its peak stays where the others' is)."""
     budget = max(LINEAR_CHUNK_BYTES - held_bytes, n_cols * elem_bytes)
-    return chunking.chunk_rows(n_rows, n_cols, elem_bytes, budget)
+    return linear_ce.chunk_rows(n_rows, n_cols, elem_bytes, budget)
 
 
 def extra_bytes(n_rows: int, hidden_dim: int, n_cols: int, elem_bytes: int, mode: str = "addmm_dtype") -> int:
@@ -110,34 +110,25 @@ def weight_grad_mode(device: torch.device, dtype: torch.dtype) -> str:
 
 def _chunked(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, loss_rows: Optional[Tensor],
              scale: Optional[Tensor], count: Optional[Tensor], need_h: bool, need_w: bool) -> tuple[Tensor, Tensor]:
-    """Every chunk: logits, loss rows and gradient (in place; times ``scale`` per row, / ``count``; see
-    ``launch_ce``), grad_hidden and the fp32 grad_weight.
+    """Every chunk (:func:`kernels.linear_ce.run_chunks`): logits, loss rows and gradient (in place; times
+    ``scale`` per row, / ``count``; see ``launch_ce``), grad_hidden and the fp32 grad_weight.
     Returns (grad_hidden or empty, grad_weight (fp32; the compute dtype where that saves memory) or empty)."""
-    n, c = hidden.shape
-    v = weight.shape[0]
-    write_grad = need_h or need_w
-    gh = torch.empty((n, c), dtype=hidden.dtype, device=hidden.device) if need_h else None
+    v, c = weight.shape
     acc = torch.zeros((v, c), dtype=torch.float32, device=hidden.device) if need_w else None
     mode = weight_grad_mode(hidden.device, hidden.dtype) if need_w else ""
     tmp = torch.empty((v, c), dtype=hidden.dtype, device=hidden.device) if mode == "product" else None
-    rows = chunk_rows(n, v, hidden.element_size(), 0 if tmp is None else tmp.numel() * tmp.element_size())
-    buf = torch.empty((min(rows, n), v), dtype=hidden.dtype, device=hidden.device)
-    logits = h = None
-    with torch.autocast(hidden.device.type, enabled=False):
-        for s in range(0, n, rows):
-            e = min(n, s + rows)
-            logits = buf[: e - s]
-            h = hidden[s:e]
-            torch.mm(h, weight.t(), out=logits)  # (rows, V)
-            launch_ce(logits, targets[s:e], None if loss_rows is None else loss_rows[s:e],
-                      logits if write_grad else None, ignore_index,
-                      scale=None if scale is None else scale[s:e], count=count)
-            if gh is not None:
-                torch.mm(logits, weight, out=gh[s:e])  # (rows, C)
-            if acc is not None:
-                _accumulate(mode, acc, logits.t(), h, tmp)  # (V, C)
-        del logits, h  # (views of the chunk: the buffer is freed before the cast below, not after it)
-    del buf
+    held = 0 if tmp is None else tmp.numel() * tmp.element_size()
+    rows = chunk_rows(hidden.shape[0], v, hidden.element_size(), held)
+
+    def rows_of(logits: Tensor, s: int, e: int, grad: Optional[Tensor]) -> None:
+        launch_ce(logits, targets[s:e], None if loss_rows is None else loss_rows[s:e], grad, ignore_index,
+                  scale=None if scale is None else scale[s:e], count=count)
+
+    def accumulate(sums: Tensor, a: Tensor, b: Tensor) -> Tensor:
+        _accumulate(mode, sums, a, b, tmp)
+        return sums
+
+    gh, acc = linear_ce.run_chunks(hidden, weight, rows, rows_of, need_h, need_w, accumulate, acc)
     gh = hidden.new_empty(0) if gh is None else gh  # (two distinct empties: op outputs may not alias)
     if acc is None:
         return gh, hidden.new_empty(0)

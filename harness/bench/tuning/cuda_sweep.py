@@ -6,17 +6,21 @@ checks each against the float64 references and times it; writes ``cuda_sweep.jso
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
+from harness.bench.common import parse_ints
+from harness.bench.softmax import DEFAULT_SIZES
+from harness.bench.timing import bench_graph_ms, copy_bandwidth, error_on_device, sweep_references
 from kernels.methods.cuda.build import CSRC, DEVICE_HEADERS, LDFLAGS, headers_flag
 from kernels.reference import BWD_TOL, FWD_TOL
-from kernels.timing import bench_graph_ms, copy_bandwidth, error_on_device, sweep_references
 
 _CUDA_PATHS = {"register": 0, "cluster": 1, "split": 2, "persist": 3, "hybrid": 4}
 
@@ -62,7 +66,7 @@ def cuda_variants(n: int, rows: int = 1) -> list[dict]:
 
 def load_cuda_tuning() -> float:
     """Build (or load) the extension of launch variants (csrc/softmax_tuning*.{cu,cpp}); returns seconds."""
-    from torch.utils.cpp_extension import load
+    from torch.utils.cpp_extension import load  # (lazy: it imports setuptools; only a sweep on a GPU needs it)
 
     t0 = time.perf_counter()
     load(name="softmax_harness_cuda_tuning",
@@ -135,3 +139,14 @@ def _write_json(path: Path, data: dict) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sizes", default=DEFAULT_SIZES)
+    p.add_argument("--elements", type=int, default=2**27)
+    p.add_argument("--out", default="outputs/bench", type=Path)
+
+
+def run(a: argparse.Namespace, error: Callable[[str], None]) -> list[dict]:
+    a.out.mkdir(parents=True, exist_ok=True)
+    return run_cuda_sweep(parse_ints(a.sizes), a.elements, a.out)
