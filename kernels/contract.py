@@ -45,6 +45,8 @@ from typing import Callable, Optional
 
 import torch
 
+from layouts import split_qkv  # noqa: F401  (the contract's split, the model's too: stated once there)
+
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 TARGET_DTYPES = (torch.int64, torch.int32)
 REDUCTIONS = ("mean", "sum", "none")
@@ -104,12 +106,6 @@ def check_attention_qkv(qkv: torch.Tensor, n_head: int, dropout_p: float) -> Non
         )
     if not 0.0 <= float(dropout_p) < 1.0:
         raise ValueError(f"attention_qkv dropout_p={dropout_p!r} is not accepted: a float in [0, 1)")
-
-
-def split_qkv(qkv: torch.Tensor, n_head: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k, v (B, n_head, T, d) as views of qkv (B, T, 3 n_head d): the contract's split."""
-    B, T, C3 = qkv.shape
-    return tuple(t.view(B, T, n_head, C3 // (3 * n_head)).transpose(1, 2) for t in qkv.split(C3 // 3, dim=2))
 
 
 def _check_targets(op: str, targets, lead_shape: tuple, n_cols: int, device: torch.device, ignore_index: int,
