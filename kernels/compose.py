@@ -1,4 +1,4 @@
-"""Ops built from the ones a method implements (see :mod:`kernels.registry`).
+"""Ops built from the ones a method implements: the compositions the op table names (:mod:`kernels.ops`).
 
 * ``attention`` from a ``softmax``: the materialized rung, exactly what the model's attention did
   before fused attention existed: scores = q k^T (B, H, Tq, Tk) in memory, the method's softmax (scale
