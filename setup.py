@@ -9,7 +9,8 @@ directory into another package.
 from setuptools import find_namespace_packages, setup
 
 setup(
-    packages=find_namespace_packages(include=["harness", "harness.*", "kernels", "kernels.*", "models", "models.*"],
+    packages=find_namespace_packages(include=["harness", "harness.*", "kernels", "kernels.*", "models", "models.*",
+                                              "layouts", "layouts.*"],
                                      exclude=["*.__pycache__"]) + ["harness.conf"],
     package_dir={"harness.conf": "conf"},
 )

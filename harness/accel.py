@@ -12,6 +12,10 @@ says so.
 attention with Triton's fused linear cross-entropy: ``accel=flash_linear``). It must provide the loss
 op, and the loss must be in ``accel.patch``; ``accel.options`` are ``method``'s, so a different loss
 method runs with its defaults.
+
+Which op computes which softmax is the op table's (``kernels.ops``: each entry's ``seam`` and, for a
+loss, its ``form``); :func:`mark_ops` wraps what the model's seams call for a measurement
+(harness.breakdown's marks).
 """
 
 from __future__ import annotations
@@ -23,9 +27,16 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 import torch.nn as nn
 
 import kernels
-from models import set_attention, set_loss
+from kernels import ops
+from models import attention_cores, set_attention, set_loss
 
-LOSS_OPS = {"logits": "cross_entropy", "linear": "linear_cross_entropy"}
+_ATTENTION = [e for e in ops.TABLE.values() if e.seam == "attention"]
+#: the op of the model's attention core on q, k, v (``attention_fn``)
+ATTENTION_OP = next(e.name for e in _ATTENTION if not e.variant)
+#: its variant on the unsplit projection (the core's ``qkv_fn``), bound where the method implements it
+QKV_OP = next(e.name for e in _ATTENTION if e.variant)
+#: accel.loss_form -> the op that computes the loss in that form
+LOSS_OPS = {e.form: e.name for e in ops.TABLE.values() if e.seam == "loss"}
 
 
 class AccelError(ValueError):
@@ -55,6 +66,16 @@ class Applied:
     def loss_options(self) -> dict:
         """The options the loss is bound with: ``options`` are ``method``'s alone."""
         return dict(self.options) if self.loss_from == self.method else {}
+
+    def calls(self) -> dict[str, tuple[str, str, dict]]:
+        """seam ('attention', 'loss') -> (method, op, options): the op the model calls at each softmax this
+        run patched, and what it is bound from."""
+        out = {}
+        if self.attention:
+            out["attention"] = (self.method, QKV_OP if self.attention_qkv else ATTENTION_OP, dict(self.options))
+        if self.loss:
+            out["loss"] = (self.loss_from, LOSS_OPS[self.loss_form], self.loss_options)
+        return out
 
     def undo(self) -> None:
         for fn in reversed(self._undo):
@@ -103,7 +124,7 @@ def check_accel(method: str, patch: Iterable[str] = ("attention", "loss"), loss_
             f"accel.loss_form=linear needs a method that provides linear_cross_entropy; {method!r} provides: "
             f"{', '.join(m.ops())} (use loss_form=logits, or a method with a cross-entropy)"
         )
-    if patch and not (("attention" in patch and m.provides("attention")) or ("loss" in patch and lm.provides(op))):
+    if patch and not (("attention" in patch and m.provides(ATTENTION_OP)) or ("loss" in patch and lm.provides(op))):
         raise AccelError(
             f"accel.patch={patch}: method {method!r} provides none of these softmaxes (it provides "
             f"{', '.join(m.ops())}); patch accepts attention and loss"
@@ -121,12 +142,12 @@ def apply_accel(model: nn.Module, method: str, patch: Iterable[str] = ("attentio
     m, lm, op = check_accel(method, patch, loss_form, loss_method)
     applied = Applied(method, loss_form=loss_form, options=dict(options or {}),
                       loss_method=lm.name if lm is not m else None)
-    if "attention" in patch and m.provides("attention"):
-        fn = kernels.bind(method, "attention", **applied.options)
-        applied.attention_qkv = qkv and m.provides("attention_qkv") == "native"
-        qkv_fn = kernels.bind(method, "attention_qkv", **applied.options) if applied.attention_qkv else None
+    if "attention" in patch and m.provides(ATTENTION_OP):
+        fn = kernels.bind(method, ATTENTION_OP, **applied.options)
+        applied.attention_qkv = qkv and m.provides(QKV_OP) == "native"
+        qkv_fn = kernels.bind(method, QKV_OP, **applied.options) if applied.attention_qkv else None
         applied._undo.append(set_attention(model, fn, qkv_fn))
-        applied.attention = m.provides("attention")
+        applied.attention = m.provides(ATTENTION_OP)
     if "loss" in patch and lm.provides(op):
         fn = kernels.bind(lm.name, op, **applied.loss_options)
         applied._undo.append(set_loss(model, functools.partial(fn, ignore_index=-100, reduction="mean"), loss_form))
@@ -135,13 +156,44 @@ def apply_accel(model: nn.Module, method: str, patch: Iterable[str] = ("attentio
 
 
 def patched_ops(applied: Applied) -> dict[str, Callable]:
-    """op -> the bound function a run's gate checks, for every softmax ``applied`` patched."""
+    """op -> the bound function the model holds, for every softmax ``applied`` patched."""
     out = {}
     if applied.attention:
-        out["attention"] = kernels.bind(applied.method, "attention", **applied.options)
-    if applied.attention_qkv:
-        out["attention_qkv"] = kernels.bind(applied.method, "attention_qkv", **applied.options)
-    if applied.loss:
-        op = LOSS_OPS[applied.loss_form]
-        out[op] = kernels.bind(applied.loss_from, op, **applied.loss_options)
+        out[ATTENTION_OP] = kernels.bind(applied.method, ATTENTION_OP, **applied.options)
+    for method, op, options in applied.calls().values():
+        out[op] = kernels.bind(method, op, **options)
     return out
+
+
+def mark_ops(model: nn.Module, applied: Optional[Applied],
+             wrap: Callable[[str, Callable], Callable]) -> Callable[[], None]:
+    """Wrap what ``model``'s seams call, for the time of a measurement: ``wrap(part, fn)`` on the attention
+    core's functions as they are now (``attention``, and ``attention_qkv`` where the core has one) and on the
+    loss (``loss``: whatever computes it, patched or the model's own, in its form). Where ``applied`` composed
+    the attention from the method's softmax, the attention is rebuilt around the wrapped bound softmax as
+    kernels composes it (``wrap('softmax', fn)`` then sees it inside). Returns the undo."""
+    cores = [a.core for a in attention_cores(model)]
+    if applied is not None and applied.attention == "composed":
+        attention_fn, qkv_fn = _recomposed(applied.method, ATTENTION_OP, applied.options, wrap), None
+    else:
+        attention_fn, qkv_fn = cores[0].attention_fn, getattr(cores[0], "qkv_fn", None)
+    undo = [set_attention(model, wrap(ATTENTION_OP, attention_fn), qkv_fn and wrap(QKV_OP, qkv_fn)),
+            set_loss(model, wrap("loss", model.loss_fn), model.loss_form)]
+
+    def undo_all() -> None:
+        for fn in reversed(undo):
+            fn()
+
+    return undo_all
+
+
+def _recomposed(method: str, op: str, options: dict, wrap: Callable[[str, Callable], Callable]) -> Callable:
+    """``method``'s composed ``op`` rebuilt around the wrapped op it is built from (the bound one where
+    the method implements it, else itself rebuilt), as the op table's composition builds it."""
+    entry = ops.get(op)
+    base = entry.composed_from
+    if kernels.get_method(method).provides(base) == "native":
+        inner = kernels.bind(method, base, **options)
+    else:
+        inner = _recomposed(method, base, options, wrap)
+    return entry.compose(wrap(base, inner))

@@ -12,14 +12,14 @@ it. Eager models only: the marks would break a compiled graph.
 
 What is bracketed, and how each part of the step is measured:
 
-* **attention**: the model's attention core (``models.set_attention``), around the whole op (the
-  method's ``attention_qkv`` where the run has it: the op on the unsplit projection). For a
+* **attention**: the model's attention core (marked through ``harness.accel.mark_ops``), around the
+  whole op (the method's ``attention_qkv`` where the run has it: the op on the unsplit projection). For a
   method whose attention is composed from its softmax (kernels.compose: q k^T, softmax, @ v) the
   softmax is bracketed too, inside, and the attention part is that softmax alone; the two attention
   matmuls around it (the core minus the softmax) count as matmuls. For a method with a native
   (fused) attention the part is the whole fused op, matmuls included. A model whose attention was
   not patched keeps its eager attention, reported whole.
-* **loss**: the model's loss (``models.set_loss``): the cross-entropy on the logits, or, in the linear
+* **loss**: the model's loss (its loss seam): the cross-entropy on the logits, or, in the linear
   form, the fused LM head + cross-entropy.
 * **matmuls**: every ``nn.Linear`` (forward hooks put marks around each: the QKV, output and MLP
   projections and, in the logits form, the LM head), plus the composed attention's two matmuls.
@@ -39,6 +39,8 @@ from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
+
+from harness.accel import mark_ops
 
 
 class _Marks:
@@ -120,6 +122,11 @@ def marked_loss(fn: Callable, marks: _Marks) -> Callable:
     return loss_with_marks
 
 
+#: what harness.accel.mark_ops hands to be marked -> how it is marked
+_MARKERS = {"softmax": marked_softmax, "attention": marked_attention, "attention_qkv": marked_attention_qkv,
+            "loss": marked_loss}
+
+
 def _mark_linears(model: nn.Module, marks: _Marks) -> list:
     handles = []
     for m in model.modules():
@@ -179,28 +186,18 @@ def _part(name: str, fwd: float, bwd: Optional[float], step: float) -> Part:
     return Part(name, ms, fwd, bwd, ms / step if step else 0.0, step / rest)
 
 
-def measure(model: nn.Module, batches: list, applied=None, softmax: Optional[Callable] = None, steps: int = 5,
-            warmup: int = 2, loss_form: str = "logits") -> Breakdown:
+def measure(model: nn.Module, batches: list, applied=None, steps: int = 5, warmup: int = 2,
+            loss_form: str = "logits") -> Breakdown:
     """Train ``model`` (already on its device, the method already applied: ``applied`` is its
     harness.accel.Applied) for warmup + steps on ``batches`` with marks around its parts; medians
-    over the measured steps. ``softmax``: the method's bound softmax, for attention composed from it
-    (the core is then rebuilt from the marked softmax, as kernels.compose builds it)."""
-    from kernels.compose import attention_from_softmax
-    from models import attention_cores, set_attention
-
+    over the measured steps. An attention composed from the method's softmax is rebuilt around the
+    marked softmax (harness.accel.mark_ops)."""
     device = next(model.parameters()).device
     cuda = device.type == "cuda"
     marks = _Marks(cuda)
     how = getattr(applied, "attention", None)
-    composed = softmax is not None and (how == "composed" or applied is None)
-    cores = [a.core for a in attention_cores(model)]
-    inner = attention_from_softmax(marked_softmax(softmax, marks)) if composed else cores[0].attention_fn
-    qkv_fn = getattr(cores[0], "qkv_fn", None)
-    qkv_fn = None if composed or qkv_fn is None else marked_attention_qkv(qkv_fn, marks)
-    undo = [set_attention(model, marked_attention(inner, marks), qkv_fn)]
-    old_loss = model.loss_fn
-    model.loss_fn = marked_loss(old_loss, marks)
-    undo.append(lambda: setattr(model, "loss_fn", old_loss))
+    composed = how == "composed"
+    undo = mark_ops(model, applied, lambda part, fn: _MARKERS[part](fn, marks))
     hooks = _mark_linears(model, marks)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda)
@@ -224,8 +221,7 @@ def measure(model: nn.Module, batches: list, applied=None, softmax: Optional[Cal
     finally:
         for h in hooks:
             h.remove()
-        for fn in reversed(undo):
-            fn()
+        undo()
     step = statistics.median(r[0] for r in rows)
 
     def med(part: str, phase: str) -> float:
@@ -257,7 +253,6 @@ def profile_step(cfg, accel):
 
     from omegaconf import open_dict
 
-    import kernels
     from harness.build import accel_applied, build_model, data_seed, seq_len
     from harness.data import BatchStream, make_corpus
 
@@ -273,11 +268,8 @@ def profile_step(cfg, accel):
     corpus = make_corpus(c.data, seq)
     stream = BatchStream(None if corpus is None else corpus.train, model.config.vocab_size,
                          int(c.data.batch_size), seq, data_seed(c), "train", 0, 3)
-    softmax = None
-    if applied.attention == "composed":
-        softmax = kernels.bind(applied.method, "softmax", **applied.options)
     try:
-        return measure(model, list(stream), applied, softmax, loss_form=model.loss_form)  # eager when not patched
+        return measure(model, list(stream), applied, loss_form=model.loss_form)  # eager when not patched
     finally:
         applied.undo()
         del model

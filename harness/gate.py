@@ -2,6 +2,10 @@
 will see, forward and backward, before any of its numbers are trusted (training start-up and
 speedup studies).
 
+What is checked at a run's shapes is each op's entry in the op table (``kernels.ops``: its
+``gate_case``); which op, the one the model calls at each seam (harness.accel), or, for an attention
+composed from the method's softmax, that softmax (the entry's ``gate_base``):
+
 * attention composed from the method's softmax: the softmax itself on (1, heads, T, T) causal scores
   (fewer heads for long rows, at most GATE_SCORES scores: every row length is still checked, and
   the float64 reference of a T = 16384 run's full scores would not fit beside the model);
@@ -14,13 +18,14 @@ speedup studies).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Optional
 
 import torch
 
 import kernels
-from kernels.contract import split_qkv
+from kernels import ops
+from kernels.ops import RunShapes  # (harness.train builds the run's shapes from here)
 
 
 #: the most scores the softmax check holds at once (with its float64 copies, some 10-15 GiB at 2^28)
@@ -58,134 +63,43 @@ def _errors(method: str, op: str, shape: tuple, name: str, got: list, want: list
     return GateResult(method, not reasons, fwd, bwd, tuple(shape), name, "; ".join(reasons), op)
 
 
-def check_softmax(
-    method: str, shape: tuple, dtype: torch.dtype, device: str, scale: float, causal: bool = True, seed: int = 0
-) -> GateResult:
-    """Fresh random scores of ``shape``; relative errors of the method's output and input gradient
-    against the float64 reference, each within the dtype's tolerance (or 3x the error of merely
-    rounding the exact result to the dtype, whichever is larger)."""
-    g = torch.Generator().manual_seed(seed)
-    x = (torch.randn(shape, generator=g) * 3).to(device=device, dtype=dtype).requires_grad_(True)
-    dy = torch.randn(shape, generator=g).to(device=device, dtype=dtype)
-    name = str(dtype).replace("torch.", "")
+def check_op(method: str, op: str, shapes: RunShapes, heads: Optional[int] = None, seed: int = 0,
+             options: Optional[dict] = None) -> GateResult:
+    """``method``'s bound ``op`` on its entry's gate case at ``shapes`` (``heads``: how many heads to
+    check, default all): the output and the input gradients against float64, each within the case's
+    tolerance, and the case's other conditions."""
+    case = ops.get(op).gate_case(shapes, shapes.heads if heads is None else heads, seed)
+    name = str(case.dtype).replace("torch.", "")
     try:
-        y = kernels.softmax(x, scale=scale, causal=causal, method=method)
-        y.backward(dy)
+        out = kernels.bind(method, op, **(options or {}))(*case.args)
+        out.backward(case.grad)
     except Exception as exc:
-        return GateResult(method, False, float("nan"), float("nan"), tuple(shape), name,
-                          f"raised {type(exc).__name__}: {exc}")
-    x64 = x.detach().to(torch.float64).requires_grad_(True)
-    ref = kernels.reference_softmax(x64, scale=scale, causal=causal)
-    ref.backward(dy.to(torch.float64))
-    res = _errors(method, "softmax", shape, name, [y, x.grad], [ref, x64.grad],
-                  kernels.tolerance("fwd", dtype, ref.detach()), kernels.tolerance("bwd", dtype, x64.grad))
-    if y.shape != x.shape or y.dtype != x.dtype:
+        return GateResult(method, False, float("nan"), float("nan"), tuple(case.shape), name,
+                          f"raised {type(exc).__name__}: {exc}", op)
+    judged = case.judge(out)
+    res = _errors(method, op, case.shape, name, judged.got, judged.want, judged.fwd_tol, judged.bwd_tol)
+    if judged.reasons:
         res.passed = False
-        res.reason = "; ".join(filter(None, [res.reason, f"output {tuple(y.shape)} {y.dtype} differs from input "
-                                                         f"{tuple(x.shape)} {x.dtype}"]))
+        res.reason = "; ".join(filter(None, [res.reason, *judged.reasons]))
     return res
-
-
-def check_attention(method: str, shape: tuple, dtype: torch.dtype, device: str, causal: bool = True,
-                    seed: int = 0, options: Optional[dict] = None) -> GateResult:
-    """q, k, v of ``shape`` (B, H, T, d); the output and the three input gradients against float64."""
-    g = torch.Generator().manual_seed(seed)
-    q, k, v, dout = (torch.randn(shape, generator=g).to(device=device, dtype=dtype) for _ in range(4))
-    name = str(dtype).replace("torch.", "")
-    qkv = [t.requires_grad_(True) for t in (q, k, v)]
-    try:
-        out = kernels.attention(*qkv, causal=causal, method=method, **(options or {}))
-        out.backward(dout)
-    except Exception as exc:
-        return GateResult(method, False, float("nan"), float("nan"), tuple(shape), name,
-                          f"raised {type(exc).__name__}: {exc}", "attention")
-    ref_in = [t.detach().to(torch.float64).requires_grad_(True) for t in qkv]
-    ref = kernels.reference_attention(*ref_in, causal=causal)
-    ref.backward(dout.to(torch.float64))
-    return _errors(method, "attention", shape, name, [out] + [t.grad for t in qkv], [ref] + [t.grad for t in ref_in],
-                   kernels.ATTN_FWD_TOL[dtype], kernels.ATTN_BWD_TOL[dtype])
 
 
 def check_attention_qkv(method: str, heads: int, seq_len: int, head_dim: int, dtype: torch.dtype, device: str,
                         checked: Optional[int] = None, seed: int = 0, options: Optional[dict] = None) -> GateResult:
-    """qkv (1, seq_len, 3 heads head_dim), the run's width and layout, causal: the output of ``checked``
-    heads (default all; else the first ones and the last) and the gradient of their q, k and v columns
-    against float64, each part on its own (the output gradient is zero on the other heads, whose gradient
-    columns must then be 0)."""
-    checked = heads if checked is None else checked
-    idx = list(range(checked)) if checked >= heads else [*range(checked - 1), heads - 1]
-    others = [h for h in range(heads) if h not in idx]
-    g = torch.Generator().manual_seed(seed)
-    shape = (1, seq_len, 3 * heads * head_dim)
-    qkv = torch.randn(shape, generator=g).to(device=device, dtype=dtype).requires_grad_(True)
-    dout = torch.zeros((1, heads, seq_len, head_dim), dtype=dtype)
-    dout[:, idx] = torch.randn((1, len(idx), seq_len, head_dim), generator=g).to(dtype)
-    dout = dout.to(device)
-    name = str(dtype).replace("torch.", "")
-    try:
-        out = kernels.attention_qkv(qkv, heads, method=method, **(options or {}))
-        out.backward(dout)
-    except Exception as exc:
-        return GateResult(method, False, float("nan"), float("nan"), shape, name,
-                          f"raised {type(exc).__name__}: {exc}", "attention_qkv")
-    ref_in = [t[:, idx].detach().to(torch.float64).requires_grad_(True) for t in split_qkv(qkv, heads)]
-    ref = kernels.reference_attention(*ref_in, causal=True)
-    ref.backward(dout[:, idx].to(torch.float64))
-    parts = split_qkv(qkv.grad, heads)
-    res = _errors(method, "attention_qkv", shape, name, [out[:, idx]] + [p[:, idx] for p in parts],
-                  [ref] + [t.grad for t in ref_in], kernels.ATTN_FWD_TOL[dtype], kernels.ATTN_BWD_TOL[dtype])
-    if others and any(bool(p[:, others].count_nonzero()) for p in parts):
-        res.passed = False
-        res.reason = "; ".join(filter(None, [res.reason, "nonzero gradient on heads whose output gradient is 0"]))
-    return res
+    """attention_qkv at a run's width (``heads`` of ``head_dim``, ``seq_len`` tokens), ``checked`` heads
+    (default all; else the first ones and the last) against float64 (see :func:`check_op`)."""
+    shapes = RunShapes(heads=heads, seq_len=seq_len, head_dim=head_dim, vocab=0, n_embd=heads * head_dim, tokens=0,
+                       dtype=dtype, device=device)
+    return check_op(method, "attention_qkv", shapes, checked, seed, options)
 
 
-def check_loss(method: str, op: str, rows: int, vocab: int, n_embd: int, dtype: torch.dtype, device: str,
-               seed: int = 0) -> GateResult:
-    """The method's cross-entropy (``op``: cross_entropy on (rows, vocab) logits, or linear_cross_entropy
-    on (rows, n_embd) hidden states and a (vocab, n_embd) weight), mean over targets of which one in
-    eight is ignored: the loss and the input gradients against float64."""
-    g = torch.Generator().manual_seed(seed)
-    t = torch.randint(0, vocab, (rows,), generator=g)
-    t[::8] = -100
-    t = t.to(device)
-    name = str(dtype).replace("torch.", "")
-    if op == "cross_entropy":
-        inputs = [(torch.randn(rows, vocab, generator=g) * 2).to(device=device, dtype=dtype)]
-        shape = (rows, vocab)
-    else:
-        inputs = [torch.randn(rows, n_embd, generator=g).to(device=device, dtype=dtype),
-                  (torch.randn(vocab, n_embd, generator=g) * 0.05).to(device=device, dtype=dtype)]
-        shape = (rows, n_embd, vocab)
-    inputs = [x.requires_grad_(True) for x in inputs]
-    try:
-        fn = kernels.cross_entropy if op == "cross_entropy" else kernels.linear_cross_entropy
-        loss = fn(*inputs, t, method=method)
-        loss.backward()
-    except Exception as exc:
-        return GateResult(method, False, float("nan"), float("nan"), shape, name,
-                          f"raised {type(exc).__name__}: {exc}", op)
-    ref_in = [x.detach().to(torch.float64).requires_grad_(True) for x in inputs]
-    logits = ref_in[0] if op == "cross_entropy" else ref_in[0] @ ref_in[1].T
-    ref = kernels.reference_cross_entropy(logits, t)
-    ref.backward()
-    return _errors(method, op, shape, name, [loss.float()] + [x.grad for x in inputs], [ref] + [x.grad for x in ref_in],
-                   2 * kernels.FWD_TOL[dtype], kernels.BWD_TOL[dtype])
-
-
-@dataclass
-class RunShapes:
-    """The shapes a training run hands to the patched ops."""
-
-    heads: int
-    seq_len: int
-    head_dim: int
-    vocab: int
-    n_embd: int
-    tokens: int
-    dtype: torch.dtype
-    device: str
-    extra: dict = field(default_factory=dict)
+def gated_op(method: str, op: str) -> str:
+    """The op the gate checks for ``method``'s ``op``: the op itself, or, where the method composes it and
+    the entry says so (``gate_base``), what it is built from (the attention's softmax)."""
+    entry = ops.get(op)
+    if entry.gate_base and kernels.get_method(method).provides(op) == "composed":
+        return gated_op(method, entry.composed_from)
+    return op
 
 
 def _unchecked(m) -> Optional[str]:
@@ -204,23 +118,9 @@ def run_gate(applied, shapes: RunShapes) -> dict:
     m = kernels.get_method(applied.method)
     lm = kernels.get_method(applied.loss_from) if applied.loss else m
     skip = {"attention": _unchecked(m), "loss": _unchecked(lm) if applied.loss else None}
-    results = []
     heads = max(1, min(shapes.heads, GATE_SCORES // (shapes.seq_len * shapes.seq_len)))  # float64 scores bounded
-    if skip["attention"]:
-        pass
-    elif applied.attention == "composed":  # the method's own softmax, on the run's scores
-        results.append(check_softmax(applied.method, (1, heads, shapes.seq_len, shapes.seq_len), shapes.dtype,
-                                     shapes.device, scale=shapes.head_dim ** -0.5, causal=True))
-    elif applied.attention_qkv:  # the op the model calls (the run's width: every head computed, ``heads`` checked)
-        results.append(check_attention_qkv(applied.method, shapes.heads, shapes.seq_len, shapes.head_dim,
-                                           shapes.dtype, shapes.device, checked=heads, options=applied.options))
-    elif applied.attention == "native":
-        results.append(check_attention(applied.method, (1, heads, shapes.seq_len, shapes.head_dim),
-                                       shapes.dtype, shapes.device, options=applied.options))
-    if applied.loss and not skip["loss"]:
-        op = "cross_entropy" if applied.loss_form == "logits" else "linear_cross_entropy"
-        results.append(check_loss(applied.loss_from, op, min(shapes.tokens, 256), shapes.vocab, shapes.n_embd,
-                                  shapes.dtype, shapes.device))
+    results = [check_op(name, gated_op(name, op), shapes, heads, options=options)
+               for seam, (name, op, options) in applied.calls().items() if not skip[seam]]
     for r in results:
         if not r.passed:
             raise GateError(

@@ -1,4 +1,4 @@
-"""Acceleration methods behind one contract per op (see :mod:`kernels.contract`).
+"""Acceleration methods behind one contract per op (the op table: :mod:`kernels.ops`).
 
 Public entry points::
 
@@ -10,10 +10,13 @@ Public entry points::
     kernels.bind(method, op)      # the checked hot-path function of one op (cached)
     kernels.available_methods()   # name -> Availability(available, reason, summary, exact, ops)
 
+The one-shot entry points are the op table's (one per entry of :data:`kernels.ops.TABLE`), so an op
+added to the table is ``kernels.<op>`` without a change here.
+
 This package knows nothing of Lightning, Hydra or W&B.
 """
 
-from kernels.contract import REDUCTIONS, SUPPORTED_DTYPES
+from kernels.ops.checks import REDUCTIONS, SUPPORTED_DTYPES
 from kernels.reference import (
     ATTN_BWD_TOL,
     ATTN_FWD_TOL,
@@ -28,26 +31,24 @@ from kernels.reference import (
     tolerance,
 )
 from kernels.registry import (
+    ENTRY_POINTS,
     OPS,
     Availability,
     Method,
     MethodUnavailableError,
     OpNotImplementedError,
     UnknownMethodError,
-    attention,
-    attention_qkv,
     available_methods,
     bind,
-    cross_entropy,
     get_method,
-    linear_cross_entropy,
     refresh,
     register,
     runnable_methods,
-    softmax,
     unavailable_reason,
     unregister,
 )
+
+globals().update(ENTRY_POINTS)  # kernels.softmax, kernels.attention, ...: one per op of the table
 
 __all__ = [
     "ATTN_BWD_TOL",
@@ -62,13 +63,9 @@ __all__ = [
     "MethodUnavailableError",
     "OpNotImplementedError",
     "UnknownMethodError",
-    "attention",
-    "attention_qkv",
     "available_methods",
     "bind",
-    "cross_entropy",
     "get_method",
-    "linear_cross_entropy",
     "reference_attention",
     "reference_cross_entropy",
     "reference_softmax",
@@ -78,8 +75,8 @@ __all__ = [
     "relative_error",
     "rounding_floor",
     "runnable_methods",
-    "softmax",
     "tolerance",
     "unavailable_reason",
     "unregister",
+    *ENTRY_POINTS,
 ]

@@ -1,10 +1,10 @@
-"""Ops built from the ones a method implements (see :mod:`kernels.registry`).
+"""Ops built from the ones a method implements: the compositions the op table names (:mod:`kernels.ops`).
 
 * ``attention`` from a ``softmax``: the materialized rung, exactly what the model's attention did
   before fused attention existed: scores = q k^T (B, H, Tq, Tk) in memory, the method's softmax (scale
   and causal mask fused into it), dropout on the probabilities, then @ v.
 * ``attention_qkv`` from an ``attention``: q, k and v split from the projection as views
-  (:func:`kernels.contract.split_qkv`), then the method's attention; the backward concatenates their
+  (:func:`layouts.split_qkv`), then the method's attention; the backward concatenates their
   gradients into one (a copy), which a native ``attention_qkv`` avoids.
 * ``linear_cross_entropy`` from a ``cross_entropy``: the logits ``hidden @ weight.T`` in memory, then
   the method's cross-entropy.
@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from kernels.contract import split_qkv
+from layouts import split_qkv
 
 
 def attention_from_softmax(softmax: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:

@@ -1,16 +1,17 @@
-"""The registry of acceleration methods and the ops each implements.
+"""The registry of acceleration methods, and the bound op functions a training loop calls.
 
 A method is one module in ``kernels/methods/`` that calls :func:`register` at import time with a
-:class:`Method`, plus one file in ``conf/accel/``. Nothing else changes when a method is added: the
-modules are discovered by :func:`load_methods`, and studies and benchmarks list every method that
-can run here.
+:class:`~kernels.method.Method`, plus one file in ``conf/accel/``. Nothing else changes when a method
+is added: the modules are discovered by :func:`load_methods`, and studies and benchmarks list every
+method that can run here.
 
-A method implements one or more ops (:data:`OPS`); the contracts are in :mod:`kernels.contract`. An op
-it lacks is composed from the ones it has (:mod:`kernels.compose`): ``attention`` from its ``softmax``
-(q k^T -> softmax -> v), ``attention_qkv`` from its ``attention`` (split the projection into views),
-``linear_cross_entropy`` from its ``cross_entropy`` (linear -> cross_entropy). :func:`bind` returns the
-checked hot-path function of one op, cached per (method, op, options); availability is computed once per
-process (:func:`refresh` asks again).
+A method implements one or more ops of the table (:mod:`kernels.ops`, where each op's contract is
+stated). An op it lacks is composed from the ones it has, as the op's entry says: ``attention`` from
+its ``softmax`` (q k^T -> softmax -> v), ``attention_qkv`` from its ``attention`` (split the
+projection into views), ``linear_cross_entropy`` from its ``cross_entropy`` (linear ->
+cross_entropy). :func:`bind` returns the checked hot-path function of one op, cached per (method, op,
+options); availability is computed once per process (:func:`refresh` asks again). The public one-shot
+entry points (:data:`ENTRY_POINTS`, ``kernels.<op>``) look the bound function up.
 """
 
 from __future__ import annotations
@@ -21,20 +22,15 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Optional
 
-import torch
+from kernels import ops
+from kernels.method import Method
 
-from kernels import compose, contract
+#: The ops a method may implement, in the order they are listed (the op table's).
+OPS = ops.names()
 
-#: The ops a method may implement, in the order they are listed.
-OPS = ("softmax", "attention", "attention_qkv", "cross_entropy", "linear_cross_entropy")
-#: How an op a method lacks is built from one it has (that one native or itself composed).
-COMPOSED_FROM = {"attention": "softmax", "attention_qkv": "attention", "linear_cross_entropy": "cross_entropy"}
-#: Ops that are another op on other views of its inputs, listed (``Method.ops``) only where implemented.
-VARIANTS = ("attention_qkv",)
-_COMPOSE = {"attention": compose.attention_from_softmax, "attention_qkv": compose.attention_qkv_from_attention,
-            "linear_cross_entropy": compose.linear_from_cross_entropy}
-
-SUPPORTED_DTYPES = contract.SUPPORTED_DTYPES
+__all__ = ["OPS", "Availability", "ENTRY_POINTS", "Method", "MethodUnavailableError",
+           "OpNotImplementedError", "UnknownMethodError", "available_methods", "bind", "entry_point", "get_method", "load_methods",
+           "op_function", "refresh", "register", "runnable_methods", "unavailable_reason", "unregister"]
 
 
 class UnknownMethodError(ValueError):
@@ -47,80 +43,6 @@ class MethodUnavailableError(RuntimeError):
 
 class OpNotImplementedError(ValueError):
     """Raised for an op a method neither implements nor can compose from the ops it has."""
-
-
-def _runs_everywhere() -> Optional[str]:
-    return None
-
-
-@dataclass(frozen=True)
-class Method:
-    """One registered acceleration method.
-
-    Op functions take their arguments positionally, already checked against the op's contract
-    (:mod:`kernels.contract`): ``softmax(scores, scale, causal)``, ``attention(q, k, v, scale, causal,
-    dropout_p)``, ``attention_qkv(qkv (B, T, 3 H d), n_head, scale, causal, dropout_p)``,
-    ``cross_entropy(logits (N, V), targets (N,), ignore_index, reduction)``,
-    ``linear_cross_entropy(hidden (N, C), weight (V, C), targets (N,), ignore_index, reduction)``;
-    each also receives the method's ``options`` as keywords.
-
-    ``unavailable_reason`` returns None when the method can run here, else a sentence saying why not.
-    ``validate`` (optional) rejects an op's main input that the method cannot take (a CPU tensor for
-    a GPU method) with a clear error. ``prepare`` (optional) does one-time work such as building an
-    extension and returns what it cost. ``exact=False`` marks a timing-only stand-in that does not
-    compute what its ops promise (never reported as a speedup). ``approximate=True`` marks a method
-    that is approximate by design (its ops are not expected to match float64 within the contract's
-    tolerances): the correctness gate skips it and a study judges it by loss parity alone.
-    ``peer=True`` marks a public implementation wrapped as shipped, to be measured beside the
-    project's methods: the gate and the parity check judge it on every run, but the unit tests do not
-    hold it to the contract's corner cases (e.g. fully masked rows, all targets ignored).
-    ``options``: option name -> the accepted values, the first being the default (``sdpa``'s
-    ``backend``, say); ``options_unavailable(options)`` (optional) says why the method cannot run
-    here with those options.
-    """
-
-    name: str
-    summary: str
-    softmax: Optional[Callable[..., torch.Tensor]] = None
-    attention: Optional[Callable[..., torch.Tensor]] = None
-    attention_qkv: Optional[Callable[..., torch.Tensor]] = None
-    cross_entropy: Optional[Callable[..., torch.Tensor]] = None
-    linear_cross_entropy: Optional[Callable[..., torch.Tensor]] = None
-    unavailable_reason: Callable[[], Optional[str]] = _runs_everywhere
-    validate: Optional[Callable[[torch.Tensor], None]] = None
-    prepare: Optional[Callable[[], dict]] = None
-    exact: bool = True
-    peer: bool = False
-    approximate: bool = False
-    options: Mapping[str, tuple] = field(default_factory=dict)
-    options_unavailable: Optional[Callable[[Mapping[str, Any]], Optional[str]]] = None
-
-    def __post_init__(self) -> None:
-        if not any(getattr(self, op) for op in OPS):
-            raise ValueError(f"method {self.name!r} implements no op; it needs at least one of {', '.join(OPS)}")
-        if self.attention_qkv is not None and self.attention is None and self.softmax is None:
-            raise ValueError(f"method {self.name!r} implements attention_qkv but not attention (nor a softmax to "
-                             "compose it from): attention_qkv is attention's variant on the unsplit projection")
-        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
-
-    def native_ops(self) -> tuple[str, ...]:
-        """The ops this method implements itself."""
-        return tuple(op for op in OPS if getattr(self, op) is not None)
-
-    def provides(self, op: str) -> Optional[str]:
-        """'native' when the method implements ``op``, 'composed' when it can build it from an op it
-        implements, None when it can do neither."""
-        if getattr(self, op, None) is not None:
-            return "native"
-        base = COMPOSED_FROM.get(op)
-        if base and self.provides(base):
-            return "composed"
-        return None
-
-    def ops(self) -> dict[str, str]:
-        """op -> 'native' | 'composed', for every op this method provides; a variant of an op it provides
-        (:data:`VARIANTS`) only where the method implements it (composed, it is that op on views)."""
-        return {op: how for op in OPS if (how := self.provides(op)) and (how == "native" or op not in VARIANTS)}
 
 
 @dataclass(frozen=True)
@@ -269,7 +191,10 @@ def op_function(m: Method, op: str, options: dict) -> Callable:
 
 def _unbound(m: Method, op: str) -> Callable:
     """``m``'s function of ``op`` (which it provides), composed down to the op it implements."""
-    return getattr(m, op) if m.provides(op) == "native" else _COMPOSE[op](_unbound(m, COMPOSED_FROM[op]))
+    if m.provides(op) == "native":
+        return m.impls[op]
+    entry = ops.get(op)
+    return entry.compose(_unbound(m, entry.composed_from))
 
 
 def bind(method: str, op: str = "softmax", **options: Any) -> Callable:
@@ -279,51 +204,24 @@ def bind(method: str, op: str = "softmax", **options: Any) -> Callable:
     key = (method, op, tuple(sorted(options.items())))
     fn = _BOUND.get(key)
     if fn is None:
-        if op not in OPS:
-            raise ValueError(f"unknown op {op!r}; ops: {', '.join(OPS)}")
+        entry = ops.get(op)
         m = get_method(method)
-        fn = contract.checked(op, m.name, op_function(m, op, _check_options(m, options)), m.validate)
+        fn = entry.wrap(op_function(m, op, _check_options(m, options)), m.validate)
+        fn.__name__ = fn.__qualname__ = f"{op}[{m.name}]"
         _BOUND[key] = fn
     return fn
 
 
-def softmax(scores: torch.Tensor, *, scale: float = 1.0, causal: bool = False, method: str = "torch",
-            **options: Any) -> torch.Tensor:
-    """Softmax over the last dimension of ``scale * scores`` with an optional causal mask (see
-    :mod:`kernels.contract`)."""
-    fn = _BOUND.get((method, "softmax", tuple(sorted(options.items())))) or bind(method, "softmax", **options)
-    return fn(scores, scale, causal)
+def _lookup(method: str, op: str, options: dict) -> Callable:
+    """The bound function of a one-shot call: the cache, else :func:`bind` (which raises the clear errors)."""
+    return _BOUND.get((method, op, tuple(sorted(options.items())))) or bind(method, op, **options)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: Optional[float] = None,
-              causal: bool = True, dropout_p: float = 0.0, method: str = "torch", **options: Any) -> torch.Tensor:
-    """softmax(scale * q k^T, causal) v for q (B, H, Tq, d), k and v (B, H, Tk, d); scale None means
-    1/sqrt(d) (see :mod:`kernels.contract`)."""
-    fn = _BOUND.get((method, "attention", tuple(sorted(options.items())))) or bind(method, "attention", **options)
-    return fn(q, k, v, scale, causal, dropout_p)
+def entry_point(op: str) -> Callable:
+    """The public one-shot function of ``op`` (``kernels.softmax(scores, ..., method="triton")`` and so on),
+    built from its entry of the op table."""
+    return ops.get(op).entry(_lookup)
 
 
-def attention_qkv(qkv: torch.Tensor, n_head: int, *, scale: Optional[float] = None, causal: bool = True,
-                  dropout_p: float = 0.0, method: str = "torch", **options: Any) -> torch.Tensor:
-    """The attention of qkv (B, T, 3 n_head d), q, k and v side by side, -> (B, n_head, T, d) (see
-    :mod:`kernels.contract`)."""
-    key = (method, "attention_qkv", tuple(sorted(options.items())))
-    fn = _BOUND.get(key) or bind(method, "attention_qkv", **options)
-    return fn(qkv, n_head, scale, causal, dropout_p)
-
-
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *, method: str = "torch", ignore_index: int = -100,
-                  reduction: str = "mean", **options: Any) -> torch.Tensor:
-    """Cross-entropy of logits (..., V) against integer targets (...) (see :mod:`kernels.contract`)."""
-    key = (method, "cross_entropy", tuple(sorted(options.items())))
-    fn = _BOUND.get(key) or bind(method, "cross_entropy", **options)
-    return fn(logits, targets, ignore_index, reduction)
-
-
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, method: str = "torch",
-                         ignore_index: int = -100, reduction: str = "mean", **options: Any) -> torch.Tensor:
-    """The cross-entropy of ``hidden @ weight.T`` without holding all the logits at once where the
-    method implements it natively (see :mod:`kernels.contract`)."""
-    key = (method, "linear_cross_entropy", tuple(sorted(options.items())))
-    fn = _BOUND.get(key) or bind(method, "linear_cross_entropy", **options)
-    return fn(hidden, weight, targets, ignore_index, reduction)
+#: op -> its public one-shot entry point, for every op of the table (``kernels.<op>``)
+ENTRY_POINTS: Mapping[str, Callable] = MappingProxyType({op: entry_point(op) for op in ops.TABLE})

@@ -8,7 +8,8 @@ dropout_p)`` with q, k, v of shape (B, nh, T, hs), ``scale = 1/sqrt(hs)``, ``cau
 attention dropout (0 outside training); any function with that signature can be plugged in
 (:func:`set_attention`), with, optionally, ``qkv_fn(qkv, n_head, scale, causal, dropout_p)``: the same
 attention of the projection's output qkv (B, T, 3C) before it is split (its backward can then return
-qkv's gradient as one tensor instead of three that autograd concatenates). The loss seam: the model's
+qkv's gradient as one tensor instead of three that autograd concatenates; the projection's layout,
+q, k and v side by side, is :func:`layouts.split_qkv`'s, shared with the kernels). The loss seam: the model's
 loss is ``loss_fn(logits (B*T, V), targets (B*T,))``, or, in the ``linear`` form, ``loss_fn(hidden (B*T,
 C), lm_head.weight, targets)`` so that a fused linear cross-entropy never holds all the logits
 (:func:`set_loss`; weight tying is kept: the weight handed over is the tied one). The defaults are the
@@ -25,6 +26,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from layouts import split_qkv
 
 #: ``attention_fn(q, k, v, scale, causal, dropout_p) -> (B, nh, Tq, hs)`` (the contract of ``kernels.attention``)
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, bool, float], torch.Tensor]
@@ -85,7 +88,7 @@ class AttentionCore(nn.Module):
         """The attention of the projection's output qkv (B, T, 3C) -> (B, nh, T, hs): ``qkv_fn``, or split
         into q, k, v views and ``forward``."""
         if self.qkv_fn is None:
-            return self(*split_heads(qkv, n_head))
+            return self(*split_qkv(qkv, n_head))
         hs = qkv.shape[-1] // (3 * n_head)
         return self.qkv_fn(qkv, n_head, 1.0 / math.sqrt(hs), True, self.dropout_p if self.training else 0.0)
 
@@ -94,12 +97,6 @@ class AttentionCore(nn.Module):
         if self.qkv_fn is not None:
             names.append(f"qkv_fn={getattr(self.qkv_fn, '__name__', repr(self.qkv_fn))}")
         return ", ".join(names)
-
-
-def split_heads(qkv: torch.Tensor, n_head: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k, v (B, nh, T, hs) as views of the projection's output qkv (B, T, 3C)."""
-    B, T, C3 = qkv.shape
-    return tuple(t.view(B, T, n_head, C3 // (3 * n_head)).transpose(1, 2) for t in qkv.split(C3 // 3, dim=2))
 
 
 class CausalSelfAttention(nn.Module):
@@ -117,7 +114,7 @@ class CausalSelfAttention(nn.Module):
         if isinstance(self.core, AttentionCore):  # (its qkv_fn, where set, takes qkv unsplit)
             y = self.core.attend_qkv(qkv, self.n_head)  # (B, nh, T, hs)
         else:  # any other core (swap_attention_cores): forward(q, k, v)
-            y = self.core(*split_heads(qkv, self.n_head))
+            y = self.core(*split_qkv(qkv, self.n_head))
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
