@@ -23,9 +23,6 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-#: p90 / p50 of a run's step times above which it is flagged noisy (harness.throughput).
-NOISY_SPREAD = 1.10
-
 # two-sided 95%: t_{0.975, df} for df = 1..30
 _T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
          2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,

@@ -17,9 +17,10 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from harness.results import atomic_write_text, write_json
-from harness.stats import NOISY_SPREAD, log_interval
+from harness.stats import log_interval
 from harness.study_compiled import compiled_lines
 from harness.study_split import patched_words, ratio_lines
+from harness.throughput import NOISY_SPREAD
 
 #: Statuses that leave a row without any number to compare.
 NO_NUMBERS = ("SKIPPED", "CRASH", "FAIL", "OOM")

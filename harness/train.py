@@ -20,7 +20,6 @@ from omegaconf import DictConfig
 
 from harness.cli import UsageError, fail, method_unavailable_message, run_app, wants_help
 from harness.config import CONF_DIR, validate  # also registers the structured-config schema
-from harness.gate import GateError  # noqa: F401  (re-exported: callers catch it from here)
 
 
 class OutputDirError(OSError):
@@ -244,7 +243,7 @@ def done_message(results: dict, label: str, device: str, summary, run_dir: Path,
     metrics (the offline W&B run's ``wandb sync`` command, or the CSV file)."""
     from rich.markup import escape
 
-    from harness.stats import NOISY_SPREAD
+    from harness.throughput import NOISY_SPREAD
 
     tps = f"{summary.tokens_per_s:,.0f}" if summary.tokens_per_s else "n/a"
     windows = f"{summary.windows} window" + ("" if summary.windows == 1 else "s")
