@@ -52,6 +52,7 @@ from typing import Optional
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from harness.availability import accel_unavailable
 from harness.cli import run_app
 from harness.config import CONF_DIR, AccelConfig, ConfigError, accel_methods, accel_names, group_options
 from harness.results import atomic_write_text, write_json
@@ -83,10 +84,8 @@ def accel_for(name: str, variant: str = "") -> DictConfig:
 
 def unavailable(name: str, variant: str = "") -> Optional[str]:
     """Why the accel configuration ``name`` (as its ``variant`` runs) cannot run here (None: it can)."""
-    from harness.cli import _unavailable
-
     a = accel_for(name, variant)
-    return _unavailable(a.method, dict(a.options or {}), a.loss_method, list(a.patch))
+    return accel_unavailable(a.method, dict(a.options or {}), a.loss_method, list(a.patch))
 
 
 def default_methods() -> list[str]:

@@ -18,7 +18,8 @@ from typing import Any, Optional
 import hydra
 from omegaconf import DictConfig
 
-from harness.cli import UsageError, fail, method_unavailable_message, run_app, wants_help
+from harness.availability import method_unavailable_message
+from harness.cli import UsageError, fail, run_app, wants_help
 from harness.config import CONF_DIR, validate  # also registers the structured-config schema
 
 

@@ -33,8 +33,8 @@ PROBE = '''
 import json
 import harness.study as study
 from harness.bench import attention, launch, softmax
-from harness.cli import help_text
 from harness.config import CONF_DIR
+from harness.help import help_text
 import kernels
 print(json.dumps({
     "study": study.default_methods(),

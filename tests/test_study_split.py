@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 import kernels
-from harness.cli import help_text
 from harness.config import CONF_DIR, ConfigError
+from harness.help import help_text
 from harness.study import run_study, study_plan, validate_study
 from tests import study_methods as sm
 from tests.test_study import ROOT, SHORT, read_csv
