@@ -245,7 +245,7 @@ def is_oom(exc: BaseException) -> bool:
 
 def run_one(cfg: DictConfig, method: str, compiled: bool, run_dir: Path, group: str,
             data_seed: Optional[int] = None, callbacks: tuple = (), variant: str = "") -> dict:
-    from harness.train import run_training
+    from harness.training import run_training
 
     c = copy.deepcopy(cfg)
     with open_dict(c):
