@@ -16,8 +16,9 @@ from harness.build import accel_applied
 from harness.availability import accel_choices, accel_unavailable
 from harness.config import CONF_DIR, AccelConfig, accel_methods, validate
 from harness.help import help_text
-from harness.study import accel_for, study_plan, validate_study
-from harness.study_split import VARIANTS, _misfit, patched_words
+from harness.study.checks import _misfit, validate_study
+from harness.study.labels import patched_words
+from harness.study.plan import VARIANTS, accel_for, study_plan
 from models import GPT, GPTConfig
 from tests import study_methods as sm
 

@@ -96,7 +96,7 @@ def ratio_interval(num: Sequence[float], den: Sequence[float], paired: bool) -> 
 
 def round_ratio(num: dict, den: dict) -> Estimate:
     """num / den from measurements keyed by round: paired where both hold the same rounds, else unpaired
-    (a study's speedups and its loss-kernel ratios, harness.study_report and harness.study_split)."""
+    (a study's speedups and its loss-kernel ratios, harness.study.judge and harness.study.ratios)."""
     paired = bool(num) and set(num) == set(den)
     if paired:
         rounds = sorted(num)
