@@ -6,6 +6,7 @@ rejects out-of-range values before any work starts, naming the key, the bad valu
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -118,7 +119,7 @@ class TrainConfig:
 
 @dataclass
 class StudyConfig:
-    """The study's keys (conf/study.yaml documents each; harness.study.validate_study checks them)."""
+    """The study's keys (conf/study.yaml documents each; harness.study.checks.validate_study checks them)."""
 
     methods: Optional[list] = None  # accel configs to run; None: every one whose method can run here
     compiled: list = field(default_factory=lambda: ["naive", "triton", "cuda"])  # also with compile_model
@@ -282,13 +283,6 @@ def accel_names() -> list[str]:
     return group_options("accel")
 
 
-def validate_study(cfg: DictConfig) -> None:
-    """The study's checks (harness.study.validate_study, the one implementation)."""
-    from harness.study import validate_study as check
-
-    check(cfg)
-
-
 def to_container(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)  # type: ignore[return-value]
 
@@ -300,8 +294,6 @@ _PREFIXES = {"AccelConfig": "accel", "ModelConfig": "model", "DataConfig": "data
 
 def field_comments() -> dict[str, str]:
     """dotted key -> the comment beside its field in this module (the meaning ``--help`` shows)."""
-    import re
-
     out: dict[str, str] = {}
     prefix: Optional[str] = None
     for line in Path(__file__).read_text().splitlines():

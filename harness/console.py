@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import logging
 import warnings
+from pathlib import Path
 from typing import Any, Optional
 
 from lightning.pytorch.callbacks import TQDMProgressBar
 from rich.console import Console
+from rich.markup import escape
 from rich.text import Text
+
+from harness.throughput import NOISY_SPREAD
 
 #: Lightning's INFO lines (logger lightning.pytorch.utilities.rank_zero) that say nothing about this run
 _LIGHTNING_NOISE = ("💡 Tip:", "TPU available:", "HPU available:")
@@ -118,3 +122,34 @@ class HarnessProgressBar(TQDMProgressBar):
 
     def get_metrics(self, trainer, pl_module) -> dict[str, Any]:
         return bar_metrics(dict(trainer.callback_metrics))
+
+
+def done_message(results: dict, label: str, device: str, summary, run_dir: Path, logger_name: str) -> str:
+    """The end-of-run lines: the throughput, the final loss, where the results are and how to see the
+    metrics (the offline W&B run's ``wandb sync`` command, or the CSV file)."""
+    tps = f"{summary.tokens_per_s:,.0f}" if summary.tokens_per_s else "n/a"
+    windows = f"{summary.windows} window" + ("" if summary.windows == 1 else "s")
+    loss = results.get("final_train_loss")
+    loss_text = f"{loss:.4f}" if isinstance(loss, float) else str(loss)
+    noisy = (f", NOISY: step p90/p50 {summary.step_ms_spread:.2f} > {NOISY_SPREAD:.2f}, something else ran on the "
+             "machine or the clocks moved" if getattr(summary, "noisy", False) else "")
+    lines = [f"[bold]harness[/]: done: accel={escape(label)} on {escape(device)}: {tps} tokens/s (median of "
+             f"{windows}{noisy}), warm-up {summary.warmup_s or 0:.1f}s, final loss {loss_text}",
+             f"  results: {escape(str(run_dir / 'results.json'))}"]
+    trainer = (results.get("config") or {}).get("trainer") or {}
+    if not summary.tokens_per_s and not results.get("stopped_by") and {"warmup_steps", "window"} <= set(trainer):
+        need = max(1, trainer["window"] // 2)  # (throughput.py: a last window of fewer steps is not counted)
+        lines.insert(1, f"  no throughput: {results.get('steps_done', '?')} steps, the first {trainer['warmup_steps']} "
+                        f"of them warm-up, and a window counts from {need} timed steps (trainer.window="
+                        f"{trainer['window']}): run trainer.max_steps >= {trainer['warmup_steps'] + need}")
+    wb = results.get("wandb") or {}
+    if logger_name == "wandb" and wb:
+        runs = sorted(Path(run_dir, "wandb").glob(f"offline-run-*-{wb.get('id')}")) if wb.get("mode") == "offline" else []
+        if runs:
+            lines.append(f"  W&B (offline): upload with `wandb sync {escape(' '.join(str(r) for r in runs))}`, "
+                         f"or look at it here with `wandb leet {escape(str(runs[-1]))}`")
+        elif wb.get("mode") == "online":
+            lines.append(f"  W&B: run {wb.get('id')} in project {results['config']['logger']['project']}")
+    elif logger_name == "csv":
+        lines.append(f"  metrics: {escape(str(run_dir / 'csv' / 'metrics.csv'))}")
+    return "\n".join(lines)

@@ -15,6 +15,7 @@ data position (the stream starts at the trainer's restored global step).
 from __future__ import annotations
 
 import hashlib
+import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,8 +43,6 @@ def stdlib_sources() -> list[Path]:
 def build_stdlib_corpus(cache_dir: Path, max_bytes: int) -> Path:
     """Concatenate the standard library's sources (sorted, so the corpus is reproducible) up to
     ``max_bytes`` into a cached byte-token file; built once, reused after."""
-    import sys
-
     tag = hashlib.sha1(f"{sys.version}|{max_bytes}".encode()).hexdigest()[:10]
     out = Path(cache_dir).expanduser() / f"stdlib-{tag}.u8"
     if out.exists():

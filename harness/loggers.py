@@ -12,12 +12,14 @@ instead of overwriting it. The CSV logger appends to the run's ``csv/metrics.csv
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 from pathlib import Path
 from typing import Mapping, Optional
 
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
@@ -114,7 +116,7 @@ def make_logger(logger_cfg, run_dir: Path, run_name: str, group: Optional[str], 
         return None
     if name == "csv":
         return ResumableCSVLogger(save_dir=str(run_dir), name="csv", version="", resuming=resuming)
-    import wandb
+    import wandb  # here: a heavy import that only logger=wandb needs
 
     mode = wandb_mode(logger_cfg.mode)
     extra: dict = {}
@@ -145,8 +147,6 @@ def make_logger(logger_cfg, run_dir: Path, run_name: str, group: Optional[str], 
 
 
 def _csv_last_step(path: Path) -> Optional[int]:
-    import csv
-
     try:
         with open(path, newline="") as f:
             steps = [int(float(row["step"])) for row in csv.DictReader(f) if row.get("step")]
@@ -158,8 +158,6 @@ def _csv_last_step(path: Path) -> Optional[int]:
 def _appending_writer(log_dir: str, resuming: bool):
     """Lightning's CSV writer, which deletes an existing metrics.csv; this one, resuming, appends to it
     (the rows of steps already written are dropped, as the W&B logger drops them)."""
-    from lightning.pytorch.loggers.csv_logs import ExperimentWriter
-
     class _Writer(ExperimentWriter):
         def _check_log_dir_exists(self) -> None:
             self._skip_through = None
@@ -167,8 +165,6 @@ def _appending_writer(log_dir: str, resuming: bool):
             if not (resuming and path.is_file()):
                 super()._check_log_dir_exists()
                 return
-            import csv
-
             with open(path, newline="") as f:
                 self.metrics_keys = sorted(csv.DictReader(f).fieldnames or [])
             self._skip_through = _csv_last_step(path)

@@ -1,4 +1,4 @@
-"""The parity probe (see harness.parity for the rule): fixed held-out batches and a Lightning
+"""The parity probe (see harness.study.parity for the rule): fixed held-out batches and a Lightning
 callback that evaluates the model on them before the first step and every few steps."""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 import torch
 from lightning.pytorch import Callback
 
+from harness.data import BatchStream
+
 
 def probe_batches(corpus, vocab_size: int, batch_size: int, seq_len: int, seed: int, n: int) -> list:
     """``n`` fixed held-out batches: the validation split (random tokens for synthetic data), drawn
     from ``seed`` only, so every run of a study sees the same ones whatever its data order."""
-    from harness.data import BatchStream
-
     tokens = None if corpus is None else corpus.val
     stream = BatchStream(tokens, vocab_size, batch_size, seq_len, seed, "parity-probe", 0, n)
     return list(stream)

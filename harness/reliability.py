@@ -7,6 +7,7 @@ and the loss is checked for NaN/inf once per throughput window, where the monito
 from __future__ import annotations
 
 import signal
+import threading
 from pathlib import Path
 from typing import Optional
 
@@ -39,8 +40,6 @@ class GracefulStop(Callback):
               "(send it again to stop at once)", flush=True)
 
     def on_train_start(self, trainer, pl_module) -> None:
-        import threading
-
         if threading.current_thread() is not threading.main_thread():
             return
         for sig in (signal.SIGINT, signal.SIGTERM):

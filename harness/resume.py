@@ -11,11 +11,16 @@ takes; any other is refused, since it would silently not apply to the saved conf
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from harness.cli import fail, is_multirun, split_argv
+from harness.config import TrainConfig, validate
+from harness.gate import GateError
+from harness.reliability import NonFiniteLossError
 from harness.results import read_json, write_json
 
 #: statuses of a run that has done all its steps
@@ -36,8 +41,6 @@ def load_resume(run_dir: Path, max_steps: Optional[int] = None) -> tuple[DictCon
     """The config and results of a run directory, to continue it where it stopped (or, with a
     ``max_steps`` above the steps it has done, to extend a finished run). Raises RunFinished for a
     finished run with nothing more to do, FileNotFoundError / ResumeError when it cannot resume."""
-    from harness.config import TrainConfig, validate
-
     run_dir = Path(run_dir)
     results_path, ckpt = run_dir / "results.json", run_dir / "checkpoints" / "last.ckpt"
     if not results_path.is_file():
@@ -93,10 +96,6 @@ def resume_command_line(argv: list[str]) -> list[str]:
     own directory as Hydra's run directory (no new directory, the log appended to the run's train.log,
     its .hydra/ left as the first segment wrote it). Exits 0 for a finished run (nothing changed) and
     2 with a clear message for anything that cannot resume."""
-    import sys
-
-    from harness.cli import fail, is_multirun, split_argv
-
     flags, args = split_argv(argv)
     if is_multirun(flags):
         fail("resume= continues one run: it cannot be part of a sweep (-m)")
@@ -148,9 +147,6 @@ def override_value(overrides: list[str], key: str) -> Optional[str]:
 def record_failure(run_dir: Path, cfg: DictConfig, exc: BaseException) -> None:
     """Mark the run's results.json failed (gate, NaN) or crashed, with the error, unless the run wrote
     its own final results; what a 'running' record already held (config, W&B id) is kept."""
-    from harness.gate import GateError
-    from harness.reliability import NonFiniteLossError
-
     path = Path(run_dir) / "results.json"
     record = {"method": cfg.accel.name, "compile_model": bool(cfg.compile_model),
               "model": {"name": cfg.model.name}, "run_dir": str(run_dir)}

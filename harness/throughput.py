@@ -26,7 +26,8 @@ from typing import Any, Optional
 import torch
 from lightning.pytorch import Callback
 
-from harness.stats import NOISY_SPREAD  # noqa: F401  (p90 / p50 above which a run is noisy; re-exported)
+#: p90 / p50 of a run's step times above which it is flagged noisy.
+NOISY_SPREAD = 1.10
 
 #: Dense (no sparsity) bf16 tensor-core peak FLOP/s by device-name fragment, first match wins.
 #: Datasheet figures; H200 SXM has the H100 SXM's compute (989.4 TFLOP/s).

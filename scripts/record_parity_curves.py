@@ -51,8 +51,8 @@ def main() -> None:
         seeds = list(range(int(lo), int(hi) + 1))
     else:
         seeds = [int(s) for s in a.seeds.split(",")]
-    from harness.parity import envelope
-    from harness.study import run_study
+    from harness.study.parity import envelope
+    from harness.study.run import run_study
 
     sm.install(setattr)
     overrides = ["study.kernel_gate=false", f"study.methods=[torch,{sm.CORRECT},{sm.UNNORMALIZED}]"]

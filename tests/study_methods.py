@@ -58,15 +58,15 @@ METHODS = {
 def install(setattr_) -> None:
     """Register the methods and let the study accept them as accel configs (``setattr_``: pytest's
     monkeypatch.setattr, or a plain setattr in a script)."""
-    from harness import study
+    from harness.study import plan
 
     for m in METHODS.values():
         if m.name not in kernels.available_methods(include_timing_only=True):
             kernels.register(m)
-    real_config, real_names = study.accel_config, study.accel_names
-    setattr_(study, "accel_config", lambda name: (
+    real_config, real_names = plan.accel_config, plan.accel_names
+    setattr_(plan, "accel_config", lambda name: (
         OmegaConf.create({"name": name, "method": name}) if name in METHODS else real_config(name)))
-    setattr_(study, "accel_names", lambda: real_names() + sorted(METHODS))
+    setattr_(plan, "accel_names", lambda: real_names() + sorted(METHODS))
 
 
 def uninstall() -> None:

@@ -13,10 +13,12 @@ import kernels
 from harness import gate
 from harness.accel import AccelError, Applied
 from harness.build import accel_applied
-from harness.cli import _unavailable, accel_choices, help_text
+from harness.availability import accel_choices, accel_unavailable
 from harness.config import CONF_DIR, AccelConfig, accel_methods, validate
-from harness.study import accel_for, study_plan, validate_study
-from harness.study_split import VARIANTS, _misfit, patched_words
+from harness.help import help_text
+from harness.study.checks import _misfit, validate_study
+from harness.study.labels import patched_words
+from harness.study.plan import VARIANTS, accel_for, study_plan
 from models import GPT, GPTConfig
 from tests import study_methods as sm
 
@@ -72,9 +74,9 @@ def test_accel_cli_listing_shows_flash_linear_and_checks_the_loss_method():
                          unavailable_reason=lambda: "test: never here")
     kernels.register(off)
     try:
-        assert _unavailable("torch", {}, "_test_off") == "its loss_method '_test_off': test: never here"
-        assert _unavailable("torch", {}, "_test_off", ["attention"]) is None  # the loss is not patched
-        assert "unknown method 'nope'" in _unavailable("torch", {}, "nope")
+        assert accel_unavailable("torch", {}, "_test_off") == "its loss_method '_test_off': test: never here"
+        assert accel_unavailable("torch", {}, "_test_off", ["attention"]) is None  # the loss is not patched
+        assert "unknown method 'nope'" in accel_unavailable("torch", {}, "nope")
     finally:
         kernels.unregister(off.name)
 

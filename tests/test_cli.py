@@ -6,8 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.cli import help_text, precheck_overrides, runnable_accel_names
-from harness.config import CONF_DIR, accel_names, validate_study
+from harness.availability import runnable_accel_names
+from harness.cli import precheck_overrides
+from harness.config import CONF_DIR, accel_names
+from harness.help import help_text
+from harness.study.checks import validate_study
 from harness.train import validate_with_data
 from tests.test_train import run_cli
 

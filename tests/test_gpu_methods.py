@@ -218,7 +218,7 @@ def test_training_tracks_the_torch_loss_curve(method, tmp_path):
     from hydra import compose, initialize_config_dir
 
     from harness.config import CONF_DIR
-    from harness.train import run_training
+    from harness.training import run_training
 
     def run(accel):
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):

@@ -14,8 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from harness.console import bar_metrics, human, quiet_third_party
-from harness.train import done_message
+from harness.console import bar_metrics, done_message, human, quiet_third_party
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -31,10 +31,10 @@ register(Method(name="doubled", softmax=doubled_softmax, summary="the plugin tes
 
 PROBE = '''
 import json
-import harness.study as study
+import harness.study.plan as study
 from harness.bench import attention, launch, softmax
-from harness.cli import help_text
 from harness.config import CONF_DIR
+from harness.help import help_text
 import kernels
 print(json.dumps({
     "study": study.default_methods(),

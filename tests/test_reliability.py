@@ -12,7 +12,7 @@ from lightning.pytorch import Callback
 
 from harness.reliability import NonFiniteLossError
 from harness.resume import load_resume
-from harness.train import OutputDirError, run_training
+from harness.training import OutputDirError, run_training
 from tests.test_train import compose_cfg, run_cli
 
 BASE = ["model=tiny", "trainer=cpu", "trainer.max_steps=30", "trainer.window=5", "trainer.val_every=0",
@@ -208,7 +208,7 @@ sys.path.insert(0, {root!r})
 os.environ.setdefault("WANDB_MODE", "offline")
 from lightning.pytorch import Callback
 from tests.test_train import compose_cfg, run_cli
-from harness.train import run_training
+from harness.training import run_training
 
 class KillAt(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):

@@ -12,9 +12,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from harness.env import environment
-from harness.report import build_report
-from harness.study import run_study
-from harness.study_report import StudyRow, table_lines
+from harness.study.from_runs import build_report
+from harness.study.report import table_lines
+from harness.study.rows import StudyRow
+from harness.study.run import run_study
 from tests import study_methods as sm
 
 ENV = {"device_name": "NVIDIA H200", "cuda_available": True, "gpu_count": 1, "torch": "2.11.0+cu130", "cuda": "13.0",
@@ -117,7 +118,7 @@ def test_report_settings_from_the_command_line_win(tmp_path):
 
 
 def test_a_study_stopped_after_its_first_point_leaves_its_report(tmp_path, monkeypatch):
-    from harness import study as study_mod
+    from harness.study import run as study_mod
 
     real, seen = study_mod.run_one, {}
 
@@ -152,7 +153,7 @@ def test_a_study_stopped_after_its_first_point_leaves_its_report(tmp_path, monke
 
 
 def test_a_finished_study_says_nothing_of_progress(tmp_path, monkeypatch):
-    from harness import study as study_mod
+    from harness.study import run as study_mod
 
     def fake_run(cfg, method, compiled, run_dir, group, data_seed=None, callbacks=(), variant=""):
         curve = [5.0 - 0.1 * s for s in range(10)]

@@ -18,8 +18,9 @@ from omegaconf import OmegaConf
 
 import kernels
 from harness.config import ConfigError
-from harness.parity import judge
-from harness.study import run_study, validate_study
+from harness.study.checks import validate_study
+from harness.study.parity import judge
+from harness.study.run import run_study
 from tests import study_methods as sm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +37,7 @@ def methods(monkeypatch):
 @pytest.fixture
 def wrong_method(monkeypatch):
     # forgets the scale: a plausible bug, caught by the gate
-    from harness import study as study_mod
+    from harness.study import plan as study_mod
 
     m = kernels.Method("_test_wrong", softmax=lambda x, s, c: kernels.softmax(x, scale=1.0, causal=c), summary="wrong")
     kernels.register(m)
@@ -156,7 +157,7 @@ def test_parity_rules():
 def test_repeats_interleave_and_write_intervals(tmp_path, monkeypatch):
     """study.repeats=3 with the runs replaced by recorded numbers: the order is round-robin, and the
     CSV, runs.csv and report carry medians, 95% intervals and the noise markers."""
-    from harness import study as study_mod
+    from harness.study import run as study_mod
 
     calls = []
     tps = {"torch": [100.0, 102.0, 98.0], "naive": [50.0, 51.0, 49.0], "triton": [101.0, 99.0, 103.0]}
@@ -195,7 +196,7 @@ def test_repeats_interleave_and_write_intervals(tmp_path, monkeypatch):
 
 
 def test_context_sweep_charts_and_records_an_oom(tmp_path, monkeypatch):
-    from harness import study as study_mod
+    from harness.study import run as study_mod
 
     real = study_mod.run_one
 
@@ -231,7 +232,7 @@ def test_context_sweep_charts_and_records_an_oom(tmp_path, monkeypatch):
     stopped = json.loads((tmp_path / "runs" / "T64" / "naive" / "results.json").read_text())
     assert stopped["status"] == "oom" and "out of memory at T = 64" in stopped["error"]
     # the report tool reads the sweep back: the same points in order of T, the OOM once, the charts
-    from harness.report import build_report
+    from harness.study.from_runs import build_report
 
     again = build_report(tmp_path, tmp_path.parent / "sweep-report")
     assert {(r.point, r.method, r.status) for r in again} >= {("T=64 batch 4", "naive", "OOM"),
@@ -310,7 +311,7 @@ def test_report_groups_comparable_runs_and_leaves_its_source_untouched(tmp_path,
 
 
 def test_report_from_a_multirun_sweep_with_a_crashed_job(tmp_path):
-    from harness.report import build_report
+    from harness.study.from_runs import build_report
     from tests.test_train import run_cli
 
     sweep = tmp_path / "sweep"

@@ -1,4 +1,4 @@
-"""Compiled against compiled (harness.study_compiled): each whole-model-compiled row over the baseline's
+"""Compiled against compiled (harness.study.compiled): each whole-model-compiled row over the baseline's
 compiled row at the same point, paired by round; none for eager rows, failed rows, or a baseline that
 was not compiled; the report's table and the results' columns."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.study_compiled import add_compiled_ratios, compiled_baseline, compiled_lines
-from harness.study_report import StudyRow
+from harness.study.compiled import add_compiled_ratios, compiled_baseline, compiled_lines
+from harness.study.rows import StudyRow
 from tests import study_methods as sm
 from tests.test_study import SHORT, read_csv
 
@@ -56,7 +56,7 @@ def test_each_sweep_point_is_compared_with_its_own_compiled_baseline():
 
 
 def test_a_study_reports_its_compiled_rows_against_the_compiled_baseline(tmp_path, monkeypatch):
-    from harness import study as study_mod
+    from harness.study import run as study_mod
 
     tps = {("torch", False): [100.0, 104.0], ("triton", False): [150.0, 150.0],
            ("torch", True): [200.0, 210.0], ("triton", True): [220.0, 233.1]}  # compiled: 1.10, 1.11 by round
@@ -86,7 +86,7 @@ def test_a_study_reports_its_compiled_rows_against_the_compiled_baseline(tmp_pat
 
 
 def run_study_rows(cfg, out):
-    from harness.study import run_study
+    from harness.study.run import run_study
 
     return run_study(cfg, out)
 
@@ -94,8 +94,8 @@ def run_study_rows(cfg, out):
 def test_the_chart_takes_identical_repeats():
     """Two repeats at the same tokens/s: the interval on logs comes back a rounding away from the median,
     which made matplotlib refuse a negative error bar before the lengths were clamped."""
-    from harness.stats import log_interval
-    from harness.study_charts import _errs
+    from harness.study.charts import _errs
+    from harness.study.stats import log_interval
 
     est = log_interval([150.0, 150.0])
     r = StudyRow("triton", False, "PASS", tokens_per_s=est.value, tokens_per_s_lo=est.lo, tokens_per_s_hi=est.hi)

@@ -1,4 +1,4 @@
-"""A study's rows per softmax (harness.study_split, study.loss_split and study.linear_loss): the plan
+"""A study's rows per softmax (harness.study.plan / checks / ratios / labels, study.loss_split and study.linear_loss): the plan
 puts each twin after its configuration, a tiny study writes the rows with what they patched and the
 ratio table, the gate judges every row on its own, repeats pair the ratios by round, and a bad key
 value is refused before any training."""
@@ -16,9 +16,11 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 import kernels
-from harness.cli import help_text
 from harness.config import CONF_DIR, ConfigError
-from harness.study import run_study, study_plan, validate_study
+from harness.help import help_text
+from harness.study.checks import validate_study
+from harness.study.plan import study_plan
+from harness.study.run import run_study
 from tests import study_methods as sm
 from tests.test_study import ROOT, SHORT, read_csv
 
@@ -28,7 +30,7 @@ WRONG_LOSS = "_test_wrong_loss"
 @pytest.fixture
 def wrong_loss(monkeypatch):
     """A correct softmax with a cross-entropy 1% too high: only the loss row may fail the gate."""
-    from harness import study as study_mod
+    from harness.study import plan as study_mod
 
     def ce(logits, targets, ignore_index, reduction):
         return 1.01 * F.cross_entropy(logits.float(), targets, ignore_index=ignore_index, reduction=reduction)
@@ -91,7 +93,7 @@ def test_a_tiny_study_writes_the_rows_with_what_they_patched(tmp_path):
     assert "| naive: attention + loss vs naive: attention | attention (composed) + loss (native) |" in report
     assert "| naive: attention + linear loss vs naive: attention |" in report
     # the report over the same runs reads the rows back apart, with their labels and ratios
-    from harness.report import build_report
+    from harness.study.from_runs import build_report
 
     again = {r.label: r for r in build_report(tmp_path, tmp_path.parent / "again")}
     assert set(again) >= {"naive: attention + loss", "naive: attention", "naive: attention + linear loss"}
@@ -111,7 +113,7 @@ def test_the_gate_judges_each_row_on_what_it_patched(tmp_path, wrong_loss):
 
 
 def test_repeats_pair_the_ratios_by_round(tmp_path, monkeypatch):
-    from harness import study as study_mod
+    from harness.study import run as study_mod
 
     calls = []
     tps = {"": [110.0, 120.0, 115.0], "attention": [100.0, 110.0, 104.0]}
@@ -169,7 +171,7 @@ def test_a_bad_split_fails_fast_on_the_command_line_and_help_lists_the_keys(tmp_
 
 
 def test_a_sweep_runs_the_twins_at_every_point(tmp_path, monkeypatch):
-    from harness import study as study_mod
+    from harness.study import run as study_mod
 
     calls = []
 
@@ -197,7 +199,7 @@ def test_a_sweep_runs_the_twins_at_every_point(tmp_path, monkeypatch):
 def test_the_report_keeps_runs_of_one_configuration_with_another_loss_method_apart(tmp_path):
     """harness.report over runs of accel=torch with and without accel.loss_method=naive: two rows, each
     with its own run (they differ in what computed the loss), not one row of two repeats."""
-    from harness.report import build_report
+    from harness.study.from_runs import build_report
 
     model = {"name": "tiny", "n_layer": 2, "n_head": 2, "n_embd": 64, "context": 64, "vocab_size": 256}
     data = {"name": "stdlib", "batch_size": 8, "seq_len": None, "seed": None}
@@ -224,8 +226,8 @@ def test_the_report_keeps_runs_of_one_configuration_with_another_loss_method_apa
 def test_a_configuration_whose_own_loss_is_linear_is_not_its_linear_twin():
     """flash_linear patches attention + linear loss as it is: re-reported, its own row stays the
     configuration (variant ''), its attention-only run the twin."""
-    from harness.study_report import StudyRow
-    from harness.study_split import configured, mark_split, own_setting, own_words
+    from harness.study.labels import configured, mark_split, own_setting, own_words
+    from harness.study.rows import StudyRow
 
     assert own_words("flash_linear") == "attention + linear loss" and own_words("triton") == "attention + loss"
     assert own_words("no_such_config") == "attention + loss"

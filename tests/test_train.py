@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 
 from harness.config import ConfigError, validate
 from harness.config import CONF_DIR
-from harness.train import run_training
+from harness.training import run_training
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["model=tiny", "trainer=cpu", "trainer.max_steps=20", "trainer.val_every=10"]

@@ -69,7 +69,7 @@ def run_overhead(overrides: list[str], steps: int, rounds: int, out: Path) -> di
 
     from harness.env import environment
     from harness.config import CONF_DIR
-    from harness.train import run_training
+    from harness.training import run_training
 
     warmup = 5
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):

@@ -18,17 +18,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from harness.parity import envelope, rel_diffs, tolerance_at
-from harness.study_split import patched_words
+import torch
+
+from harness.study.labels import patched_words
+from harness.study.parity import envelope, rel_diffs, tolerance_at
 
 COLORS = {"FAIL": "tab:red", "CRASH": "tab:red", "OOM": "tab:red", "TIMING-ONLY": "tab:gray", "UNCHECKED": "tab:olive"}
 
 
 def _plt():
+    """pyplot on the Agg backend (files only, no display needed)."""
+    # here, not at the top: the backend must be chosen before pyplot is first imported, and only a
+    # report that draws needs matplotlib at all
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after matplotlib.use: pyplot picks its backend on import
 
     return plt
 
@@ -177,8 +182,6 @@ def plot_loss(rows: list, path: Path, info: dict, title: str) -> None:
 
 
 def _gpu_gib() -> Optional[float]:
-    import torch
-
     if not torch.cuda.is_available():
         return None
     return torch.cuda.get_device_properties(0).total_memory / 2**30

@@ -1,7 +1,7 @@
 """How a study judges its rows: parity against the reference (within a tolerance from the reference's
 spread over two data orders, or a fixed one), the speedups against the baseline and the reference
 (paired by round), the loss split's and the compiled rows' ratios. ``finish`` runs it per point; the
-report (harness.study_report) only writes what it decided. The rules: docs/studies.md."""
+report (harness.study.report) only writes what it decided. The rules: docs/studies.md."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness.parity import envelope, judge
-from harness.stats import round_ratio
-from harness.study_compiled import add_compiled_ratios
-from harness.study_report import NO_NUMBERS, StudyRow
-from harness.study_split import add_ratios
+from harness.study.compiled import add_compiled_ratios
+from harness.study.parity import envelope, judge
+from harness.study.ratios import add_ratios
+from harness.study.rows import NO_NUMBERS, StudyRow
+from harness.study.stats import round_ratio
 
 
 def _study(cfg: DictConfig, key: str, default: Any = None) -> Any:
@@ -114,6 +114,6 @@ def _finish_point(rows: list[StudyRow], cfg: DictConfig) -> dict:
 
 
 def speedup(a: StudyRow, b: StudyRow):
-    """a's tokens/s over b's: paired by round where both ran in the same rounds (harness.stats)."""
+    """a's tokens/s over b's: paired by round where both ran in the same rounds (harness.study.stats)."""
     return round_ratio({run["round"]: run["tokens_per_s"] for run in a.runs if run.get("tokens_per_s")},
                        {run["round"]: run["tokens_per_s"] for run in b.runs if run.get("tokens_per_s")})

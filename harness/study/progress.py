@@ -14,6 +14,9 @@ from typing import Optional
 
 from omegaconf import DictConfig
 
+from harness.study.judge import finish
+from harness.study.report import write_outputs
+
 
 def progress(labels: list[str], done: int, running: Optional[str] = None, stopped: str = "") -> dict:
     """Where a study stands: ``done`` of its points ``labels`` finished; ``running`` the point under way
@@ -49,9 +52,6 @@ def progress_line(p: Optional[dict]) -> str:
 def write_snapshot(rows: list, cfg: DictConfig, out: Path, state: dict, charts: bool) -> None:
     """The study's report as it stands, parity and speedups included, judged on copies of the rows (the
     study goes on with its own, undecided). ``charts``: also draw the charts (at the end of a point)."""
-    from harness.study_judge import finish
-    from harness.study_report import write_outputs
-
     snap = copy.deepcopy(rows)
     settings = finish(snap, cfg)
     write_outputs(snap, cfg, out, partial=not state.get("complete"), settings=settings,

@@ -23,9 +23,6 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-#: p90 / p50 of a run's step times above which it is flagged noisy (harness.throughput).
-NOISY_SPREAD = 1.10
-
 # two-sided 95%: t_{0.975, df} for df = 1..30
 _T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
          2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
@@ -99,7 +96,7 @@ def ratio_interval(num: Sequence[float], den: Sequence[float], paired: bool) -> 
 
 def round_ratio(num: dict, den: dict) -> Estimate:
     """num / den from measurements keyed by round: paired where both hold the same rounds, else unpaired
-    (a study's speedups and its loss-kernel ratios, harness.study_report and harness.study_split)."""
+    (a study's speedups and its loss-kernel ratios, harness.study.judge and harness.study.ratios)."""
     paired = bool(num) and set(num) == set(den)
     if paired:
         rounds = sorted(num)

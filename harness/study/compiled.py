@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from harness.study_split import COMPARED, _ratio, patched_words, set_ratios
+from harness.study.labels import patched_words
+from harness.study.ratios import COMPARED, ratio_cell, set_ratios
 
 
 def compiled_baseline(rows: list, r, base_name: str) -> Optional[object]:
@@ -49,7 +50,7 @@ def compiled_lines(rows: list, base_name: str) -> list[str]:
         where = f"{r.point}: " if r.point else ""
         tps = "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}"
         mem = "-" if r.peak_mem_gib is None else f"{r.peak_mem_gib:.2f}"
-        speed, memory = _ratio(r, "vs_compiled_baseline"), _ratio(r, "mem_vs_compiled_baseline")
+        speed, memory = ratio_cell(r, "vs_compiled_baseline"), ratio_cell(r, "mem_vs_compiled_baseline")
         if r.vs_compiled_baseline is None and r.mem_vs_compiled_baseline is None:
             speed = memory = f"- ({r.label}: {r.status}; {b.label}: {b.status})"
         lines.append(f"| {where}{r.label} | {patched_words(r.patched) or '-'} | {tps} | {speed} | {mem} | {memory} |")
