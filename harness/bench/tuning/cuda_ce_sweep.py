@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -34,7 +33,8 @@ import kernels
 from harness.bench.common import parse_ints
 from harness.bench.timing import bench_graph_ms, bench_ms, copy_bandwidth
 from kernels.methods.cuda import ce_code_path, prepare
-from kernels.methods.cuda.build import CE_DEVICE_HEADERS, CSRC, DEVICE_HEADERS, LDFLAGS, headers_flag
+from harness.bench.tuning.cuda_sweep import load_tuning
+from kernels.methods.cuda.build import CE_DEVICE_HEADERS, CSRC, DEVICE_HEADERS
 from kernels.reference import FWD_TOL
 
 _PATHS = {"register": 0, "hybrid": 1, "split": 2, "stream": 3}
@@ -85,17 +85,9 @@ def describe(c: dict) -> str:
 
 def load_ce_tuning() -> float:
     """Build (or load) the extension of launch variants (csrc/cross_entropy_tuning*.{cu,cpp}); returns seconds."""
-    from torch.utils.cpp_extension import load  # (lazy: it imports setuptools; only a sweep on a GPU needs it)
-
-    t0 = time.perf_counter()
-    load(name="softmax_harness_cuda_ce_tuning",
-         sources=[str(CSRC / "cross_entropy_tuning_binding.cpp"), str(CSRC / "cross_entropy_tuning.cu"),
-                  str(CSRC / "cross_entropy_tuning_split.cu")],
-         extra_cflags=["-O3"], extra_include_paths=[str(CSRC)],
-         extra_cuda_cflags=["-O3",
-                            headers_flag([*DEVICE_HEADERS, *CE_DEVICE_HEADERS, CSRC / "cross_entropy_tuning.h"])],
-         extra_ldflags=LDFLAGS, is_python_module=False, verbose=False)
-    return time.perf_counter() - t0
+    return load_tuning("softmax_harness_cuda_ce_tuning",
+                       ["cross_entropy_tuning_binding.cpp", "cross_entropy_tuning.cu", "cross_entropy_tuning_split.cu"],
+                       [*DEVICE_HEADERS, *CE_DEVICE_HEADERS, CSRC / "cross_entropy_tuning.h"])
 
 
 def ce_inputs(rows: int, v: int, seed: int = 0):

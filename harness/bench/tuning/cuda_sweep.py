@@ -64,18 +64,23 @@ def cuda_variants(n: int, rows: int = 1) -> list[dict]:
     return fwd + bwd
 
 
-def load_cuda_tuning() -> float:
-    """Build (or load) the extension of launch variants (csrc/softmax_tuning*.{cu,cpp}); returns seconds."""
+def load_tuning(name: str, sources: list[str], headers: list) -> float:
+    """Build (or load) an extension of launch variants from csrc/ (sources: file names; headers: what a
+    rebuild follows, see ``headers_flag``), as the method's own build is made; returns seconds."""
     from torch.utils.cpp_extension import load  # (lazy: it imports setuptools; only a sweep on a GPU needs it)
 
     t0 = time.perf_counter()
-    load(name="softmax_harness_cuda_tuning",
-         sources=[str(CSRC / "softmax_tuning_binding.cpp"), str(CSRC / "softmax_tuning.cu"),
-                  str(CSRC / "softmax_tuning_persist.cu")],
-         extra_cflags=["-O3"], extra_include_paths=[str(CSRC)],
-         extra_cuda_cflags=["-O3", headers_flag([*DEVICE_HEADERS, CSRC / "softmax_tuning.h"])],
-         extra_ldflags=LDFLAGS, is_python_module=False, verbose=False)
+    load(name=name, sources=[str(CSRC / s) for s in sources], extra_cflags=["-O3"], extra_include_paths=[str(CSRC)],
+         extra_cuda_cflags=["-O3", headers_flag(headers)], extra_ldflags=LDFLAGS, is_python_module=False,
+         verbose=False)
     return time.perf_counter() - t0
+
+
+def load_cuda_tuning() -> float:
+    """Build (or load) the extension of launch variants (csrc/softmax_tuning*.{cu,cpp}); returns seconds."""
+    return load_tuning("softmax_harness_cuda_tuning",
+                       ["softmax_tuning_binding.cpp", "softmax_tuning.cu", "softmax_tuning_persist.cu"],
+                       [*DEVICE_HEADERS, CSRC / "softmax_tuning.h"])
 
 
 def run_cuda_sweep(sizes: list[int], elements: int, out: Path, rep_ms: int = 50) -> list[dict]:
