@@ -60,7 +60,8 @@ class ModelConfig:
 class DataConfig:
     name: str = MISSING  # stdlib | text | synthetic
     path: Optional[str] = None  # the text file (data=text)
-    vocab_size: Optional[int] = None  # synthetic tokens' vocabulary; byte-level corpora use 256
+    vocab_size: Optional[int] = None  # synthetic tokens' vocabulary, or the BPE's (tokenizer=bpe); bytes use 256
+    tokenizer: str = "bytes"  # bytes | bpe (trained on the corpus, cached) | the path of a tokenizer.json
     max_bytes: int = 16_000_000  # cap on the stdlib corpus size
     val_fraction: float = 0.05
     batch_size: int = 8  # sequences per step (per rank); each model file sets its own
