@@ -146,9 +146,9 @@ def run_training(
         f"({model.matmul_params() / 1e6:.1f}M matmul params) data={cfg.data.name} on [green]{device}[/] "
         f"precision={precision} -> {escape(str(run_dir))}"
     )
-    if not gpu and cfg.model.name != "tiny":
+    if not gpu and cfg.model.name not in ("tiny", "llama_tiny"):
         console.print("[yellow]no CUDA GPU here: this model will train slowly on the CPU; for a quick CPU run use "
-                      "model=tiny trainer=cpu[/]")
+                      "model=tiny (or llama_tiny) trainer=cpu[/]")
 
     t = cfg.trainer
     task = LanguageModelTask(
