@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from harness.accel import Applied, apply_accel
 from harness.data import Corpus, data_vocab_size, make_corpus
-from models import GPT, GPTConfig
+from models import GPT, GPTConfig, Llama, LlamaConfig
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16}
 
@@ -56,8 +56,11 @@ def compute_dtype(precision: str) -> torch.dtype:
     return AUTOCAST_DTYPES.get(precision.split("-")[0], torch.float32)
 
 
-def build_model(cfg: DictConfig) -> GPT:
-    """The GPT a config describes (vocabulary from the data unless model.vocab_size is set)."""
+def build_model(cfg: DictConfig) -> GPT | Llama:
+    """The model a config describes, of its ``model.family`` (vocabulary from the data unless
+    model.vocab_size is set)."""
+    if cfg.model.family == "llama":
+        return build_llama(cfg)
     return GPT(GPTConfig(
         vocab_size=int(cfg.model.vocab_size or data_vocab_size(cfg.data)),
         context=int(cfg.model.context),
@@ -69,7 +72,18 @@ def build_model(cfg: DictConfig) -> GPT:
     ))
 
 
-def accel_applied(model: GPT, cfg: DictConfig) -> Applied:
+def build_llama(cfg: DictConfig) -> Llama:
+    """The Llama-family model a config describes (a key left null takes LlamaConfig's default)."""
+    m = cfg.model
+    defaults = {key: m[key] for key in ("rope_theta", "norm_eps", "tied") if m[key] is not None}
+    return Llama(LlamaConfig(
+        vocab_size=int(m.vocab_size or data_vocab_size(cfg.data)), context=int(m.context), n_layer=int(m.n_layer),
+        n_head=int(m.n_head), n_kv_head=int(m.n_kv_head or m.n_head), n_embd=int(m.n_embd),
+        mlp_hidden=int(m.mlp_hidden), qkv_bias=bool(m.qkv_bias), dropout=float(m.dropout), **defaults,
+    ))
+
+
+def accel_applied(model: GPT | Llama, cfg: DictConfig) -> Applied:
     """The configured method applied to ``model`` (see harness.accel)."""
     a = cfg.accel
     return apply_accel(model, a.method, list(a.patch), a.loss_form, dict(a.options or {}),
@@ -78,7 +92,7 @@ def accel_applied(model: GPT, cfg: DictConfig) -> Applied:
 
 @dataclass
 class Built:
-    model: GPT
+    model: GPT | Llama
     applied: Applied
     corpus: Optional[Corpus]
 

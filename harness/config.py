@@ -14,6 +14,8 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from harness.config_checks import model_problem, tokenizer_problem
+
 
 def _find_conf_dir() -> Path:
     """The Hydra configs: ``conf/`` at the top of a checkout (editable installs too), or the copy an
@@ -48,6 +50,7 @@ class AccelConfig:
 @dataclass
 class ModelConfig:
     name: str = MISSING  # tiny | small | gpt2s (one file in conf/model/)
+    family: str = "gpt"  # gpt | llama: the model class (models.GPT, models.Llama)
     n_layer: int = 2  # transformer blocks
     n_head: int = 2  # attention heads
     n_embd: int = 64  # model width
@@ -55,13 +58,20 @@ class ModelConfig:
     dropout: float = 0.0
     bias: bool = False
     vocab_size: Optional[int] = None  # None: the data's vocabulary
+    n_kv_head: Optional[int] = None  # llama: key/value heads (grouped-query attention); None: n_head
+    mlp_hidden: Optional[int] = None  # llama: the SwiGLU's hidden width
+    rope_theta: Optional[float] = None  # llama: the rotary base; None: 10000
+    norm_eps: Optional[float] = None  # llama: the RMSNorm epsilon; None: 1e-5
+    tied: Optional[bool] = None  # llama: the LM head is the token embedding (the GPT's always is); None: true
+    qkv_bias: bool = False  # llama: biases on the q/k/v projection (Qwen2)
 
 
 @dataclass
 class DataConfig:
     name: str = MISSING  # stdlib | text | synthetic
     path: Optional[str] = None  # the text file (data=text)
-    vocab_size: Optional[int] = None  # synthetic tokens' vocabulary; byte-level corpora use 256
+    vocab_size: Optional[int] = None  # synthetic tokens' vocabulary, or the BPE's (tokenizer=bpe); bytes use 256
+    tokenizer: str = "bytes"  # bytes | bpe (trained on the corpus, cached) | the path of a tokenizer.json
     max_bytes: int = 16_000_000  # cap on the stdlib corpus size
     val_fraction: float = 0.05
     batch_size: int = 8  # sequences per step (per rank); each model file sets its own
@@ -271,6 +281,9 @@ def validate(cfg: DictConfig | TrainConfig) -> None:
         raise _bad("compile_mode", c.compile_mode, f"one of {', '.join(COMPILE_MODES)} (torch.compile's modes)")
     if str(c.trainer.precision) not in PRECISIONS:
         raise _bad("trainer.precision", c.trainer.precision, f"one of {', '.join(PRECISIONS)}")
+    for problem in (model_problem(c), tokenizer_problem(c)):  # the model family's keys, data.tokenizer
+        if problem:
+            raise _bad(*problem)
 
 
 def group_options(group: str, conf_dir: Optional[str] = None) -> list[str]:

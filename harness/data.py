@@ -6,6 +6,9 @@
 * ``text``: the user's own text file, byte-level tokens, cached the same way.
 * ``synthetic``: uniformly random tokens of a chosen vocabulary, for pure throughput runs.
 
+``data.tokenizer`` turns a text corpus into other tokens than bytes (a byte-level BPE trained on it, or a
+user's ``tokenizer.json``): harness.tokenizer, cached the same way.
+
 The batch for training step ``s`` on rank ``r`` is a pure function of (seed, split, s, r): random
 windows of the corpus drawn from a generator seeded by those numbers. So every method sees the same
 batches in the same order, each rank sees different ones, and a resumed run continues at the same
@@ -26,8 +29,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from harness.results import atomic_write_bytes
-
-BYTE_VOCAB = 256
+from harness.tokenizer import BYTE_VOCAB, BYTES, tokenized_corpus, tokenizer_vocab_size
 
 
 class DataError(ValueError):
@@ -76,16 +78,17 @@ def build_text_corpus(path: str, cache_dir: Path) -> Path:
 
 @dataclass
 class Corpus:
-    """Byte tokens split into a train and a validation part (the last ``val_fraction``)."""
+    """Tokens (bytes, or a tokenizer's ids) split into a train and a validation part (the last ``val_fraction``)."""
 
     train: np.ndarray
     val: np.ndarray
     vocab_size: int = BYTE_VOCAB
 
     @classmethod
-    def from_file(cls, path: Path, val_fraction: float, seq_len: int, what: str) -> "Corpus":
+    def from_file(cls, path: Path, val_fraction: float, seq_len: int, what: str, dtype=np.uint8,
+                  vocab_size: int = BYTE_VOCAB) -> "Corpus":
         size = Path(path).stat().st_size
-        tokens = np.memmap(path, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
+        tokens = np.memmap(path, dtype=dtype, mode="r") if size else np.zeros(0, dtype)
         n_val = int(len(tokens) * val_fraction)
         need = seq_len + 2
         if len(tokens) - n_val < need or n_val < need:
@@ -93,7 +96,7 @@ class Corpus:
                 f"{what} has {len(tokens)} tokens: too short for seq_len={seq_len} with "
                 f"val_fraction={val_fraction} (each split needs at least {need} tokens)"
             )
-        return cls(train=tokens[: len(tokens) - n_val], val=tokens[len(tokens) - n_val :])
+        return cls(train=tokens[: len(tokens) - n_val], val=tokens[len(tokens) - n_val :], vocab_size=vocab_size)
 
 
 def _stream_seed(seed: int, split: str, step: int, rank: int) -> int:
@@ -153,11 +156,16 @@ def make_corpus(data_cfg, seq_len: int) -> Optional[Corpus]:
         path, what = build_text_corpus(data_cfg.path, cache), f"data.path={data_cfg.path!r}"
     else:
         raise DataError(f"unknown data.name={data_cfg.name!r}; accepted: stdlib, text, synthetic")
+    if data_cfg.tokenizer != BYTES:  # the byte corpus encoded by the tokenizer (trained first for bpe)
+        tokens, dtype, vocab = tokenized_corpus(path, data_cfg.tokenizer, data_cfg.vocab_size, cache, what)
+        return Corpus.from_file(tokens, data_cfg.val_fraction, seq_len, what, dtype, vocab)
     return Corpus.from_file(path, data_cfg.val_fraction, seq_len, what)
 
 
 def data_vocab_size(data_cfg) -> int:
-    return int(data_cfg.vocab_size) if data_cfg.name == "synthetic" else BYTE_VOCAB
+    if data_cfg.name == "synthetic":
+        return int(data_cfg.vocab_size)
+    return tokenizer_vocab_size(data_cfg.tokenizer, data_cfg.vocab_size)
 
 
 def loader(stream: BatchStream, pin_memory: bool) -> DataLoader:

@@ -178,9 +178,9 @@ def announce(run: Run) -> None:
         f"({model.matmul_params() / 1e6:.1f}M matmul params) data={cfg.data.name} on [green]{run.device}[/] "
         f"precision={run.precision} -> {escape(str(run.run_dir))}"
     )
-    if not run.gpu and cfg.model.name != "tiny":
+    if not run.gpu and cfg.model.name not in ("tiny", "llama_tiny"):
         run.console.print("[yellow]no CUDA GPU here: this model will train slowly on the CPU; for a quick CPU run "
-                          "use model=tiny trainer=cpu[/]")
+                          "use model=tiny (or llama_tiny) trainer=cpu[/]")
 
 
 def task_and_data(run: Run) -> tuple[LanguageModelTask, TokenDataModule]:

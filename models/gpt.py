@@ -99,7 +99,14 @@ class AttentionCore(nn.Module):
         return ", ".join(names)
 
 
-class CausalSelfAttention(nn.Module):
+class SelfAttention(nn.Module):
+    """A block's attention whose ``core`` computes softmax(q k^T) v: what :func:`attention_cores` finds and
+    :func:`set_attention` swaps, in every model family (the GPT's below, models.llama's)."""
+
+    core: nn.Module
+
+
+class CausalSelfAttention(SelfAttention):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.n_head = cfg.n_head
@@ -180,13 +187,7 @@ class GPT(nn.Module):
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
         for block in self.blocks:
             x = block(x)
-        h = self.ln_f(x)  # (B, T, C)
-        if targets is None:
-            return self.lm_head(h), None
-        if self.loss_form == "linear":  # the loss reads the hidden states and the (tied) head weight
-            return None, self.loss_fn(h.view(B * T, -1), self.lm_head.weight, targets.reshape(-1))
-        logits = self.lm_head(h)  # (B, T, vocab)
-        return logits, self.loss_fn(logits.view(B * T, -1), targets.reshape(-1))
+        return head_and_loss(self, self.ln_f(x), targets)  # ln_f's output: h (B, T, C)
 
     def matmul_params(self) -> int:
         """Parameters that take part in a matmul per token: every weight except the position
@@ -211,8 +212,22 @@ class GPT(nn.Module):
         return 6.0 * self.matmul_params() + 12.0 * c.n_layer * c.n_embd * seq_len
 
 
-def attention_cores(model: nn.Module) -> list[CausalSelfAttention]:
-    return [m for m in model.modules() if isinstance(m, CausalSelfAttention)]
+def head_and_loss(model: nn.Module, h: torch.Tensor, targets: torch.Tensor | None
+                  ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The loss seam of every model family, from the final hidden states h (B, T, C): (logits (B, T,
+    vocab), loss); no targets: (logits, None); the ``linear`` form: (None, ``loss_fn(hidden, lm_head.weight,
+    targets)``), the logits never built."""
+    B, T, _ = h.shape
+    if targets is None:
+        return model.lm_head(h), None
+    if model.loss_form == "linear":  # the loss reads the hidden states and the (tied) head weight
+        return None, model.loss_fn(h.view(B * T, -1), model.lm_head.weight, targets.reshape(-1))
+    logits = model.lm_head(h)  # (B, T, vocab)
+    return logits, model.loss_fn(logits.view(B * T, -1), targets.reshape(-1))
+
+
+def attention_cores(model: nn.Module) -> list[SelfAttention]:
+    return [m for m in model.modules() if isinstance(m, SelfAttention)]
 
 
 def swap_attention_cores(model: nn.Module, make_core: Callable[[], nn.Module]) -> Callable[[], None]:
@@ -235,7 +250,7 @@ def set_attention(model: nn.Module, attention_fn: AttentionFn,
                   qkv_fn: Optional[QkvAttentionFn] = None) -> Callable[[], None]:
     """Every block's attention computed by ``attention_fn`` (and by ``qkv_fn`` on the unsplit projection,
     when given; same dropout); returns the undo."""
-    dropout = model.config.dropout if isinstance(model, GPT) else 0.0
+    dropout = float(getattr(getattr(model, "config", None), "dropout", 0.0))  # a GPT's, a Llama's
     return swap_attention_cores(model, lambda: AttentionCore(attention_fn, dropout=dropout, qkv_fn=qkv_fn))
 
 
