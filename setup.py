@@ -9,8 +9,7 @@ directory into another package.
 from setuptools import find_namespace_packages, setup
 
 setup(
-    packages=find_namespace_packages(include=["harness", "harness.*", "kernels", "kernels.*", "models", "models.*",
-                                              "layouts", "layouts.*"],
+    packages=find_namespace_packages(include=["harness", "harness.*", "kernels", "kernels.*", "models", "models.*"],
                                      exclude=["*.__pycache__"]) + ["harness.conf"],
     package_dir={"harness.conf": "conf"},
 )

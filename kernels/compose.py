@@ -4,7 +4,7 @@
   before fused attention existed: scores = q k^T (B, H, Tq, Tk) in memory, the method's softmax (scale
   and causal mask fused into it), dropout on the probabilities, then @ v.
 * ``attention_qkv`` from an ``attention``: q, k and v split from the projection as views
-  (:func:`layouts.split_qkv`), then the method's attention; the backward concatenates their
+  (:func:`kernels.layouts.split_qkv`), then the method's attention; the backward concatenates their
   gradients into one (a copy), which a native ``attention_qkv`` avoids.
 * ``linear_cross_entropy`` from a ``cross_entropy``: the logits ``hidden @ weight.T`` in memory, then
   the method's cross-entropy.
@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from layouts import split_qkv
+from kernels.layouts import split_qkv
 
 
 def attention_from_softmax(softmax: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:

@@ -9,7 +9,7 @@ attention dropout (0 outside training); any function with that signature can be 
 (:func:`set_attention`), with, optionally, ``qkv_fn(qkv, n_head, scale, causal, dropout_p)``: the same
 attention of the projection's output qkv (B, T, 3C) before it is split (its backward can then return
 qkv's gradient as one tensor instead of three that autograd concatenates; the projection's layout,
-q, k and v side by side, is :func:`layouts.split_qkv`'s, shared with the kernels). The loss seam: the model's
+q, k and v side by side, is :func:`kernels.layouts.split_qkv`'s, shared with the kernels). The loss seam: the model's
 loss is ``loss_fn(logits (B*T, V), targets (B*T,))``, or, in the ``linear`` form, ``loss_fn(hidden (B*T,
 C), lm_head.weight, targets)`` so that a fused linear cross-entropy never holds all the logits
 (:func:`set_loss`; weight tying is kept: the weight handed over is the tied one). The defaults are the
@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from layouts import split_qkv
+from kernels.layouts import split_qkv
 
 #: ``attention_fn(q, k, v, scale, causal, dropout_p) -> (B, nh, Tq, hs)`` (the contract of ``kernels.attention``)
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, bool, float], torch.Tensor]

@@ -13,7 +13,7 @@ import torch
 import kernels
 from kernels.methods.flash import plan as plans
 from kernels.registry import Method
-from layouts import split_qkv
+from kernels.layouts import split_qkv
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_flash = pytest.mark.skipif("flash" not in kernels.runnable_methods(op="attention"),

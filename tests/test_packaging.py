@@ -18,7 +18,7 @@ def _copy_sources(dst: Path) -> None:
                                   "wandb", ".venv", ".git")
     for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy2(ROOT / name, dst / name)
-    for name in ("harness", "kernels", "models", "layouts", "conf", "csrc"):
+    for name in ("harness", "kernels", "models", "conf", "csrc"):
         if (ROOT / name).exists():
             shutil.copytree(ROOT / name, dst / name, ignore=skip)
 
@@ -35,7 +35,7 @@ def test_installed_package_runs_from_any_directory(tmp_path):
     assert (site / "harness" / "conf" / "config.yaml").is_file()
     assert (site / "harness" / "conf" / "accel" / "torch.yaml").is_file()
     assert (site / "harness" / "conf" / "hydra" / "launcher" / "slurm.yaml").is_file()
-    packages = {p.parent.relative_to(ROOT) for top in ("harness", "kernels", "models", "layouts")
+    packages = {p.parent.relative_to(ROOT) for top in ("harness", "kernels", "models")
                 for p in (ROOT / top).rglob("*.py") if "__pycache__" not in p.parts}
     assert [str(p) for p in sorted(packages) if not any((site / p).glob("*.py"))] == []  # every package ships
 

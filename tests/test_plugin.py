@@ -50,7 +50,7 @@ print(json.dumps({
 
 def test_one_module_and_one_config_put_a_method_in_every_default_listing(tmp_path):
     tree = tmp_path / "tree"
-    for part in ("kernels", "harness", "models", "layouts", "conf"):
+    for part in ("kernels", "harness", "models", "conf"):
         shutil.copytree(ROOT / part, tree / part, ignore=shutil.ignore_patterns("__pycache__"))
     (tree / "kernels" / "methods" / "doubled.py").write_text(METHOD)
     (tree / "conf" / "accel" / "doubled.yaml").write_text("# the plugin test's method\nname: doubled\nmethod: doubled\n")

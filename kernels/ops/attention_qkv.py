@@ -1,7 +1,7 @@
 """``attention_qkv(qkv, n_head, scale, causal, dropout_p)``
 
 The attention of one projection's output: qkv (B, T, 3 C) holds q, k and v side by side on its last
-dimension (``nn.Linear(C, 3 C)``'s layout, :func:`layouts.split_qkv`), each C = n_head * d split
+dimension (``nn.Linear(C, 3 C)``'s layout, :func:`kernels.layouts.split_qkv`), each C = n_head * d split
 into heads -> (B, n_head, T, d), equal to ``attention(q, k, v, ...)`` of
 ``qkv[..., i * C:(i + 1) * C].view(B, T, n_head, d).transpose(1, 2)``; scale None means 1/sqrt(d).
 A method that implements it natively returns the gradient of qkv as one tensor (the composed op's
@@ -23,7 +23,7 @@ from kernels.compose import attention_qkv_from_attention
 from kernels.ops.checks import check_dropout, check_float
 from kernels.ops.op import GateCase, Judged, Lookup, Op, RunShapes
 from kernels.reference import ATTN_BWD_TOL, ATTN_FWD_TOL, reference_attention
-from layouts import split_qkv
+from kernels.layouts import split_qkv
 
 
 def check_attention_qkv(qkv: torch.Tensor, n_head: int, dropout_p: float) -> None:

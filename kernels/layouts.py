@@ -1,5 +1,7 @@
-"""Tensor layouts that a model produces and the kernels consume: stated once, here, so that neither
-package imports the other (``models`` knows nothing of ``kernels``, ``kernels`` nothing of a model).
+"""Tensor layouts that a model produces and the kernels' contracts consume, stated once. The one module
+of ``kernels`` that ``models`` imports: a model's seam hands the kernels its projection in the layout
+the ``attention_qkv`` contract is stated in (``kernels`` imports nothing of a model). Pure torch: it
+loads no method.
 
 The fused attention projection: ``nn.Linear(C, 3 C)`` (GPT-2's ``c_attn``) writes q, k and v side by
 side on its last dimension, each C = n_head * d wide and split into heads. The model splits it for
