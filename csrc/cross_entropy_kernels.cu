@@ -1,7 +1,7 @@
 // Fused cross-entropy rows and the backward's gradient scale (CUDA C++, no torch header): the launch
 // table and the dispatch. The code paths are listed in cross_entropy/paths.cuh (the kernels:
 // cross_entropy/*.cuh, launched through cross_entropy/launch.cuh); cross_entropy_tuning*.cu build the
-// variants this table is chosen from (`python -m kernels.methods.cuda.ce_sweep`).
+// variants this table is chosen from (`python -m harness.bench cuda-ce-sweep`).
 //
 // Bytes: every path but stream reads each logit once and writes each gradient element once (2 x the
 // logits' bytes with a gradient, 1 x without; ignored rows are not read); the stream path reads twice.
@@ -16,7 +16,7 @@ using namespace ce;
 
 // ---------------------------------------------------------------------------------------------
 // launch table: every knob of the cross-entropy launches is here. The hybrid and split rows come from
-// the H200 sweep (kernels/methods/cuda/ce_sweep.py; docs/perf.md); the register rows follow the softmax
+// the H200 sweep (harness/bench/tuning/cuda_ce_sweep.py; docs/perf.md); the register rows follow the softmax
 // forward's table (the same row work: a max, a sum of exponentials, one store per element).
 // ---------------------------------------------------------------------------------------------
 // Register path, keyed by BLOCK_N (the next power of two >= V), the same elements per thread for every

@@ -1,5 +1,5 @@
 // Launch variants of the fused cross-entropy kernels, for choosing the launch table in
-// cross_entropy_kernels.cu (`python -m kernels.methods.cuda.ce_sweep`). bf16 only, 16-byte aligned dense
+// cross_entropy_kernels.cu (`python -m harness.bench cuda-ce-sweep`). bf16 only, 16-byte aligned dense
 // rows (the sweep's inputs), ignore_index -100. No torch header. Not used by the `cuda` method itself.
 #pragma once
 

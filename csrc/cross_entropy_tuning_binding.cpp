@@ -1,5 +1,5 @@
 // Torch binding of the cross-entropy launch variants (cross_entropy_tuning.h) for
-// `python -m kernels.methods.cuda.ce_sweep`. Not part of the `cuda` method: built as its own extension,
+// `python -m harness.bench cuda-ce-sweep`. Not part of the `cuda` method: built as its own extension,
 // only by the sweep.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>

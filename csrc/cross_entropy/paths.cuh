@@ -2,7 +2,7 @@
 // per code path, all included here. This comment is the one list of the code paths (other files point
 // here). The host-side launchers are in launch.cuh (included by the .cu files only):
 // cross_entropy_kernels.cu (the launch table and the dispatch) and cross_entropy_tuning*.cu (the
-// variants the launch table is chosen from, `python -m kernels.methods.cuda.ce_sweep`).
+// variants the launch table is chosen from, `python -m harness.bench cuda-ce-sweep`).
 //
 // What a launch computes, per row r of logits x (rows, V), target t = targets[r]:
 //   loss[r] = logsumexp(x[r]) - x[r, t]                  (fp32; 0 where t == ignore_index)
