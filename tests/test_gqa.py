@@ -22,8 +22,8 @@ H = 4
 #: every method whose attention runs here, but flash (whose grouped kernels are its own engineer's)
 METHODS = [m for m in kernels.runnable_methods(op="attention") if m != "flash"]
 SLOW = {"compile"}  # a compile per signature: 10 s and more on two CPU cores
-DTYPES = {"naive": (torch.float32, torch.bfloat16), "torch": (torch.float32, torch.bfloat16),
-          "sdpa": (torch.float32, torch.bfloat16)}
+#: the dtypes each method is checked in here (triton: fp32, its interpreter being slow)
+DTYPES = {m: (torch.float32, torch.float16, torch.bfloat16) for m in ("naive", "torch", "sdpa")}
 
 
 def params(methods):
