@@ -2,8 +2,9 @@
 
 ``accel.patch`` names the softmaxes the method computes (``attention``, ``loss``); each is patched where
 the method provides the op: the attention core from the method's ``attention`` (native, or composed from
-its softmax: q k^T -> softmax -> v), and from its native ``attention_qkv`` where it has one (the
-attention of the unsplit projection: one gradient for it, no concatenation), the loss from its
+its softmax: q k^T -> softmax -> v; k and v with fewer heads than q, grouped-query attention, as the
+contract takes them), and from its native ``attention_qkv`` where it has one (the attention of the
+unsplit projection, grouped or not: one gradient for it, no concatenation), the loss from its
 ``cross_entropy`` (``loss_form: logits``) or ``linear_cross_entropy`` (``loss_form: linear``, native or
 composed). A softmax the method does not provide keeps the model's own eager PyTorch, and the record
 says so.

@@ -16,7 +16,8 @@ Problem = Optional[tuple[str, Any, str]]
 
 
 def model_problem(c) -> Problem:
-    """The model family's keys, and the one combination the methods cannot run yet (grouped k and v)."""
+    """The model family's keys (grouped k and v run through every method's attention: kernels.attention
+    takes them)."""
     m = c.model
     if m.family not in MODEL_FAMILIES:
         return "model.family", m.family, f"one of {', '.join(MODEL_FAMILIES)}"
@@ -43,11 +44,6 @@ def model_problem(c) -> Problem:
         value = getattr(m, key)
         if value is not None and not value > 0:
             return f"model.{key}", value, "null (the default) or a float > 0"
-    if kv < m.n_head and "attention" in c.accel.patch:
-        # the attention contract takes k and v with q's heads only; the model's own core expands them
-        return ("accel.patch", list(c.accel.patch), f"[loss] or [] with grouped-query attention (model.n_kv_head={kv} "
-                f"< model.n_head={m.n_head}): the methods' attention takes k and v with model.n_head heads only, "
-                f"so the model keeps its own; or model.n_kv_head={m.n_head}")
     return None
 
 

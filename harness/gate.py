@@ -9,9 +9,10 @@ composed from the method's softmax, that softmax (the entry's ``gate_base``):
 * attention composed from the method's softmax: the softmax itself on (1, heads, T, T) causal scores
   (fewer heads for long rows, at most GATE_SCORES scores: every row length is still checked, and
   the float64 reference of a T = 16384 run's full scores would not fit beside the model);
-* native attention: attention on (1, heads, T, head dim); a native attention_qkv, what the model then
-  calls, instead: on the run's (1, T, 3 C) projection (all heads computed, as many checked, the last
-  among them: the same kernels, in the run's layout);
+* native attention: attention on q (1, heads, T, head dim) and k, v with the run's grouping
+  (``RunShapes.kv_heads``: whole groups of query heads); a native attention_qkv, what the model then
+  calls, instead: on the run's (1, T, (H + 2 Hkv) d) projection (all heads computed, as many checked,
+  the last among them: the same kernels, in the run's layout);
 * the loss: the method's cross-entropy on (rows, vocabulary) logits (linear form: on hidden states
   and a head weight of the model's shapes), 256 rows, one target in eight ignored.
 """
@@ -85,11 +86,13 @@ def check_op(method: str, op: str, shapes: RunShapes, heads: Optional[int] = Non
 
 
 def check_attention_qkv(method: str, heads: int, seq_len: int, head_dim: int, dtype: torch.dtype, device: str,
-                        checked: Optional[int] = None, seed: int = 0, options: Optional[dict] = None) -> GateResult:
-    """attention_qkv at a run's width (``heads`` of ``head_dim``, ``seq_len`` tokens), ``checked`` heads
-    (default all; else the first ones and the last) against float64 (see :func:`check_op`)."""
+                        checked: Optional[int] = None, seed: int = 0, options: Optional[dict] = None,
+                        kv_heads: int = 0) -> GateResult:
+    """attention_qkv at a run's width (``heads`` of ``head_dim``, ``kv_heads`` key/value heads (0: ``heads``),
+    ``seq_len`` tokens), ``checked`` heads (default all; else the first ones and the last) against float64
+    (see :func:`check_op`)."""
     shapes = RunShapes(heads=heads, seq_len=seq_len, head_dim=head_dim, vocab=0, n_embd=heads * head_dim, tokens=0,
-                       dtype=dtype, device=device)
+                       dtype=dtype, device=device, kv_heads=kv_heads)
     return check_op(method, "attention_qkv", shapes, checked, seed, options)
 
 

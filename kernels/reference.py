@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from kernels.common import causal_offset
+from kernels.layouts import expand_kv
 
 
 def reference_softmax(scores: torch.Tensor, *, scale: float = 1.0, causal: bool = False) -> torch.Tensor:
@@ -65,8 +66,10 @@ def tolerance(kind: str, dtype: torch.dtype, ref: torch.Tensor | None = None) ->
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
                         causal: bool = True) -> torch.Tensor:
     """The attention contract in float64 (differentiable): softmax(scale * q k^T, causal) v, queries
-    with no key get zeros."""
-    q64, k64, v64 = (t.to(torch.float64) for t in (q, k, v))
+    with no key get zeros; k and v with Hkv heads dividing q's H: query head h reads kv head
+    h // (H / Hkv) (the gradients of k and v summed over their group)."""
+    groups = q.shape[1] // k.shape[1]
+    q64, k64, v64 = q.to(torch.float64), expand_kv(k.to(torch.float64), groups), expand_kv(v.to(torch.float64), groups)
     s = 1.0 / (q.shape[-1] ** 0.5) if scale is None else scale
     p = reference_softmax(q64 @ k64.transpose(-2, -1), scale=s, causal=causal)
     return p @ v64

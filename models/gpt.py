@@ -84,13 +84,16 @@ class AttentionCore(nn.Module):
         scale = 1.0 / math.sqrt(q.size(-1))
         return self.attention_fn(q, k, v, scale, True, self.dropout_p if self.training else 0.0)
 
-    def attend_qkv(self, qkv: torch.Tensor, n_head: int) -> torch.Tensor:
-        """The attention of the projection's output qkv (B, T, 3C) -> (B, nh, T, hs): ``qkv_fn``, or split
-        into q, k, v views and ``forward``."""
+    def attend_qkv(self, qkv: torch.Tensor, n_head: int, n_kv_head: Optional[int] = None) -> torch.Tensor:
+        """The attention of the projection's output qkv (B, T, (nh + 2 n_kv_head) hs) -> (B, nh, T, hs):
+        ``qkv_fn`` (given n_kv_head only where it is smaller than nh: grouped-query attention), or split
+        into q, k, v views and ``forward``. n_kv_head None means nh (3C wide)."""
         if self.qkv_fn is None:
-            return self(*split_qkv(qkv, n_head))
-        hs = qkv.shape[-1] // (3 * n_head)
-        return self.qkv_fn(qkv, n_head, 1.0 / math.sqrt(hs), True, self.dropout_p if self.training else 0.0)
+            return self(*split_qkv(qkv, n_head, n_kv_head))
+        kv = n_head if n_kv_head is None else n_kv_head
+        hs = qkv.shape[-1] // (n_head + 2 * kv)
+        args = (qkv, n_head, 1.0 / math.sqrt(hs), True, self.dropout_p if self.training else 0.0)
+        return self.qkv_fn(*args) if kv == n_head else self.qkv_fn(*args, kv)
 
     def extra_repr(self) -> str:
         names = [f"attention_fn={getattr(self.attention_fn, '__name__', repr(self.attention_fn))}"]

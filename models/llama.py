@@ -12,10 +12,11 @@ The seams are models.gpt's, so the harness drives this model exactly like the GP
 ``attention_cores``, ``set_loss``, ``loss_fn`` / ``loss_form``, ``matmul_params``, ``flops_per_token``):
 
 * attention: every block's core is called as ``attention_fn(q, k, v, scale, causal, dropout_p)`` with q
-  (B, H, T, d) and k, v UNEXPANDED (B, Hkv, T, d), after RoPE. The model's own default core
-  (:func:`eager_gqa_attention`) expands k and v itself; a core that does not take Hkv < H can only run
-  a model with Hkv == H. ``qkv_fn(qkv, n_head, ...)`` (the attention of the unsplit (B, T, 3C)
-  projection) is called only when Hkv == H, on the projection with q and k already rotated.
+  (B, H, T, d) and k, v UNEXPANDED (B, Hkv, T, d), after RoPE: the ``kernels.attention`` contract, which
+  every method takes (each serves a group of H / Hkv query heads its own way). The model's own default
+  core (:func:`eager_gqa_attention`) expands k and v itself. Where the core has a ``qkv_fn`` (a method's
+  native ``attention_qkv``), it gets the unsplit (B, T, (H + 2 Hkv) d) projection with q and k already
+  rotated, and n_kv_head where Hkv < H (``AttentionCore.attend_qkv``).
 * loss: ``loss_fn(logits (B*T, V), targets)``, or in the ``linear`` form ``loss_fn(hidden (B*T, C),
   lm_head.weight, targets)`` (the tied weight, when tied).
 
@@ -31,6 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kernels.layouts import expand_kv
 from models.gpt import GPT, AttentionCore, LossFn, SelfAttention, eager_attention, head_and_loss
 
 
@@ -63,12 +65,8 @@ class LlamaConfig:
         return self.n_embd // self.n_head
 
 
-def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """k or v (B, Hkv, T, d) expanded to (B, Hkv * groups, T, d): query head h reads kv head h // groups."""
-    if groups == 1:
-        return x
-    B, Hkv, T, d = x.shape
-    return x[:, :, None].expand(B, Hkv, groups, T, d).reshape(B, Hkv * groups, T, d)  # (B, H, T, d)
+#: k or v (B, Hkv, T, d) expanded to (B, Hkv * groups, T, d): query head h reads kv head h // groups
+repeat_kv = expand_kv
 
 
 def eager_gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool,
@@ -114,9 +112,9 @@ class LlamaAttention(SelfAttention):
         qk, v = heads.split([H + Hkv, Hkv], dim=2)  # (B, T, H + Hkv, d), (B, T, Hkv, d)
         qk = apply_rope(qk, cos, sin)  # q and k turned by their positions, one pass over both
         core = self.core
-        if Hkv == H and isinstance(core, AttentionCore) and core.qkv_fn is not None:
-            # the method's attention_qkv takes the projection's layout (B, T, 3C), q and k rotated
-            y = core.attend_qkv(torch.cat((qk, v), dim=2).view(B, T, 3 * H * d), H)  # (B, H, T, d)
+        if isinstance(core, AttentionCore) and core.qkv_fn is not None:
+            # the method's attention_qkv takes the projection's layout (B, T, (H + 2 Hkv) d), q and k rotated
+            y = core.attend_qkv(torch.cat((qk, v), dim=2).view(B, T, (H + 2 * Hkv) * d), H, Hkv)  # (B, H, T, d)
         else:
             q, k = qk.split([H, Hkv], dim=2)  # (B, T, H, d), (B, T, Hkv, d)
             y = core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (B, H, T, d); k, v (B, Hkv, T, d)

@@ -95,28 +95,24 @@ def test_the_attention_seam_gets_k_and_v_unexpanded():
     assert all(a.core.attention_fn is eager_gqa_attention for a in attention_cores(model))
 
 
-def test_qkv_fn_takes_the_rotated_projection_only_when_kv_heads_equal_heads():
+def test_qkv_fn_takes_the_rotated_projection_with_n_kv_head_where_grouped():
     from kernels.contract import split_qkv
 
     torch.manual_seed(0)
     calls = []
 
-    def qkv_fn(qkv, n_head, scale, causal, dropout_p):
-        calls.append((tuple(qkv.shape), n_head))
-        return eager_attention(*split_qkv(qkv, n_head), scale, causal, dropout_p)
-
-    def never(*args):
-        raise AssertionError("qkv_fn called with n_kv_head < n_head")
+    def qkv_fn(qkv, n_head, scale, causal, dropout_p, *kv):
+        calls.append((tuple(qkv.shape), n_head, *kv))
+        return eager_gqa_attention(*split_qkv(qkv, n_head, *kv), scale, causal, dropout_p)
 
     idx = torch.randint(0, CFG.vocab_size, (2, 9))
-    grouped = Llama(CFG)
-    set_attention(grouped, eager_gqa_attention, never)
-    loss_of(grouped, idx).backward()  # split by the model itself, qkv_fn never called
-    full = Llama(config(n_kv_head=4))
-    split = loss_of(full, idx)
-    set_attention(full, eager_attention, qkv_fn)
-    torch.testing.assert_close(loss_of(full, idx), split, rtol=1e-6, atol=1e-6)
-    assert calls == [((2, 9, 3 * 64), 4)] * CFG.n_layer
+    for kv in (2, 4):  # grouped: n_kv_head as a sixth argument; full heads: today's five
+        calls.clear()
+        model = Llama(config(n_kv_head=kv))
+        split = loss_of(model, idx)  # split by the model itself
+        set_attention(model, eager_gqa_attention, qkv_fn)
+        torch.testing.assert_close(loss_of(model, idx), split, rtol=1e-6, atol=1e-6)
+        assert calls == [((2, 9, (4 + 2 * kv) * 16), 4, *([kv] if kv < 4 else []))] * CFG.n_layer
 
 
 def test_rope_turns_q_and_k_so_that_their_product_depends_on_the_distance_only():
@@ -178,7 +174,6 @@ def test_flops_per_token_by_hand():
     (["model.n_kv_head=3"], ["model.n_kv_head=3", "a divisor of model.n_head (4)"]),
     (["model.n_embd=66"], ["model.n_embd=66", "a multiple of model.n_head (4)"]),
     (["model.n_embd=72", "model.n_head=8", "model.n_kv_head=8"], ["model.n_embd=72", "even head dimension", "9"]),
-    ([], ["accel.patch=['attention', 'loss']", "model.n_kv_head=2 < model.n_head=4", "accel.patch"]),
     (["model.bias=true", "accel.patch=[loss]"], ["model.bias=True", "model.qkv_bias"]),
     (["model.mlp_hidden=null", "accel.patch=[loss]"], ["model.mlp_hidden=None", "SwiGLU"]),
     (["model.family=bert"], ["model.family='bert'", "gpt, llama"]),
@@ -188,6 +183,12 @@ def test_bad_llama_combinations_are_refused_naming_the_values(overrides, words):
         validate(compose_cfg("model=llama_tiny", *overrides))
     for w in words:
         assert w in str(e.value)
+
+
+def test_grouped_kv_heads_are_accepted_with_the_attention_patched():
+    cfg = compose_cfg("model=llama_tiny")
+    assert cfg.model.n_kv_head < cfg.model.n_head and "attention" in cfg.accel.patch
+    validate(cfg)  # every method's attention takes grouped k and v
 
 
 def test_a_gpt_refuses_the_llama_keys():

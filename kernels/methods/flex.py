@@ -11,6 +11,8 @@ recompile and many shapes never hit Dynamo's recompile limit. Inside a region to
 already tracing (whole-model compile), flex_attention is called directly and traced with the model.
 Dropout is refused (FlexAttention has none; sdpa or a composed method drops out). This torch runs
 FlexAttention's forward on the CPU but has no CPU backward, so the method needs a CUDA GPU.
+Grouped-query attention (k and v with fewer heads than q) through FlexAttention's own
+``enable_gqa=True``: k and v are never expanded.
 """
 
 from __future__ import annotations
@@ -66,8 +68,8 @@ def causal_block_mask(tq: int, tk: int, device: torch.device):
     return mask
 
 
-def _flex_call(q, k, v, block_mask, scale):
-    return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
+def _flex_call(q, k, v, block_mask, scale, enable_gqa):
+    return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
 
 
 def _fresh_call(tag: int) -> Callable:
@@ -83,13 +85,14 @@ def flex_attention_fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
             "the methods whose attention is composed from their softmax (torch, naive, compile, triton, cuda)"
         )
     mask = causal_block_mask(q.shape[-2], k.shape[-2], q.device) if causal else None
+    gqa = k.shape[1] != q.shape[1]
     if torch.compiler.is_compiling():
-        return flex_attention(q, k, v, block_mask=mask, scale=scale)
+        return flex_attention(q, k, v, block_mask=mask, scale=scale, enable_gqa=gqa)
     key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, causal)
     fn = _COMPILED.get(key)
     if fn is None:
         fn = _COMPILED[key] = torch.compile(_fresh_call(len(_COMPILED)), dynamic=False, fullgraph=True)
-    return fn(q, k, v, mask, scale)
+    return fn(q, k, v, mask, scale, gqa)
 
 
 def compiled_signatures() -> int:

@@ -1,7 +1,10 @@
 """``attention(q, k, v, scale, causal, dropout_p)``
 
-q (B, H, Tq, d), k (B, H, Tk, d), v (B, H, Tk, dv) -> (B, H, Tq, dv) in q's dtype:
-softmax(scale * q k^T) v, the causal mask and fully masked rows as in the softmax (a query with no
+q (B, H, Tq, d), k (B, Hkv, Tk, d), v (B, Hkv, Tk, dv) -> (B, H, Tq, dv) in q's dtype, H a multiple of
+Hkv: softmax(scale * q k^T) v, query head h reading kv head h // (H / Hkv) (grouped-query attention:
+SDPA's ``enable_gqa``, Hugging Face's ``repeat_kv``; Hkv == H is multi-head attention), the gradients
+of k and v summed over their group of query heads; a method receives k and v unexpanded (its own
+code decides how to serve a group); the causal mask and fully masked rows as in the softmax (a query with no
 key gets zeros and zero gradient); scale None means 1/sqrt(d); dropout on the probabilities with
 probability ``dropout_p`` (a method that cannot drop out inside its kernel refuses ``dropout_p > 0``
 with a clear error); any strides.
@@ -35,10 +38,10 @@ def check_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     if not (q.device == k.device == v.device):
         raise ValueError(f"attention needs q, k, v on one device; got {q.device}, {k.device}, {v.device}")
     (B, H, _, d), (kb, kh, tk, kd), (vb, vh, vt, _) = q.shape, k.shape, v.shape  # (unpacked: no Size slices)
-    if not (B == kb == vb and H == kh == vh and tk == vt and d == kd):
+    if not (B == kb == vb and kh == vh and tk == vt and d == kd and kh >= 1 and H % kh == 0):
         raise ValueError(
             f"attention shapes do not match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
-            "(q (B, H, Tq, d), k (B, H, Tk, d), v (B, H, Tk, dv))"
+            "(q (B, H, Tq, d), k (B, Hkv, Tk, d), v (B, Hkv, Tk, dv), with H a multiple of Hkv >= 1)"
         )
     if q.shape[-1] == 0:
         raise ValueError(f"attention needs a head dimension d >= 1; got q of shape {tuple(q.shape)}")
@@ -62,7 +65,8 @@ def wrap(fn: Callable, validate: Optional[Callable[[torch.Tensor], None]]) -> Ca
 def entry(lookup: Lookup) -> Callable:
     def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: Optional[float] = None,
                   causal: bool = True, dropout_p: float = 0.0, method: str = "torch", **options: Any) -> torch.Tensor:
-        """softmax(scale * q k^T, causal) v for q (B, H, Tq, d), k and v (B, H, Tk, d); scale None means
+        """softmax(scale * q k^T, causal) v for q (B, H, Tq, d), k and v (B, Hkv, Tk, d), H a multiple of
+        Hkv (grouped-query attention: query head h reads kv head h // (H / Hkv)); scale None means
         1/sqrt(d) (see :mod:`kernels.ops.attention`)."""
         return lookup(method, "attention", options)(q, k, v, scale, causal, dropout_p)
 
@@ -70,10 +74,15 @@ def entry(lookup: Lookup) -> Callable:
 
 
 def gate_case(shapes: RunShapes, heads: int, seed: int = 0) -> GateCase:
-    """Causal q, k, v (1, heads, T, head dim); the output and the three input gradients against float64."""
-    shape, dtype = (1, heads, shapes.seq_len, shapes.head_dim), shapes.dtype
+    """Causal q (1, heads, T, head dim), k and v with the run's grouping (``heads`` rounded up to whole
+    groups of H / Hkv query heads); the output and the three input gradients against float64."""
+    groups = shapes.heads // shapes.n_kv_heads
+    kv = max(1, -(-heads // groups))
+    shape, kv_shape, dtype = (1, kv * groups, shapes.seq_len, shapes.head_dim), (1, kv, shapes.seq_len,
+                                                                                shapes.head_dim), shapes.dtype
     g = torch.Generator().manual_seed(seed)
-    q, k, v, dout = (torch.randn(shape, generator=g).to(device=shapes.device, dtype=dtype) for _ in range(4))
+    q, k, v, dout = (torch.randn(s, generator=g).to(device=shapes.device, dtype=dtype)
+                     for s in (shape, kv_shape, kv_shape, shape))
     qkv = [t.requires_grad_(True) for t in (q, k, v)]
 
     def judge(out: torch.Tensor) -> Judged:

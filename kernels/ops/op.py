@@ -28,6 +28,16 @@ class RunShapes:
     dtype: torch.dtype
     device: str
     extra: dict = field(default_factory=dict)
+    kv_heads: int = 0  # key/value heads (grouped-query attention); 0: ``heads``
+
+    def __post_init__(self) -> None:
+        if self.kv_heads and (self.kv_heads < 0 or self.heads % self.kv_heads):
+            raise ValueError(f"RunShapes: kv_heads={self.kv_heads} must divide heads={self.heads} (or be 0: heads)")
+
+    @property
+    def n_kv_heads(self) -> int:
+        """The run's key/value heads (``heads`` without grouped-query attention)."""
+        return self.kv_heads or self.heads
 
 
 @dataclass
