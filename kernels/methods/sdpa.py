@@ -11,6 +11,7 @@ import contextlib
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kernels.registry import Method, register
 
@@ -20,8 +21,6 @@ BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
 def _backend_context(backend: str):
     if backend == "auto":
         return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     kind = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[backend]
     return sdpa_kernel(kind)
