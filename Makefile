@@ -20,7 +20,7 @@ TORCH_INDEX ?= $(TORCH_CPU_INDEX)
 endif
 TORCH_WANTED := $(TORCH_SPEC) index=$(or $(TORCH_INDEX),pip-default)
 
-.PHONY: setup train test FORCE
+.PHONY: setup train test test-slow test-all FORCE
 
 # Holds the torch this .venv should have; rewritten only when TORCH_SPEC or TORCH_INDEX changes, which
 # makes .installed out of date and reinstalls.
@@ -47,5 +47,14 @@ train: setup
 	  $(BIN)/python -m harness.train model=tiny trainer=cpu $(ARGS); \
 	fi
 
+# `make test`: the default set, every behaviour with at least one fast case (a few minutes on 2 CPU
+# cores); the tests marked slow (the other sizes and dtypes of a kernel test, whole training runs) are
+# run by `make test-slow` alone, and by `make test-all` with the rest. CI runs test, then test-slow.
 test: setup
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+test-slow: setup
+	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
+
+test-all: setup
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -46,13 +46,13 @@ def fake_make(tmp_path):
         smi.write_text(f"#!/bin/sh\nexit {0 if works else 1}\n")
         smi.chmod(0o755)
 
-    def run(*variables: str, env_extra: dict | None = None) -> tuple[str, list[str]]:
+    def run(*variables: str, env_extra: dict | None = None, target: str = "setup") -> tuple[str, list[str]]:
         before = log.read_text().splitlines() if log.exists() else []
         # the outer make (make test) must not leak its variables into this one
         env = {k: v for k, v in os.environ.items()
                if k not in ("TORCH_SPEC", "TORCH_INDEX", "MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
         env.update({"PATH": f"{bin_dir}{os.pathsep}{env['PATH']}", "FAKE_LOG": str(log), **(env_extra or {})})
-        r = subprocess.run(["make", "-C", str(ROOT), "setup", f"PYTHON={python}", f"VENV={tmp_path / 'venv'}",
+        r = subprocess.run(["make", "-C", str(ROOT), target, f"PYTHON={python}", f"VENV={tmp_path / 'venv'}",
                             *variables], capture_output=True, text=True, env=env, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
         after = log.read_text().splitlines() if log.exists() else []
@@ -91,3 +91,18 @@ def test_makefile_falls_back_to_the_default_index_and_uses_it_on_a_gpu(fake_make
     out, calls = fake_make()
     assert "a GPU is here" in out
     assert "-m pip install -q torch" in calls and not any("--index-url" in c for c in calls)
+
+
+def test_make_test_leaves_the_slow_tests_to_test_slow_and_test_all_runs_every_one(fake_make):
+    fake_make()  # set up once
+    _, calls = fake_make(target="test")
+    assert calls == ["-m pytest -q -m not slow"]
+    _, calls = fake_make(target="test-slow")
+    assert calls == ["-m pytest -q -m slow"]
+    _, calls = fake_make(target="test-all")
+    assert calls == ["-m pytest -q"]
+
+
+def test_ci_runs_the_default_set_and_then_the_slow_tests():
+    lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert lines.index("time make test") < lines.index("time make test-slow")
