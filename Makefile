@@ -30,7 +30,7 @@ $(VENV)/.torch-wanted: FORCE
 
 $(VENV)/.installed: pyproject.toml $(VENV)/.torch-wanted
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@echo "make: $(if $(HAVE_GPU),a GPU is here (nvidia-smi),no GPU here (no nvidia-smi or it failed)): installing $(TORCH_SPEC) from $(or $(TORCH_INDEX),pip's default index)"
+	@echo "make: $(if $(HAVE_GPU),a GPU is here (nvidia-smi),no GPU here (no nvidia-smi or it failed)): installing $(TORCH_SPEC) from $(or $(TORCH_INDEX),pip's configured indexes/find-links)"
 	@sh scripts/install_torch.sh $(BIN)/python '$(TORCH_SPEC)' '$(TORCH_INDEX)' '$(TORCH_WANTED)' $(VENV)/.torch-installed
 	$(BIN)/python -m pip install -q -e '.[test]'
 	@touch $@

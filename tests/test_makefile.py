@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,33 @@ def test_make_test_leaves_the_slow_tests_to_test_slow_and_test_all_runs_every_on
 def test_ci_runs_the_default_set_and_then_the_slow_tests():
     lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert lines.index("time make test") < lines.index("time make test-slow")
+
+
+REPORTING_PYTHON = """#!/bin/sh
+# pip: writes the install report pip would (torch from a local wheel); anything else: the real python
+case "$1 $2" in
+  "-m pip") [ -n "${PIP_REPORT:-}" ] && printf '%s' "$REPORT_JSON" > "$PIP_REPORT"; exit 0 ;;
+esac
+exec "$REAL_PYTHON" "$@"
+"""
+
+
+def test_install_torch_names_the_local_wheel_pip_really_took(tmp_path):
+    python = tmp_path / "python"
+    python.write_text(REPORTING_PYTHON)
+    python.chmod(0o755)
+    wheel = "/wheels/torch-2.13.0+cpu-cp311-linux_x86_64.whl"
+    report = ('{"install": [{"metadata": {"name": "torch"}, "download_info": {"url": "file://' + wheel + '"}}]}')
+    stand_in = tmp_path / "site" / "torch"  # a torch stand-in: importing the real one takes seconds
+    stand_in.mkdir(parents=True)
+    (stand_in / "__init__.py").write_text("__version__ = '2.13.0+cpu'\n\nclass version:\n    cuda = None\n")
+    env = {**os.environ, "REAL_PYTHON": sys.executable, "REPORT_JSON": report, "PYTHONPATH": str(stand_in.parent)}
+    r = subprocess.run(["sh", str(ROOT / "scripts" / "install_torch.sh"), str(python), "torch", CPU_INDEX, "w",
+                        str(tmp_path / "stamp")], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert f"from a local wheel, {wheel}" in r.stdout and CPU_INDEX not in r.stdout
+    # no report (torch already there): pip's own configuration is named, not an index it may not have used
+    env["REPORT_JSON"] = "{}"
+    r = subprocess.run(["sh", str(ROOT / "scripts" / "install_torch.sh"), str(python), "torch", "", "w",
+                        str(tmp_path / "stamp")], capture_output=True, text=True, env=env, timeout=60)
+    assert "from pip's configured indexes/find-links" in r.stdout, r.stdout + r.stderr
