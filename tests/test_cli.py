@@ -35,6 +35,7 @@ def _precheck(capsys, *argv, config="config", validate=validate_with_data) -> tu
     (["+seeds=3"], ["Did you mean 'seed'?"]),
     (["model=tiny", "trainer.max_steps=0"], ["trainer.max_steps=0 is not accepted"]),
     (["accel=[a"], ["cannot read the command line"]),
+    (["trainer=cpu,ddp"], ["trainer=cpu,ddp gives several values", "use -m to sweep"]),  # not Hydra's traceback
 ])
 def test_user_errors_are_one_paragraph_with_exit_status_2(capsys, argv, words):
     code, err = _precheck(capsys, *argv)
