@@ -10,6 +10,7 @@ from harness.availability import runnable_accel_names
 from harness.cli import precheck_overrides
 from harness.config import CONF_DIR, accel_names
 from harness.help import help_text
+from harness.report import main as report_main
 from harness.study.checks import validate_study
 from harness.train import validate_with_data
 from tests.test_train import run_cli
@@ -94,6 +95,14 @@ def test_help_lists_methods_with_availability_models_data_and_keys():
     assert "optimizer steps to train" in text  # meanings come from harness/config.py's comments
     study = help_text("study", CONF_DIR, "study")
     assert "study.methods=null" in study and "study.parity_k=3.0" in study and "study.repeats=1" in study
+    assert "model=tiny trainer=cpu study.methods=[naive,torch] study.compiled=[]" in study  # a CPU example
+
+
+def test_report_help_has_no_rst_markup(capsys):
+    with pytest.raises(SystemExit):
+        report_main(["--help"])
+    out = capsys.readouterr().out
+    assert "Build a study-style report" in out and "``" not in out
 
 
 @pytest.mark.parametrize("argv,words", [
