@@ -2,8 +2,9 @@
 percent, the loss), and no third-party noise the user cannot act on.
 
 The filters are targeted: one Lightning deprecation warning that Lightning itself triggers, Lightning's
-advertising tips and its TPU/HPU lines, W&B's warning about a setting Lightning passes, and, when a run
-resumes, Lightning's warning that its checkpoint directory is not empty. Every other warning and log
+advertising tips, its TPU/HPU lines and its note on the limit_val_batches the harness sets, W&B's
+warning about a setting Lightning passes, and, when a run resumes, Lightning's warning that its
+checkpoint directory is not empty. Every other warning and log
 line still shows.
 """
 
@@ -22,7 +23,8 @@ from rich.text import Text
 from harness.throughput import NOISY_SPREAD
 
 #: Lightning's INFO lines (logger lightning.pytorch.utilities.rank_zero) that say nothing about this run
-_LIGHTNING_NOISE = ("💡 Tip:", "TPU available:", "HPU available:")
+#: (limit_val_batches: the harness sets it on purpose, from trainer.val_batches, on every run)
+_LIGHTNING_NOISE = ("💡 Tip:", "TPU available:", "HPU available:", "`Trainer(limit_val_batches=")
 
 
 class _DropLines(logging.Filter):

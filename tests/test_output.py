@@ -79,7 +79,9 @@ def test_third_party_noise_is_filtered_and_nothing_else(caplog):
         rank_zero_info("💡 Tip: For seamless cloud logging ... litlogger")
         rank_zero_info("TPU available: False, using: 0 TPU cores")
         rank_zero_info("`Trainer.fit` stopped: `max_steps=3` reached.")
+        rank_zero_info("`Trainer(limit_val_batches=1)` was configured so 1 batch will be used.")
     assert "litlogger" not in caplog.text and "TPU" not in caplog.text and "max_steps=3" in caplog.text
+    assert "limit_val_batches" not in caplog.text
 
 
 def test_wandb_logger_does_not_pass_the_deprecated_anonymous_setting(tmp_path):
