@@ -92,8 +92,8 @@ def help_text(app: str, conf_dir: str, config_name: str) -> str:
               f"Configs: {conf_dir}"]
     if app == "study":
         lines += ["Examples:", "  python -m harness.study model=small study.methods=[torch,triton,cuda] study.compiled=[]",
-                  "  python -m harness.study model=tiny trainer=cpu study.methods=[naive,torch] study.compiled=[]"
-                  "   # a quick CPU study"]
+                  "  python -m harness.study model=tiny trainer=cpu study.methods=[naive,torch] study.compiled=[] "
+                  "trainer.max_steps=20   # a small study on a CPU (the vocabulary stays 50304: minutes)"]
     else:
         lines += ["Examples:", "  python -m harness.train accel=triton model=gpt2s",
                   "  python -m harness.train model=tiny trainer=cpu          # a quick CPU run",

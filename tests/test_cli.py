@@ -95,7 +95,7 @@ def test_help_lists_methods_with_availability_models_data_and_keys():
     assert "optimizer steps to train" in text  # meanings come from harness/config.py's comments
     study = help_text("study", CONF_DIR, "study")
     assert "study.methods=null" in study and "study.parity_k=3.0" in study and "study.repeats=1" in study
-    assert "model=tiny trainer=cpu study.methods=[naive,torch] study.compiled=[]" in study  # a CPU example
+    assert "model=tiny trainer=cpu study.methods=[naive,torch] study.compiled=[] trainer.max_steps=20" in study
 
 
 def test_report_help_has_no_rst_markup(capsys):
