@@ -20,7 +20,7 @@ TORCH_INDEX ?= $(TORCH_CPU_INDEX)
 endif
 TORCH_WANTED := $(TORCH_SPEC) index=$(or $(TORCH_INDEX),pip-default)
 
-.PHONY: setup train test FORCE
+.PHONY: setup train test test-slow test-all FORCE
 
 # Holds the torch this .venv should have; rewritten only when TORCH_SPEC or TORCH_INDEX changes, which
 # makes .installed out of date and reinstalls.
@@ -30,7 +30,7 @@ $(VENV)/.torch-wanted: FORCE
 
 $(VENV)/.installed: pyproject.toml $(VENV)/.torch-wanted
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@echo "make: $(if $(HAVE_GPU),a GPU is here (nvidia-smi),no GPU here (no nvidia-smi or it failed)): installing $(TORCH_SPEC) from $(or $(TORCH_INDEX),pip's default index)"
+	@echo "make: $(if $(HAVE_GPU),a GPU is here (nvidia-smi),no GPU here (no nvidia-smi or it failed)): installing $(TORCH_SPEC) from $(or $(TORCH_INDEX),pip's configured indexes/find-links)"
 	@sh scripts/install_torch.sh $(BIN)/python '$(TORCH_SPEC)' '$(TORCH_INDEX)' '$(TORCH_WANTED)' $(VENV)/.torch-installed
 	$(BIN)/python -m pip install -q -e '.[test]'
 	@touch $@
@@ -47,5 +47,14 @@ train: setup
 	  $(BIN)/python -m harness.train model=tiny trainer=cpu $(ARGS); \
 	fi
 
+# `make test`: the default set, every behaviour with at least one fast case (a few minutes on 2 CPU
+# cores); the tests marked slow (the other sizes and dtypes of a kernel test, whole training runs) are
+# run by `make test-slow` alone, and by `make test-all` with the rest. CI runs test, then test-slow.
 test: setup
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+test-slow: setup
+	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
+
+test-all: setup
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -32,6 +32,7 @@ that part alone can make the step more than ``step / (step - part)`` times faste
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -39,8 +40,11 @@ from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
+from omegaconf import open_dict
 
 from harness.accel import mark_ops
+from harness.build import accel_applied, build_model, data_seed, seq_len
+from harness.data import BatchStream, make_corpus
 
 
 class _Marks:
@@ -249,13 +253,6 @@ def measure(model: nn.Module, batches: list, applied=None, steps: int = 5, warmu
 def profile_step(cfg, accel):
     """Where one eager training step's time goes for the run ``cfg`` with the accel configuration
     ``accel`` (a study's configuration and variant, every key filled in)."""
-    import copy
-
-    from omegaconf import open_dict
-
-    from harness.build import accel_applied, build_model, data_seed, seq_len
-    from harness.data import BatchStream, make_corpus
-
     device = "cuda" if torch.cuda.is_available() and cfg.trainer.accelerator != "cpu" else "cpu"
     c = copy.deepcopy(cfg)
     with open_dict(c):

@@ -146,6 +146,10 @@ def precheck_overrides(
         overrides = OverridesParser.create().parse_overrides(args)
     except HydraException as exc:
         fail(f"cannot read the command line: {_first_paragraph(exc)}")
+    sweep = next((o.input_line for o in overrides if o.is_sweep_override()), None)
+    if sweep and not is_multirun(flags):  # Hydra's own answer is a multi-line traceback and exit 1
+        fail(f"{sweep} gives several values (a sweep): use -m to sweep over them (e.g. `-m {sweep}`, one run each), "
+             "or give one value.")
     groups = _groups(conf_dir)
     choices, keys, added = [], [], []
     for o in overrides:

@@ -2,8 +2,9 @@
 percent, the loss), and no third-party noise the user cannot act on.
 
 The filters are targeted: one Lightning deprecation warning that Lightning itself triggers, Lightning's
-advertising tips and its TPU/HPU lines, W&B's warning about a setting Lightning passes, and, when a run
-resumes, Lightning's warning that its checkpoint directory is not empty. Every other warning and log
+advertising tips, its TPU/HPU lines and its note on the limit_val_batches the harness sets, W&B's
+warning about a setting Lightning passes, and, when a run resumes, Lightning's warning that its
+checkpoint directory is not empty. Every other warning and log
 line still shows.
 """
 
@@ -22,7 +23,8 @@ from rich.text import Text
 from harness.throughput import NOISY_SPREAD
 
 #: Lightning's INFO lines (logger lightning.pytorch.utilities.rank_zero) that say nothing about this run
-_LIGHTNING_NOISE = ("💡 Tip:", "TPU available:", "HPU available:")
+#: (limit_val_batches: the harness sets it on purpose, from trainer.val_batches, on every run)
+_LIGHTNING_NOISE = ("💡 Tip:", "TPU available:", "HPU available:", "`Trainer(limit_val_batches=")
 
 
 class _DropLines(logging.Filter):
@@ -120,8 +122,19 @@ class HarnessProgressBar(TQDMProgressBar):
     with ``prog_bar=True``: Lightning converts such metrics to Python numbers after every batch, whether a bar
     shows them or not, a host-device synchronization each step (Lightning-AI/pytorch-lightning#21232)."""
 
+    def __init__(self, refresh_rate: int = 1, loss_computed: bool = True, **kwargs: Any):
+        super().__init__(refresh_rate=refresh_rate, **kwargs)
+        self.loss_computed = loss_computed
+
     def get_metrics(self, trainer, pl_module) -> dict[str, Any]:
-        return bar_metrics(dict(trainer.callback_metrics))
+        shown = bar_metrics(dict(trainer.callback_metrics))
+        return shown if self.loss_computed else without_loss(shown)
+
+
+def without_loss(shown: dict[str, Any]) -> dict[str, Any]:
+    """The bar's figures for a timing-only method (registered exact=False, e.g. ``floor``): what it logs as
+    a loss is no loss (the floor reads the logits once and returns a stand-in), so "-" is shown instead."""
+    return {k: ("-" if k in ("loss", "val_loss") else v) for k, v in shown.items()}
 
 
 def done_message(results: dict, label: str, device: str, summary, run_dir: Path, logger_name: str) -> str:
@@ -131,6 +144,8 @@ def done_message(results: dict, label: str, device: str, summary, run_dir: Path,
     windows = f"{summary.windows} window" + ("" if summary.windows == 1 else "s")
     loss = results.get("final_train_loss")
     loss_text = f"{loss:.4f}" if isinstance(loss, float) else str(loss)
+    if results.get("exact") is False:  # a timing-only method computes no loss
+        loss_text = "n/a (timing only)"
     noisy = (f", NOISY: step p90/p50 {summary.step_ms_spread:.2f} > {NOISY_SPREAD:.2f}, something else ran on the "
              "machine or the clocks moved" if getattr(summary, "noisy", False) else "")
     lines = [f"[bold]harness[/]: done: accel={escape(label)} on {escape(device)}: {tps} tokens/s (median of "

@@ -90,7 +90,11 @@ def help_text(app: str, conf_dir: str, config_name: str) -> str:
     lines += ["", "Every key is typed (harness/config.py): a wrong key, type or range fails at once, saying why.",
               "-m a=x,y runs a sweep; --cfg job prints the composed config; --hydra-help: Hydra's own help.",
               f"Configs: {conf_dir}"]
-    if app != "study":
+    if app == "study":
+        lines += ["Examples:", "  python -m harness.study model=small study.methods=[torch,triton,cuda] study.compiled=[]",
+                  "  python -m harness.study model=tiny trainer=cpu study.methods=[naive,torch] study.compiled=[] "
+                  "trainer.max_steps=20   # a small study on a CPU (the vocabulary stays 50304: minutes)"]
+    else:
         lines += ["Examples:", "  python -m harness.train accel=triton model=gpt2s",
                   "  python -m harness.train model=tiny trainer=cpu          # a quick CPU run",
                   "  python -m harness.train resume=outputs/runs/<run>       # continue an interrupted run",

@@ -54,7 +54,9 @@ class GracefulStop(Callback):
 
     def save(self, trainer) -> Path:
         path = self.ckpt_dir / "last.ckpt"
-        trainer.save_checkpoint(str(path))
+        # the full state (optimizer, loops, callbacks) a resume needs, said explicitly: left unset, Lightning
+        # logs "`weights_only` was not set" on every graceful stop
+        trainer.save_checkpoint(str(path), weights_only=False)
         return path
 
     def restore_handlers(self) -> None:

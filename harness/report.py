@@ -15,7 +15,7 @@ from harness.study.from_runs import build_report, default_out
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__.split("\n\n")[0].replace("``", ""))  # (RST markup)
     p.add_argument("root", type=Path, help="a directory holding runs (results.json files), e.g. a sweep dir")
     p.add_argument("--out", type=Path, default=None,
                    help="where to write the report (default: a new <root>-report-<time> beside root)")

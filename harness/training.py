@@ -76,7 +76,8 @@ def run_training(
     task, dm = task_and_data(run)
     logger = open_logger(run, group)
     monitor = throughput_monitor(run)
-    callbacks, graceful, guard = _callbacks(cfg, run.run_dir, monitor, extra_callbacks)
+    callbacks, graceful, guard = _callbacks(cfg, run.run_dir, monitor, extra_callbacks,
+                                            loss_computed=all(m.exact for m in run.methods))
     trainer = make_trainer(run, logger, callbacks)
     failure = fit(run, trainer, task, dm, graceful)
     status = ("failed" if failure is not None else "interrupted" if graceful.requested
@@ -225,10 +226,11 @@ def throughput_monitor(run: Run) -> ThroughputMonitor:
     )
 
 
-def _callbacks(cfg: DictConfig, run_dir: Path, monitor, extra: tuple):
+def _callbacks(cfg: DictConfig, run_dir: Path, monitor, extra: tuple, loss_computed: bool = True):
     graceful = GracefulStop(run_dir / "checkpoints")
     guard = NonFiniteLossGuard(cfg.trainer.window, cfg.accel.name, cfg.trainer.on_nonfinite)
-    callbacks: list = [monitor, guard, graceful, HarnessProgressBar(refresh_rate=cfg.trainer.window), *extra]
+    callbacks: list = [monitor, guard, graceful, HarnessProgressBar(refresh_rate=cfg.trainer.window, loss_computed=loss_computed),
+                       *extra]
     if cfg.trainer.ckpt_every:
         callbacks.append(ModelCheckpoint(
             dirpath=str(run_dir / "checkpoints"), filename="step{step}", every_n_train_steps=cfg.trainer.ckpt_every,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Optional
 
+import kernels.methods as method_modules
 from kernels import ops
 from kernels.method import Method
 
@@ -91,11 +92,9 @@ def load_methods() -> None:
     if _LOADED:
         return
     _LOADED = True
-    import kernels.methods as pkg
-
-    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+    for info in sorted(pkgutil.iter_modules(method_modules.__path__), key=lambda m: m.name):
         if not info.name.startswith("_"):
-            importlib.import_module(f"{pkg.__name__}.{info.name}")
+            importlib.import_module(f"{method_modules.__name__}.{info.name}")
 
 
 def _availability(m: Method) -> Availability:

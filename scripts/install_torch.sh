@@ -4,7 +4,8 @@
 #   install_torch.sh PYTHON SPEC INDEX WANTED STAMP
 # PYTHON: the environment's python; SPEC: the requirement (torch, torch==2.13.0); INDEX: the index
 # to take it from (empty: pip's own configuration; when it cannot be reached or lacks SPEC, pip's
-# default index is used instead, said out loud); WANTED: what STAMP records once it is installed. A
+# default index is used instead, said out loud); the line it ends with names where pip really took
+# torch from (pip's install report); WANTED: what STAMP records once it is installed. A
 # STAMP that records something else means torch was installed from another spec or index: it is
 # uninstalled first, since pip would otherwise keep it as "already satisfied".
 set -eu
@@ -16,7 +17,12 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" != "$wanted" ]; then
 fi
 rm -f "$stamp"
 
-from="pip's default index"
+# pip writes what it installed, and from where, to this report (PIP_REPORT is pip's --report, set
+# through the environment so the commands stay as they are): an index may be named while pip's
+# find-links hand it a local wheel, and make must say where torch really came from
+report=$(mktemp)
+export PIP_REPORT="$report"
+from="pip's configured indexes/find-links"
 if [ -n "$index" ]; then
   log=$(mktemp)
   # one quick try: an unreachable index must not cost minutes of retries
@@ -33,5 +39,15 @@ else
   "$py" -m pip install -q "$spec"
 fi
 # numpy comes with the project, after torch: torch's warning about it means nothing here
-"$py" -W ignore::UserWarning -c "import sys, torch; b = ('CUDA ' + torch.version.cuda) if torch.version.cuda else 'CPU-only'; print(f'make: installed torch {torch.__version__} ({b} build), from {sys.argv[1]}')" "$from"
+unset PIP_REPORT
+"$py" -W ignore::UserWarning -c "import json, sys, torch
+b = ('CUDA ' + torch.version.cuda) if torch.version.cuda else 'CPU-only'
+try:  # the URL pip took torch from; none when it was already installed (or the report is unreadable)
+    urls = [i['download_info']['url'] for i in json.load(open(sys.argv[2]))['install']
+            if i['metadata']['name'].lower() == 'torch']
+except (OSError, ValueError, KeyError, TypeError):
+    urls = []
+src = sys.argv[1] if not urls else ('a local wheel, ' + urls[0][7:]) if urls[0].startswith('file://') else urls[0]
+print(f'make: installed torch {torch.__version__} ({b} build), from {src}')" "$from" "$report"
+rm -f "$report"
 echo "$wanted" > "$stamp"

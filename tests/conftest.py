@@ -11,6 +11,8 @@ import tempfile
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
+#: the reason every gpu-marked test skips for without a GPU; the summary counts them in one line
+GPU_SKIP = "needs a CUDA GPU"
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -31,10 +33,26 @@ if os.environ.get("CI"):
 def pytest_collection_modifyitems(config, items):
     if HAS_CUDA:
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    skip = pytest.mark.skip(reason=GPU_SKIP)
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def gpu_skips(skipped: list) -> int:
+    """How many of the skipped test reports skipped for want of a GPU (the gpu marker's reason, or a
+    ``skipif`` with the same reason)."""
+    reasons = [r.longrepr[2] if isinstance(r.longrepr, tuple) else str(r.longrepr) for r in skipped]
+    return sum(GPU_SKIP in reason for reason in reasons)
+
+
+def pytest_terminal_summary(terminalreporter):
+    # one line instead of a line per skipped GPU test (addopts -rfE lists failures and errors only)
+    skipped = terminalreporter.stats.get("skipped", [])
+    gpu = gpu_skips(skipped)
+    if skipped:
+        terminalreporter.write_line(f"{gpu} of {len(skipped)} skipped tests need a CUDA GPU"
+                                    + ("" if HAS_CUDA else " (none here)"))
 
 
 @pytest.fixture

@@ -140,6 +140,7 @@ def test_flash_linear_split_is_flash_linear_without_attention_qkv():
     assert applied.attention == "native" and not applied.attention_qkv
 
 
+@pytest.mark.slow
 def test_accel_profile_of_the_attention_twin_names_the_eager_loss():
     from harness.breakdown import profile_step
 

@@ -142,6 +142,7 @@ def test_flash_qkv_refuses_dropout():
         kernels.attention_qkv(_qkv(), 2, dropout_p=0.1, method="flash")
 
 
+@pytest.mark.slow
 @needs_flash
 def test_flash_qkv_opcheck_and_fullgraph_compile():
     from tests.test_flash_attention import SMALL
@@ -330,6 +331,7 @@ def test_gpu_gate_at_a_long_runs_width():
     assert res.passed and res.shape == (1, 4096, 2304), res
 
 
+@pytest.mark.slow
 @needs_flash
 def test_breakdown_brackets_the_qkv_op_the_run_calls():
     from harness.accel import apply_accel

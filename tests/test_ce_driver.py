@@ -192,6 +192,7 @@ def test_default_chunk_rows_keeps_the_extra_memory_small():
     assert default_chunk_rows(10, 50304, 2) == 10 and default_chunk_rows(4, 2**40, 4) == 1
 
 
+@pytest.mark.slow
 def test_fullgraph_compile_equals_eager():
     x = torch.randn(20, 9, requires_grad=True)
     t = _targets(20, 9, ignored=(0, 3, 4))

@@ -10,6 +10,7 @@ from harness.availability import runnable_accel_names
 from harness.cli import precheck_overrides
 from harness.config import CONF_DIR, accel_names
 from harness.help import help_text
+from harness.report import main as report_main
 from harness.study.checks import validate_study
 from harness.train import validate_with_data
 from tests.test_train import run_cli
@@ -35,6 +36,7 @@ def _precheck(capsys, *argv, config="config", validate=validate_with_data) -> tu
     (["+seeds=3"], ["Did you mean 'seed'?"]),
     (["model=tiny", "trainer.max_steps=0"], ["trainer.max_steps=0 is not accepted"]),
     (["accel=[a"], ["cannot read the command line"]),
+    (["trainer=cpu,ddp"], ["trainer=cpu,ddp gives several values", "use -m to sweep"]),  # not Hydra's traceback
 ])
 def test_user_errors_are_one_paragraph_with_exit_status_2(capsys, argv, words):
     code, err = _precheck(capsys, *argv)
@@ -93,6 +95,14 @@ def test_help_lists_methods_with_availability_models_data_and_keys():
     assert "optimizer steps to train" in text  # meanings come from harness/config.py's comments
     study = help_text("study", CONF_DIR, "study")
     assert "study.methods=null" in study and "study.parity_k=3.0" in study and "study.repeats=1" in study
+    assert "model=tiny trainer=cpu study.methods=[naive,torch] study.compiled=[] trainer.max_steps=20" in study
+
+
+def test_report_help_has_no_rst_markup(capsys):
+    with pytest.raises(SystemExit):
+        report_main(["--help"])
+    out = capsys.readouterr().out
+    assert "Build a study-style report" in out and "``" not in out
 
 
 @pytest.mark.parametrize("argv,words", [

@@ -304,6 +304,7 @@ def test_opchecks():
     torch.library.opcheck(lce_bwd, (h, w, t, -100, torch.rand(24, device="cuda"), 8, True, True))
 
 
+@pytest.mark.slow
 def test_fullgraph_compile_equals_eager():
     x, t = _logits(96, 4000, torch.bfloat16), _targets(96, 4000, frac_ignored=0.3)
     h, w = _logits(96, 64, torch.float32), _logits(4000, 64, torch.float32, spread=0.1)
@@ -328,6 +329,7 @@ def test_fullgraph_compile_equals_eager():
         assert relative_error(a, b) <= (1e-2 if a.dtype == torch.bfloat16 else 1e-5)
 
 
+@pytest.mark.slow
 def test_compiled_second_backward_raises_or_is_correct():
     xr = _logits(16, 500, torch.float32).requires_grad_(True)
     t = _targets(16, 500)

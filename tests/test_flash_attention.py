@@ -176,6 +176,7 @@ def test_opcheck():
                               (do, q, k, v, out, lse, 0.25, True))
 
 
+@pytest.mark.slow
 def test_fullgraph_compile_equals_eager():
     q, k, v = make_qkv(1, 2, 20, 20, 16, torch.bfloat16, layout="bthd")
 

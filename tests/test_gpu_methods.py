@@ -195,6 +195,7 @@ def test_opchecks():
     torch.library.opcheck(torch.ops.softmax_harness_cuda.softmax_bwd.default, (y, dy, 0.125, True))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", FUSED)
 def test_fullgraph_compile_of_the_model(method):
     from harness.accel import apply_accel

@@ -17,10 +17,10 @@ ROOT = Path(__file__).resolve().parents[1]
 #: the project's top-level packages, whose modules make the graph
 PACKAGES = ("harness", "kernels", "models")
 #: where an import inside a function must say why it is lazy
-LAZY_RULE_DIRS = ("harness",)
+LAZY_RULE_DIRS = PACKAGES
 #: files there not held to that rule yet (being reworked apart; the rule widens to them, and to
 #: kernels/ and models/, once they say why their lazy imports wait)
-LAZY_RULE_PENDING = ("harness/bench/", "harness/breakdown.py")
+LAZY_RULE_PENDING = ()
 #: what such an import is: a project module, or one of these heavy dependencies
 HEAVY = ("torch", "triton", "lightning", "hydra", "wandb", "matplotlib")
 
@@ -154,3 +154,46 @@ def test_the_graph_reads_what_python_imports():
     graph = import_graph()
     assert "harness.config" in graph["harness.cli"]
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+#: what each package may not import: the layering of docs/architecture.md (harness -> models, kernels)
+FORBIDDEN = {
+    "kernels": ("harness", "models", "lightning", "hydra", "omegaconf", "wandb"),
+    "models": ("harness",),
+}
+#: the only modules of kernels/ that models/ may import (the layout of the attention projection)
+MODELS_MAY_IMPORT = ("kernels.layouts",)
+
+
+def layering_violations() -> list[str]:
+    """``file:line: module`` for every import (at any depth) that crosses the layering above."""
+    modules = project_modules()
+    found = []
+    for module, path in modules.items():
+        top = module.split(".")[0]
+        if top not in FORBIDDEN:
+            continue
+        for node, targets in imports(module, path, modules, ast.parse(path.read_text(), str(path))):
+            found += [f"{path.relative_to(ROOT)}:{node.lineno}: {t}" for t in targets if crosses(top, t)]
+    return found
+
+
+def crosses(top: str, target: str) -> bool:
+    """Whether a module of the package ``top`` may not import ``target``."""
+    head = target.split(".")[0]
+    if top == "models" and head == "kernels":
+        return not any(target == m or target.startswith(m + ".") for m in MODELS_MAY_IMPORT)
+    return head in FORBIDDEN.get(top, ())
+
+
+def test_kernels_and_models_keep_to_their_layer():
+    found = layering_violations()
+    assert not found, ("kernels/ imports nothing of harness/, models/, Lightning, Hydra, OmegaConf or W&B; "
+                       "models/ nothing of harness/ and of kernels/ only kernels.layouts:\n" + "\n".join(found))
+
+
+def test_the_layering_rule_reads_what_it_should():
+    assert crosses("kernels", "omegaconf") and crosses("kernels", "harness.config") and crosses("kernels", "models.gpt")
+    assert crosses("models", "kernels.registry") and crosses("models", "kernels") and crosses("models", "harness.env")
+    assert not crosses("models", "kernels.layouts") and not crosses("kernels", "torch")
+    assert not crosses("harness", "lightning") and not crosses("harness", "kernels.registry")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,13 +47,13 @@ def fake_make(tmp_path):
         smi.write_text(f"#!/bin/sh\nexit {0 if works else 1}\n")
         smi.chmod(0o755)
 
-    def run(*variables: str, env_extra: dict | None = None) -> tuple[str, list[str]]:
+    def run(*variables: str, env_extra: dict | None = None, target: str = "setup") -> tuple[str, list[str]]:
         before = log.read_text().splitlines() if log.exists() else []
         # the outer make (make test) must not leak its variables into this one
         env = {k: v for k, v in os.environ.items()
                if k not in ("TORCH_SPEC", "TORCH_INDEX", "MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
         env.update({"PATH": f"{bin_dir}{os.pathsep}{env['PATH']}", "FAKE_LOG": str(log), **(env_extra or {})})
-        r = subprocess.run(["make", "-C", str(ROOT), "setup", f"PYTHON={python}", f"VENV={tmp_path / 'venv'}",
+        r = subprocess.run(["make", "-C", str(ROOT), target, f"PYTHON={python}", f"VENV={tmp_path / 'venv'}",
                             *variables], capture_output=True, text=True, env=env, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
         after = log.read_text().splitlines() if log.exists() else []
@@ -91,3 +92,48 @@ def test_makefile_falls_back_to_the_default_index_and_uses_it_on_a_gpu(fake_make
     out, calls = fake_make()
     assert "a GPU is here" in out
     assert "-m pip install -q torch" in calls and not any("--index-url" in c for c in calls)
+
+
+def test_make_test_leaves_the_slow_tests_to_test_slow_and_test_all_runs_every_one(fake_make):
+    fake_make()  # set up once
+    _, calls = fake_make(target="test")
+    assert calls == ["-m pytest -q -m not slow"]
+    _, calls = fake_make(target="test-slow")
+    assert calls == ["-m pytest -q -m slow"]
+    _, calls = fake_make(target="test-all")
+    assert calls == ["-m pytest -q"]
+
+
+def test_ci_runs_the_default_set_and_then_the_slow_tests():
+    lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert lines.index("time make test") < lines.index("time make test-slow")
+
+
+REPORTING_PYTHON = """#!/bin/sh
+# pip: writes the install report pip would (torch from a local wheel); anything else: the real python
+case "$1 $2" in
+  "-m pip") [ -n "${PIP_REPORT:-}" ] && printf '%s' "$REPORT_JSON" > "$PIP_REPORT"; exit 0 ;;
+esac
+exec "$REAL_PYTHON" "$@"
+"""
+
+
+def test_install_torch_names_the_local_wheel_pip_really_took(tmp_path):
+    python = tmp_path / "python"
+    python.write_text(REPORTING_PYTHON)
+    python.chmod(0o755)
+    wheel = "/wheels/torch-2.13.0+cpu-cp311-linux_x86_64.whl"
+    report = ('{"install": [{"metadata": {"name": "torch"}, "download_info": {"url": "file://' + wheel + '"}}]}')
+    stand_in = tmp_path / "site" / "torch"  # a torch stand-in: importing the real one takes seconds
+    stand_in.mkdir(parents=True)
+    (stand_in / "__init__.py").write_text("__version__ = '2.13.0+cpu'\n\nclass version:\n    cuda = None\n")
+    env = {**os.environ, "REAL_PYTHON": sys.executable, "REPORT_JSON": report, "PYTHONPATH": str(stand_in.parent)}
+    r = subprocess.run(["sh", str(ROOT / "scripts" / "install_torch.sh"), str(python), "torch", CPU_INDEX, "w",
+                        str(tmp_path / "stamp")], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert f"from a local wheel, {wheel}" in r.stdout and CPU_INDEX not in r.stdout
+    # no report (torch already there): pip's own configuration is named, not an index it may not have used
+    env["REPORT_JSON"] = "{}"
+    r = subprocess.run(["sh", str(ROOT / "scripts" / "install_torch.sh"), str(python), "torch", "", "w",
+                        str(tmp_path / "stamp")], capture_output=True, text=True, env=env, timeout=60)
+    assert "from pip's configured indexes/find-links" in r.stdout, r.stdout + r.stderr

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from harness.console import bar_metrics, done_message, human, quiet_third_party
+from harness.console import HarnessProgressBar, bar_metrics, done_message, human, quiet_third_party
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,6 +25,18 @@ def test_progress_bar_shows_readable_throughput():
                          "val/loss": torch.tensor(2.5), "v_num": "ab12"})
     assert shown == {"loss": "3.142", "val_loss": "2.500", "tok/s": "882k", "step": "45.2ms", "mfu": "31.2%"}
     assert [human(v) for v in (950, 2710, 1_234_567, 12_500_000_000)] == ["950", "2.71k", "1.23M", "12.5G"]
+
+
+def test_a_timing_only_method_shows_no_loss(tmp_path):
+    # accel=floor (exact=False) logs a stand-in, not a loss: the bar and the done line must not show it
+    logged = {"train/loss": torch.tensor(-0.019), "val/loss": torch.tensor(-0.02), "train/tokens_per_s": 5000.0}
+    bar = HarnessProgressBar(refresh_rate=1, loss_computed=False)
+    shown = bar.get_metrics(SimpleNamespace(callback_metrics=logged), None)
+    assert shown == {"loss": "-", "val_loss": "-", "tok/s": "5k"}
+    assert HarnessProgressBar(refresh_rate=1).get_metrics(SimpleNamespace(callback_metrics=logged), None)["loss"] == "-0.019"
+    summary = SimpleNamespace(tokens_per_s=5000.0, windows=1, warmup_s=1.0)
+    text = done_message({"final_train_loss": -0.019, "exact": False}, "floor", "CPU", summary, tmp_path, "none")
+    assert "final loss n/a (timing only)" in text and "-0.019" not in text
 
 
 def test_end_of_run_lines_round_the_loss_and_say_where_things_are(tmp_path):
@@ -67,7 +79,9 @@ def test_third_party_noise_is_filtered_and_nothing_else(caplog):
         rank_zero_info("💡 Tip: For seamless cloud logging ... litlogger")
         rank_zero_info("TPU available: False, using: 0 TPU cores")
         rank_zero_info("`Trainer.fit` stopped: `max_steps=3` reached.")
+        rank_zero_info("`Trainer(limit_val_batches=1)` was configured so 1 batch will be used.")
     assert "litlogger" not in caplog.text and "TPU" not in caplog.text and "max_steps=3" in caplog.text
+    assert "limit_val_batches" not in caplog.text
 
 
 def test_wandb_logger_does_not_pass_the_deprecated_anonymous_setting(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
-from harness.reliability import NonFiniteLossError
+from harness.reliability import GracefulStop, NonFiniteLossError
 from harness.resume import load_resume
 from harness.training import OutputDirError, run_training
 from tests.test_train import compose_cfg, run_cli
@@ -275,3 +275,11 @@ def test_csv_logger_of_a_resumed_run_appends_to_the_run_s_metrics(tmp_path):
         fresh.log_metrics({"train/loss": 1.0}, step=1)
     fresh.save()
     assert len((tmp_path / "csv" / "metrics.csv").read_text().splitlines()) == 2
+
+
+def test_a_graceful_stop_saves_the_full_state_saying_so(tmp_path):
+    # weights_only=False, explicitly: left unset, Lightning logs "`weights_only` was not set" at every stop
+    saved = []
+    trainer = type("T", (), {"save_checkpoint": lambda self, path, **kw: saved.append((path, kw))})()
+    path = GracefulStop(tmp_path).save(trainer)
+    assert saved == [(str(tmp_path / "last.ckpt"), {"weights_only": False})] and path == tmp_path / "last.ckpt"

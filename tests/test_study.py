@@ -246,6 +246,7 @@ def test_context_sweep_charts_and_records_an_oom(tmp_path, monkeypatch):
     assert (tmp_path.parent / "sweep-report" / "scaling.png").exists()
 
 
+@pytest.mark.slow
 def test_model_sweep_runs_each_model_with_its_own_shape(tmp_path):
     """study.sweep=model: a point per model config, labelled by its name, at the model's own context
     and batch (tiny: 128 x 8, not the quick config's 64 x 4), the report's sections named so."""

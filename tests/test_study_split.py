@@ -170,6 +170,7 @@ def test_a_bad_split_fails_fast_on_the_command_line_and_help_lists_the_keys(tmp_
 
 
 
+@pytest.mark.slow
 def test_a_sweep_runs_the_twins_at_every_point(tmp_path, monkeypatch):
     from harness.study import run as study_mod
 

@@ -228,6 +228,7 @@ def test_fullgraph_compile_equals_eager_with_ignored_rows(monkeypatch):
         assert torch.allclose(a.grad, b.grad, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_fullgraph_compile_of_the_model_with_the_triton_loss():
     """The GPT with the triton loss compiles as one graph (on a CPU through AOTAutograd without
     Inductor's C++ code generation, which takes a minute here; the test above runs Inductor)."""

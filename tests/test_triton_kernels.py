@@ -36,7 +36,7 @@ def forced_path(request, monkeypatch):
     tp.clear_plan_cache()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.float16, marks=pytest.mark.slow), torch.bfloat16], ids=str)  # (float16: as bfloat16)
 @pytest.mark.parametrize(
     "shape,causal",
     [((3, 37), False), ((2, 64), False), ((2, 20, 20), True), ((2, 9, 30), True), ((2, 30, 9), True),
@@ -98,7 +98,7 @@ def test_persistent_path_matches_reference(shape, causal, seeded):
     assert kernels.relative_error(dx, dref) <= BWD_TOL[torch.bfloat16]
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.slow), torch.float32], ids=str)  # (float16: as bfloat16)
 @pytest.mark.parametrize("variant", ["reload", "narrow"])
 @pytest.mark.parametrize("shape,causal,rows", [((9, 37), False, 2), ((2, 20, 20), True, 1), ((2, 9, 30), True, 4),
                                               ((2, 30, 9), True, 2)])

@@ -42,6 +42,7 @@ def test_only_the_output_is_saved_for_backward(seeded):
     assert len(saved) == 1 and saved[0].data_ptr() == y.data_ptr()
 
 
+@pytest.mark.slow
 def test_fullgraph_compile_of_a_model_using_it():
     from harness.accel import apply_accel
     from models import GPT, GPTConfig

@@ -28,6 +28,7 @@ import kernels
 from kernels.contract import split_qkv
 from harness.bench.common import (eager_and_graph_ms, error_text, fmt, free_memory, issue_us, parse_names, parse_shapes,
                                   peak_extra_gib, runnable, write_rows_csv)
+from harness.env import environment
 from harness.results import atomic_write_text, write_json
 
 MAX_SCORES_GIB = 4.0
@@ -140,8 +141,6 @@ def measure_attention(method: str, shape: tuple, device: str, rep_ms: int, optio
 
 def run_attention_bench(methods: Optional[list[str]], shapes: list[tuple], out: Path, rep_ms: int = 100,
                         layout: str = "separate") -> list:
-    from harness.env import environment
-
     if layout not in LAYOUTS:
         raise ValueError(f"attention bench layout {layout!r} is not accepted: one of {', '.join(LAYOUTS)}")
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -38,7 +38,9 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 import kernels
+from harness.bench.attention import variants
 from harness.bench.common import error_text, fmt, free_memory, host_us, parse_names, parse_shapes, runnable
+from harness.env import environment
 from harness.results import atomic_write_text, write_json
 
 OPS = ("attention", "softmax")
@@ -173,8 +175,6 @@ def _calls(method: str, options: dict, op: str, shape: tuple, device: str) -> di
 
 def _variants(method: str, op: str) -> list[tuple[str, dict]]:
     if op == "attention":
-        from harness.bench.attention import variants
-
         return variants(method)
     return [(method, {})]
 
@@ -225,8 +225,6 @@ def run_host_profile(methods: Optional[list[str]], op: str, shapes: list[tuple],
                      top: int = 12) -> list[ProfileRow]:
     """Profile every method's op at every shape; host_profile.md and .json are rewritten after each
     method, so a run cut short keeps what it measured."""
-    from harness.env import environment
-
     if op not in OPS:
         raise ValueError(f"host-profile takes the ops {', '.join(OPS)}; got {op!r}")
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -31,6 +31,7 @@ import torch
 
 import kernels
 from harness.bench.common import error_text, host_us, parse_names
+from harness.env import environment
 from harness.results import write_json
 from kernels.runtime import fastlaunch
 
@@ -167,8 +168,6 @@ def _table(rows: list[LaunchRow]) -> str:
 def run_launch_bench(methods: Optional[list[str]], out: Path, calls: int = 200) -> list[LaunchRow]:
     """Measure every row; launch.json and launch.md are rewritten after each one, so a run cut short
     (a time limit on a lent machine) keeps every row it measured, the host's floor first."""
-    from harness.env import environment
-
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out.mkdir(parents=True, exist_ok=True)
     env = environment()

@@ -27,6 +27,7 @@ import kernels
 from harness.bench.common import (eager_and_graph_ms, error_text, fmt, free_memory, issue_us, parse_ints, parse_names,
                                   peak_extra_gib, runnable, write_rows_csv)
 from harness.bench.timing import copy_bandwidth
+from harness.env import environment
 from harness.results import atomic_write_text, write_json
 
 CHECK_ROWS = 256
@@ -201,8 +202,6 @@ def run_loss_bench(methods: Optional[list[str]], vocabs: list[int], tokens: int,
                    rep_ms: int = 100, isolate: Optional[bool] = None) -> list[LossRow]:
     """The table; each vocabulary's rows and the linear rows measured in a process of their own when
     ``isolate`` (None: on a GPU)."""
-    from harness.env import environment
-
     device = "cuda" if torch.cuda.is_available() else "cpu"
     isolate = device == "cuda" if isolate is None else isolate
     copy_gbs = copy_bandwidth(device, nbytes=2**30 if device == "cuda" else 2**22)

@@ -16,16 +16,19 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from hydra import compose, initialize_config_dir
 
+from harness.build import accel_applied, build_model, seq_len
+from harness.config import CONF_DIR
+from harness.data import BatchStream, make_corpus
+from harness.env import environment
 from harness.results import write_json
+from harness.task import make_optimizer, warmup_cosine_lr, whole_model_compiled
+from harness.training import run_training
 
 
 def bare_loop_tokens_per_s(cfg, steps: int, warmup: int) -> float:
     """Train the same model the same way as the harness does, with nothing around it."""
-    from harness.build import build_model, accel_applied, seq_len
-    from harness.data import BatchStream, make_corpus
-    from harness.task import make_optimizer, warmup_cosine_lr, whole_model_compiled
-
     torch.manual_seed(cfg.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     seq = seq_len(cfg)
@@ -65,12 +68,6 @@ def bare_loop_tokens_per_s(cfg, steps: int, warmup: int) -> float:
 
 
 def run_overhead(overrides: list[str], steps: int, rounds: int, out: Path) -> dict:
-    from hydra import compose, initialize_config_dir
-
-    from harness.env import environment
-    from harness.config import CONF_DIR
-    from harness.training import run_training
-
     warmup = 5
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(config_name="config", overrides=[

@@ -29,6 +29,7 @@ from harness.bench.common import (DTYPES, dtype_name, eager_and_graph_ms, error_
                                   parse_ints, parse_names, runnable, write_rows_csv)
 from harness.bench.timing import copy_bandwidth, error_on_device, write_bandwidth
 from harness.bench.tuning.traffic import causal_traffic_ms
+from harness.env import environment
 from harness.results import atomic_write_text, write_json
 
 DEFAULT_SIZES = "128,256,512,1024,2048,4096,8192,16384,32768,65536,262144"
@@ -163,9 +164,11 @@ def _sum(a: Optional[float], b: Optional[float]) -> Optional[float]:
 
 
 def plot(rows: list[KernelRow], copy_gbs: float, path: Path, dtype: str) -> None:
+    # matplotlib loads only when a chart is drawn (heavy, and not needed for the tables)
     import matplotlib
 
     matplotlib.use("Agg")
+    # after use("Agg"): pyplot picks its backend when it is first imported
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
@@ -203,8 +206,6 @@ class KernelBench:
 def run_kernel_bench(methods: Optional[list[str]], sizes: list[int], elements: int, dtype: str, fp32_sizes: list[int],
                      attention_shape: Optional[tuple], out: Path, rep_ms: int = 100,
                      baselines: tuple = DEFAULT_BASELINES) -> KernelBench:
-    from harness.env import environment
-
     methods = methods or default_methods()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     env = environment()

@@ -20,6 +20,7 @@ import contextlib
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kernels.registry import Method, register
 
@@ -31,8 +32,6 @@ GQA_BACKENDS = ("auto", "flash", "math")
 def _backend_context(backend: str):
     if backend == "auto":
         return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     kind = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[backend]
     return sdpa_kernel(kind)

@@ -88,9 +88,10 @@ def _setup() -> None:
     try:
         if triton is None or _spec is None or interpreter_enabled():
             raise RuntimeError("Triton's interpreter (or no Triton)")
+        # Triton's runtime internals: only for a compiled (non-interpreted) Triton, checked just above
         from triton import knobs
-        from triton.runtime import jit
-        from triton.runtime.driver import driver
+        from triton.runtime import jit  # (as knobs, above)
+        from triton.runtime.driver import driver  # (as knobs, above)
 
         why, knob_names, none_names = check_run_source(inspect.getsource(jit.JITFunction.run), _force)
         if why:

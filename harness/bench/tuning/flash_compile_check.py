@@ -92,6 +92,7 @@ def compile_call(fn, args, kw, target: GPUTarget) -> dict:
     opts = backend.parse_options({k: kw.get(k, default) for k, default in _OPTIONS.items()})
     source = ASTSource
     if getattr(fn, "is_gluon", lambda: False)():
+        # Gluon is experimental and absent from some Triton builds: only a Gluon kernel needs it
         from triton.experimental.gluon._runtime import GluonASTSource as source
     k = triton.compile(source(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=target,
                        options=opts.__dict__)

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from harness.bench.timing import bench_ms, error_on_device
 from kernels.methods.flash import plan as plans
@@ -242,9 +244,6 @@ class Sweep:
     def baselines(self, tag, q, k, v, do, scale, causal, fl) -> None:
         if q.shape[2] != k.shape[2] or not torch.cuda.is_available():
             return
-        import torch.nn.functional as F
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
         for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION)):
             qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
 

@@ -40,7 +40,7 @@ def causal_traffic_ms(shape: tuple, dtype: torch.dtype, device: str, rep_ms: int
 def _causal_traffic_kernel():
     # (lazy: the kernel is defined on a table's first ask, once availability has said Triton runs here)
     import triton
-    import triton.language as tl
+    import triton.language as tl  # (as triton, above)
 
     @triton.jit
     def causal_traffic(X, Y, n_rows, n_cols, tq, diag, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):

@@ -42,6 +42,7 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
 
 from kernels import linear_ce
+from kernels.contract import check_linear_cross_entropy
 from kernels.methods.triton.cross_entropy.launch import count_targets, defers_scale, launch_ce, reduce_loss, validate
 from kernels.methods.triton.cross_entropy.op import SECOND_BACKWARD, triton_cross_entropy_bwd
 
@@ -138,8 +139,6 @@ def _chunked(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int,
 
 
 def _check_op_input(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, reduction: str) -> None:
-    from kernels.contract import check_linear_cross_entropy
-
     check_linear_cross_entropy(hidden, weight, targets, ignore_index, reduction)
     if hidden.dim() != 2 or targets.dtype != torch.int64 or hidden.dtype != weight.dtype:
         raise ValueError("the triton linear cross-entropy op takes hidden (N, C) and weight (V, C) of one "

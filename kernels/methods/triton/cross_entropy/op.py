@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from kernels.contract import check_cross_entropy
 from kernels.methods.triton.cross_entropy.launch import (
     defers_scale,
     forward,
@@ -39,8 +40,6 @@ from kernels.methods.triton.cross_entropy.launch import (
 # torch ops
 # ------------------------------------------------------------------------------------------------
 def _check_op_input(logits: Tensor, targets: Tensor, ignore_index: int, reduction: str) -> None:
-    from kernels.contract import check_cross_entropy
-
     check_cross_entropy(logits, targets, ignore_index, reduction)
     if logits.dim() != 2 or targets.dtype != torch.int64:
         raise ValueError("the triton cross-entropy op takes logits (N, V) and int64 targets (N,)")

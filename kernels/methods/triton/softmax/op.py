@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels.contract import check_scores
 from kernels.methods.triton.softmax.launch import launch_bwd, launch_fwd
 from kernels.runtime.availability import require_gpu_tensor
 
@@ -22,8 +23,6 @@ def validate(x: torch.Tensor) -> None:
 
 
 def _check_op_input(x: torch.Tensor, causal: bool) -> None:
-    from kernels.contract import check_scores
-
     check_scores(x, causal)
     validate(x)
 
