@@ -25,6 +25,8 @@ from harness.help import help_text
 
 #: exit status of a user error (a bad command line or config), as argparse uses
 USAGE_ERROR = 2
+#: exit status of a run or study stopped by Ctrl+C, as a shell reports a command killed by SIGINT (128 + 2)
+EXIT_INTERRUPTED = 130
 
 #: Hydra's flags that take a value (stripped before the overrides are parsed)
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp",
@@ -217,4 +219,7 @@ def run_app(hydra_main: Callable[[], None], config_name: str, validate: Callable
         print(help_text(app, CONF_DIR, config_name))
         sys.exit(0)
     precheck_overrides(argv, CONF_DIR, config_name, validate=validate)
-    hydra_main()
+    try:
+        hydra_main()
+    except KeyboardInterrupt:  # Ctrl+C: what finished is recorded (the run or study said where); no traceback
+        sys.exit(EXIT_INTERRUPTED)

@@ -15,6 +15,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from harness.config_checks import model_problem, tokenizer_problem
+from harness.wandb_auth import online_without_key_message
 
 
 def _find_conf_dir() -> Path:
@@ -284,6 +285,9 @@ def validate(cfg: DictConfig | TrainConfig) -> None:
     for problem in (model_problem(c), tokenizer_problem(c)):  # the model family's keys, data.tokenizer
         if problem:
             raise _bad(*problem)
+    offline_only = online_without_key_message(c.logger)
+    if offline_only:
+        raise ConfigError(offline_only)
 
 
 def group_options(group: str, conf_dir: Optional[str] = None) -> list[str]:

@@ -24,6 +24,7 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from harness.results import atomic_write_text
+from harness.wandb_auth import wandb_mode
 
 PROGRESS_FILE = "wandb-progress.json"
 
@@ -89,23 +90,6 @@ class ResumableWandbLogger(WandbLogger):
             self._written = progress
             self._last = progress["last_logged_step"]
             atomic_write_text(self._progress_path, json.dumps(progress))
-
-
-def wandb_mode(requested: str) -> str:
-    """auto: WANDB_MODE if set, online if an API key is configured, else offline."""
-    if requested != "auto":
-        return requested
-    if os.environ.get("WANDB_MODE"):
-        return os.environ["WANDB_MODE"]
-    if os.environ.get("WANDB_API_KEY"):
-        return "online"
-    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
-    try:
-        if "api.wandb.ai" in netrc.read_text():
-            return "online"
-    except OSError:
-        pass
-    return "offline"
 
 
 def make_logger(logger_cfg, run_dir: Path, run_name: str, group: Optional[str], config: dict,

@@ -9,54 +9,98 @@ from __future__ import annotations
 import signal
 import threading
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from lightning.pytorch import Callback
+from rich.markup import escape
 
 
 class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or infinite (the message names the step, method, last finite loss)."""
 
 
-class GracefulStop(Callback):
-    """First SIGINT or SIGTERM: finish the current step, save ``checkpoints/last.ckpt``, stop cleanly
-    (the results say ``interrupted``; ``resume=<run dir>`` continues). A second signal acts as usual."""
+class StopNow(BaseException):
+    """A second SIGINT/SIGTERM: stop at once. Not a KeyboardInterrupt, which Lightning answers with
+    ``sys.exit(1)`` before the run can record itself; not an Exception, which code on the way out could
+    take for an error of the run."""
 
-    def __init__(self, ckpt_dir: Path):
+
+class Interrupted(KeyboardInterrupt):
+    """A run (or a study) stopped by a signal, with what it finished recorded: the command lines exit 130."""
+
+
+class GracefulStop(Callback):
+    """SIGINT or SIGTERM, from ``install`` (before the run builds anything) to ``restore_handlers``.
+
+    First signal: finish the current step, save ``checkpoints/last.ckpt``, stop without a validation
+    pass (a signal before the first step: no step at all); the results say ``interrupted`` and
+    ``resume=<run dir>`` continues. Second signal: :class:`StopNow` is raised where the run is (never
+    in the middle of a checkpoint save: it waits for the save to end), and the run records itself as
+    interrupted at the step it reached. Each signal is said on the console and in the run's log."""
+
+    def __init__(self, ckpt_dir: Path, say: Callable[[str], None] = print):
         self.ckpt_dir = Path(ckpt_dir)
+        self.say = say
         self.requested: Optional[str] = None
+        self.at_once = False  # a second signal came
         self.stopped_at: Optional[int] = None
+        self._saving = False
+        self._pending = False  # a second signal that came during a save
         self._previous: dict = {}
+
+    def install(self) -> None:
+        """This callback's handlers for SIGINT and SIGTERM (again, over any set since: Lightning's own
+        SIGTERM handler, set as fitting starts, would end the run with an exception, unrecorded)."""
+        if threading.current_thread() is not threading.main_thread():
+            return  # Python delivers signals to the main thread only
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous.setdefault(sig, signal.getsignal(sig))
+            signal.signal(sig, self._handler)
 
     def _handler(self, signum, frame) -> None:
         name = signal.Signals(signum).name
-        if self.requested:  # second signal: restore the default behaviour and re-deliver
-            signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
-            signal.raise_signal(signum)
-            return
+        if self.at_once:
+            return  # already stopping at once: the results are being written
+        if self.requested:
+            self.at_once = True
+            self.say(f"harness: second {name} received: stopping now")
+            if self._saving:
+                self._pending = True
+                return
+            raise StopNow(name)
         self.requested = name
-        print(f"\nharness: {name} received: stopping after this step and saving a checkpoint "
-              "(send it again to stop at once)", flush=True)
+        self.say(f"harness: {name} received: stopping after this step and saving a checkpoint "
+                 "(send it again to stop at once)")
 
     def on_train_start(self, trainer, pl_module) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._previous[sig] = signal.getsignal(sig)
-            signal.signal(sig, self._handler)
+        self.install()
+        if self.requested:  # a signal while the run was built: no step
+            self._stop(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.requested and not trainer.should_stop:
-            trainer.should_stop = True
+            self._stop(trainer)
             self.stopped_at = trainer.global_step
             self.save(trainer)
 
+    def _stop(self, trainer) -> None:
+        trainer.should_stop = True
+        # Lightning validates when a run stops early; a stop asked for by a signal should be prompt
+        trainer.limit_val_batches = 0
+
     def save(self, trainer) -> Path:
         path = self.ckpt_dir / "last.ckpt"
-        # the full state (optimizer, loops, callbacks) a resume needs, said explicitly: left unset, Lightning
-        # logs "`weights_only` was not set" on every graceful stop
-        trainer.save_checkpoint(str(path), weights_only=False)
+        self._saving = True
+        try:
+            # the full state (optimizer, loops, callbacks) a resume needs, said explicitly: left unset,
+            # Lightning logs "`weights_only` was not set" on every graceful stop
+            trainer.save_checkpoint(str(path), weights_only=False)
+        finally:
+            self._saving = False
+        if self._pending:
+            self._pending = False
+            raise StopNow(self.requested)
         return path
 
     def restore_handlers(self) -> None:
@@ -64,11 +108,14 @@ class GracefulStop(Callback):
             signal.signal(sig, handler)
         self._previous.clear()
 
-    def on_train_end(self, trainer, pl_module) -> None:
-        self.restore_handlers()
 
-    def on_exception(self, trainer, pl_module, exception) -> None:
-        self.restore_handlers()
+def stopped_message(run_dir: Path, step: int, signal_name: str) -> str:
+    """Where a run stopped by a signal stands, and the command that continues it (if a checkpoint can)."""
+    if (Path(run_dir) / "checkpoints" / "last.ckpt").exists():
+        return (f"[bold]harness[/]: stopped at step {step} ({signal_name}); continue with: "
+                f"python -m harness.train resume={escape(str(run_dir))}")
+    return (f"[bold]harness[/]: stopped at step {step} ({signal_name}) before any checkpoint was saved: nothing "
+            "to resume; run the same command again")
 
 
 class NonFiniteLossGuard(Callback):

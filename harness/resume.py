@@ -145,8 +145,8 @@ def override_value(overrides: list[str], key: str) -> Optional[str]:
 
 
 def record_failure(run_dir: Path, cfg: DictConfig, exc: BaseException) -> None:
-    """Mark the run's results.json failed (gate, NaN) or crashed, with the error, unless the run wrote
-    its own final results; what a 'running' record already held (config, W&B id) is kept."""
+    """Mark the run's results.json failed (gate, NaN), interrupted (KeyboardInterrupt: a signal before
+    the run could record itself) or crashed, with the error, unless the run wrote its own final results; what a 'running' record already held (config, W&B id) is kept."""
     path = Path(run_dir) / "results.json"
     record = {"method": cfg.accel.name, "compile_model": bool(cfg.compile_model),
               "model": {"name": cfg.model.name}, "run_dir": str(run_dir)}
@@ -156,7 +156,8 @@ def record_failure(run_dir: Path, cfg: DictConfig, exc: BaseException) -> None:
             if existing.get("status") != "running":
                 return
             record = existing
-        record["status"] = "failed" if isinstance(exc, (GateError, NonFiniteLossError)) else "crashed"
+        record["status"] = ("failed" if isinstance(exc, (GateError, NonFiniteLossError))
+                            else "interrupted" if isinstance(exc, KeyboardInterrupt) else "crashed")
         record["error"] = f"{type(exc).__name__}: {exc}"
         write_json(path, record)
     except OSError:

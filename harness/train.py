@@ -16,16 +16,20 @@ import sys
 from pathlib import Path
 
 import hydra
+import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
+from rich.markup import escape
 
 import kernels
 from harness.accel import AccelError, check_accel
 from harness.availability import method_unavailable_message
-from harness.cli import UsageError, fail, run_app, split_argv, wants_help
+from harness.cli import EXIT_INTERRUPTED, UsageError, fail, run_app, split_argv, wants_help
 from harness.config import CONF_DIR, ConfigError, validate  # also registers the structured-config schema
+from harness.console import RunConsole
 from harness.data import DataError
+from harness.memory import MemoryEstimateError, check_step_memory
 from harness.resume import (ResumeError, load_resume, override_value, record_failure, resume_command_line,
                             resume_request)
 from harness.training import OutputDirError, run_training
@@ -43,11 +47,14 @@ def validate_with_data(cfg: DictConfig) -> None:
     if msg:
         raise UsageError(msg)
     check_accel(str(a.method), list(a.patch), str(a.loss_form), a.get("loss_method"))  # AccelError: exit 2, no directory
+    gpu = cfg.trainer.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
+    check_step_memory(cfg, gpu)  # MemoryEstimateError (exit 2) when a step cannot fit; the run warns near it
 
 
 def _user_error(exc: BaseException) -> bool:
     """A mistake in what the user asked for (said in one paragraph), not a failure of the run."""
     return isinstance(exc, (AccelError, ConfigError, DataError, UsageError, ResumeError, OutputDirError,
+                            MemoryEstimateError,
                             kernels.MethodUnavailableError, kernels.UnknownMethodError))
 
 
@@ -69,8 +76,9 @@ def hydra_main(cfg: DictConfig) -> None:
         done = previous.get("steps_done")
         what = (f"extending it to {cfg.trainer.max_steps} steps" if previous.get("status") in ("completed", "nonfinite")
                 else f"continuing its {previous.get('status')} run" + (f" (stopped at step {done})" if done else ""))
-        print(f"harness: resuming {run_dir} from checkpoints/last.ckpt with its saved config, {what}",
-              file=sys.stderr)
+        # through the run's console: on stderr and in the run's train.log, which the resumed segment appends to
+        RunConsole().print(f"[bold]harness[/]: resumed {escape(str(run_dir))} from checkpoints/last.ckpt with its "
+                           f"saved config, {what}")
     group = cfg.logger.group
     if group is None and hc.mode == RunMode.MULTIRUN:
         group = Path(hc.sweep.dir).name
@@ -80,13 +88,15 @@ def hydra_main(cfg: DictConfig) -> None:
         _run_job_in_subprocess(list(hc.overrides.task), run_dir, group)
         return
     try:
-        run_training(cfg, run_dir, group=group, previous=previous)
+        results = run_training(cfg, run_dir, group=group, previous=previous)
     except Exception as exc:
         # a sweep goes on past a failed job (Hydra reports it at the end); its results.json says why
         record_failure(run_dir, cfg, exc)
         if single and _user_error(exc):
             fail(str(exc))  # one paragraph, exit status 2, no traceback
         raise
+    if results.get("status") == "interrupted":
+        sys.exit(EXIT_INTERRUPTED)  # a script can tell the run did not finish (it says how to resume)
 
 
 def _distributed(cfg: DictConfig) -> bool:
@@ -104,7 +114,10 @@ def main() -> None:
     if not wants_help(argv) and resume_request(split_argv(argv)[1]):
         # into the run's own directory, checked first: a finished run is left untouched (exit 0)
         sys.argv[1:] = resume_command_line(argv)
-        hydra_main()
+        try:
+            hydra_main()
+        except KeyboardInterrupt:  # interrupted again: recorded, and said where it stopped
+            sys.exit(EXIT_INTERRUPTED)
         return
     run_app(hydra_main, "config", validate_with_data)
 

@@ -26,8 +26,11 @@ from harness.console import HarnessProgressBar, RunConsole, done_message, quiet_
 from harness.env import environment
 from harness.gate import RunShapes, run_gate
 from harness.loggers import make_logger, wandb_mode
-from harness.reliability import GracefulStop, NonFiniteLossError, NonFiniteLossGuard
+from harness.memory import check_step_memory
+from harness.reliability import (GracefulStop, Interrupted, NonFiniteLossError, NonFiniteLossGuard, StopNow,
+                                 stopped_message)
 from harness.results import final_record, running_record, write_json
+from harness.resume import record_failure
 from harness.task import LanguageModelTask, TokenDataModule
 from harness.throughput import ThroughputMonitor, peak_bf16_flops
 
@@ -62,22 +65,42 @@ def run_training(
     group: Optional[str] = None,
     extra_callbacks: tuple = (),
     previous: Optional[dict] = None,
+    resume_hint: bool = True,
 ) -> dict[str, Any]:
     """Train once with a composed config; returns (and writes to run_dir/results.json) the results.
 
     ``previous``: the results of the interrupted run that ``run_dir`` holds, to resume it from its
     ``checkpoints/last.ckpt`` (same W&B run id, same data position, one results.json for the whole run).
+    ``resume_hint``: after a stop by a signal, print the command that resumes this run (a study says
+    its own). A second signal before the first step raises :class:`Interrupted`, the run marked so.
     """
     validate(cfg)
+    too_close = check_step_memory(cfg, on_gpu(cfg))  # MemoryEstimateError before any directory or work
     run = start_run(cfg, run_dir, previous)
+    if too_close:
+        run.console.print(f"[yellow]harness: warning: {escape(too_close)}[/]")
+    graceful = GracefulStop(run.run_dir / "checkpoints", say=run.console.print)
+    graceful.install()  # from here on, Ctrl+C stops the run, recorded, rather than killing it unrecorded
+    try:
+        return _train(run, graceful, group, extra_callbacks, resume_hint)
+    except StopNow:  # a second signal before the trainer ran: nothing trained, nothing to resume
+        record_failure(run.run_dir, cfg, Interrupted(f"{graceful.requested} before the first step"))
+        raise Interrupted(f"run {run.run_dir} interrupted ({graceful.requested}) before its first step") from None
+    finally:
+        graceful.restore_handlers()
+
+
+def _train(run: Run, graceful: GracefulStop, group: Optional[str], extra_callbacks: tuple,
+           resume_hint: bool) -> dict[str, Any]:
+    cfg = run.cfg
     prepare_methods(run)
     build_and_gate(run)
     announce(run)
     task, dm = task_and_data(run)
     logger = open_logger(run, group)
     monitor = throughput_monitor(run)
-    callbacks, graceful, guard = _callbacks(cfg, run.run_dir, monitor, extra_callbacks,
-                                            loss_computed=all(m.exact for m in run.methods))
+    callbacks, guard = _callbacks(cfg, run.run_dir, monitor, graceful, extra_callbacks,
+                                  loss_computed=all(m.exact for m in run.methods))
     trainer = make_trainer(run, logger, callbacks)
     failure = fit(run, trainer, task, dm, graceful)
     status = ("failed" if failure is not None else "interrupted" if graceful.requested
@@ -88,9 +111,8 @@ def run_training(
     _release_process_group()
     if failure is not None:
         raise failure
-    if graceful.requested:
-        run.console.print(f"[bold]harness[/]: stopped at step {trainer.global_step} ({graceful.requested}); "
-                          f"continue with: python -m harness.train resume={escape(str(run.run_dir))}")
+    if graceful.requested and resume_hint:
+        run.console.print(stopped_message(run.run_dir, trainer.global_step, graceful.requested))
     run.console.print(done_message(results, run.label, run.device, summary, run.run_dir, cfg.logger.name))
     return results
 
@@ -156,7 +178,8 @@ def _gate(cfg: DictConfig, built, gpu: bool, precision: str, console) -> dict:
     if not cfg.check_kernel:
         return {"checked": False, "reason": "switched off (check_kernel=false)"}
     c = built.model.config
-    shapes = RunShapes(heads=c.n_head, seq_len=seq_len(cfg), head_dim=c.n_embd // c.n_head, vocab=c.vocab_size,
+    shapes = RunShapes(heads=c.n_head, kv_heads=getattr(c, "n_kv_head", 0) or 0, seq_len=seq_len(cfg),
+                       head_dim=c.n_embd // c.n_head, vocab=c.vocab_size,
                        n_embd=c.n_embd, tokens=int(cfg.data.batch_size) * seq_len(cfg),
                        dtype=compute_dtype(precision), device="cuda" if gpu else "cpu")
     info = run_gate(built.applied, shapes)
@@ -226,8 +249,8 @@ def throughput_monitor(run: Run) -> ThroughputMonitor:
     )
 
 
-def _callbacks(cfg: DictConfig, run_dir: Path, monitor, extra: tuple, loss_computed: bool = True):
-    graceful = GracefulStop(run_dir / "checkpoints")
+def _callbacks(cfg: DictConfig, run_dir: Path, monitor, graceful: GracefulStop, extra: tuple,
+               loss_computed: bool = True):
     guard = NonFiniteLossGuard(cfg.trainer.window, cfg.accel.name, cfg.trainer.on_nonfinite)
     callbacks: list = [monitor, guard, graceful, HarnessProgressBar(refresh_rate=cfg.trainer.window, loss_computed=loss_computed),
                        *extra]
@@ -236,7 +259,7 @@ def _callbacks(cfg: DictConfig, run_dir: Path, monitor, extra: tuple, loss_compu
             dirpath=str(run_dir / "checkpoints"), filename="step{step}", every_n_train_steps=cfg.trainer.ckpt_every,
             save_last=True, save_top_k=1, auto_insert_metric_name=False,
         ))
-    return callbacks, graceful, guard
+    return callbacks, guard
 
 
 def make_trainer(run: Run, logger, callbacks: list) -> L.Trainer:
@@ -257,7 +280,7 @@ def _val_every(cfg: DictConfig) -> int:
 
 def fit(run: Run, trainer: L.Trainer, task, dm, graceful: GracefulStop) -> Optional[BaseException]:
     """Train (from the last checkpoint when resuming), then validate at the end unless the last step
-    did; a non-finite loss that stops the run is returned, not raised."""
+    did or a signal stopped it; a non-finite loss that stops the run is returned, not raised."""
     ckpt = str(run.run_dir / "checkpoints" / "last.ckpt") if run.previous else None
     try:
         trainer.fit(task, datamodule=dm, ckpt_path=ckpt)
@@ -265,6 +288,8 @@ def fit(run: Run, trainer: L.Trainer, task, dm, graceful: GracefulStop) -> Optio
             trainer.validate(task, datamodule=dm, verbose=False)
     except NonFiniteLossError as exc:
         return exc
+    except StopNow:
+        pass  # a second signal: the run records itself as interrupted at the step it reached
     return None
 
 

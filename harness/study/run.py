@@ -9,6 +9,7 @@ and written whole at the end (harness.study.report).
 from __future__ import annotations
 
 import copy
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -17,12 +18,14 @@ from typing import Optional
 
 from omegaconf import DictConfig, open_dict
 from rich.console import Console
+from rich.markup import escape
 
 import kernels
 from harness.build import seq_len
 from harness.config import accel_methods
 from harness.data import data_vocab_size, make_corpus
 from harness.probe import ParityProbe, probe_batches
+from harness.reliability import Interrupted
 from harness.results import write_json
 from harness.study.checks import validate_study
 from harness.study.failures import finish_wandb, free_memory, record_failure
@@ -212,15 +215,14 @@ def run_row(study: StudyRun, point: Point, row: StudyRow, planned: Planned, rnd:
         free_memory(force=True)
         write_snapshot(study.rows, study.cfg, study.out, study.state, charts=False)
         return
+    if res.get("status") == "interrupted":  # Ctrl+C: the study stops here, its partial numbers not a result
+        raise Interrupted(f"{row.label} interrupted at step {res.get('steps_done')} ({res.get('stopped_by')})")
     curve = probe.collect()
     write_json(Path(res.get("run_dir") or run_dir) / "parity_probe.json",
                {"every": _probe_every(study.cfg), "batches": int(study.cfg.study.parity_batches), "curve": curve})
     add_run(row, res, rnd, curve)
     row.patched = res.get("patched")
-    if res.get("status") == "interrupted":
-        row.status, row.reason = "CRASH", f"interrupted at step {res.get('steps_done')}"
-        study.stop = "the study stopped: a run was interrupted"
-    elif res.get("status") == "nonfinite":
+    if res.get("status") == "nonfinite":
         row.status, row.reason = "FAIL", "non-finite training loss"
     if study.profile and rnd == 1 and not planned.compiled and not row.role \
             and row.status not in NO_NUMBERS:
@@ -253,7 +255,7 @@ def run_one(cfg: DictConfig, method: str, compiled: bool, run_dir: Path, group: 
         if data_seed is not None:
             c.data.seed = data_seed
         del c["study"]
-    return run_training(c, run_dir, group=group, extra_callbacks=callbacks)
+    return run_training(c, run_dir, group=group, extra_callbacks=callbacks, resume_hint=False)  # (the study's own)
 
 
 def report_interrupted(study: StudyRun) -> None:
@@ -264,6 +266,8 @@ def report_interrupted(study: StudyRun) -> None:
     study.state = dict(study.state, complete=False, stopped=why)
     write_snapshot([r for r in rows if r.runs or r.status != "PASS"], study.cfg, study.out, study.state, charts=True)
     study.console.print(f"[yellow]study: interrupted; the report of what finished -> {study.out / 'report.md'}[/]")
+    # a study has no resume: the same command runs it again, into a fresh directory beside this one
+    study.console.print(f"study: to finish it, run it again: {escape(shlex.join(['python', '-m', 'harness.study', *sys.argv[1:]]))}")
 
 
 def report_finished(study: StudyRun) -> None:
