@@ -58,8 +58,9 @@ def test_each_sweep_point_is_compared_with_its_own_compiled_baseline():
 def test_a_study_reports_its_compiled_rows_against_the_compiled_baseline(tmp_path, monkeypatch):
     from harness.study import run as study_mod
 
-    tps = {("torch", False): [100.0, 104.0], ("triton", False): [150.0, 150.0],
-           ("torch", True): [200.0, 210.0], ("triton", True): [220.0, 233.1]}  # compiled: 1.10, 1.11 by round
+    tps = {("torch", False): [100.0, 104.0, 102.0], ("triton", False): [150.0, 150.0, 150.0],
+           ("torch", True): [200.0, 210.0, 205.0],
+           ("triton", True): [220.0, 233.1, 226.525]}  # compiled: 1.10, 1.11, 1.105 by round (3: an interval)
     seen: dict = {}
 
     def fake_run(cfg, method, compiled, run_dir, group, data_seed=None, callbacks=(), variant=""):
@@ -73,7 +74,7 @@ def test_a_study_reports_its_compiled_rows_against_the_compiled_baseline(tmp_pat
 
     monkeypatch.setattr(study_mod, "run_one", fake_run)
     cfg = sm.study_cfg(*SHORT, "study.methods=[torch,triton]", "study.compiled=[torch,triton]", "study.loss_split=[]",
-                       "study.baseline=torch", "study.repeats=2", "study.parity_tol=0.01", "study.profile=false")
+                       "study.baseline=torch", "study.repeats=3", "study.parity_tol=0.01", "study.profile=false")
     rows = run_study_rows(cfg, tmp_path)
     ours = next(r for r in rows if r.method == "triton" and r.compiled)
     assert ours.vs_compiled_baseline == pytest.approx(1.105) and ours.mem_vs_compiled_baseline == pytest.approx(0.5)

@@ -6,15 +6,20 @@
 * ``loss.png``: left, the reference's loss (training and probe) to show that the loss falls; right,
   every method's probe-loss difference from the reference (identical curves would hide each other if
   drawn as losses) inside the parity tolerance band, the spread run dashed;
-* sweeps: ``scaling.png`` (tokens/s vs T or model per method) and ``memory.png`` (peak memory), an
+* sweeps only (``study.sweep``, or runs that differ only in T or the model): ``scaling.png``
+  (tokens/s vs T or model per method) and ``memory.png`` (peak memory), an
   out-of-memory point drawn as a red x with "OOM"; per-point charts are ``throughput-<point>.png`` and
   ``loss-<point>.png``.
 
-Titles name the model and the device.
+Titles name the model and the device, wrapped to the figure's width; figures use matplotlib's
+constrained layout, which makes room for long tick labels and titles instead of cutting them off (and
+does not warn as tight_layout does). Bars of NOISY runs say so; speedups measured while the machine's
+speed drifted (harness.study.drift) are drawn gray, cross-hatched and labelled UNTRUSTED.
 """
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Optional
 
@@ -36,6 +41,11 @@ def _plt():
     import matplotlib.pyplot as plt  # after matplotlib.use: pyplot picks its backend on import
 
     return plt
+
+
+def _wrap(text: str, inches: float, fontsize: float) -> str:
+    """``text`` broken into lines that fit ``inches`` at ``fontsize`` (an average glyph: 0.55 em)."""
+    return textwrap.fill(text, max(20, int(inches * 72 / (0.55 * fontsize))))
 
 
 def _slug(point: str) -> str:
@@ -61,7 +71,7 @@ def plot_study(rows: list, out: Path, cfg, settings: dict, device: str) -> None:
         title = model_title(cfg, prow[0].point_values if prow else None, device)
         plot_throughput(prow, out / f"throughput{suffix}.png", cfg.study.baseline, title)
         plot_loss(prow, out / f"loss{suffix}.png", settings.get(point) or {}, title)
-    if len(points) > 1:
+    if len(points) > 1 and cfg.study.get("sweep"):  # groups that are no sweep scale along nothing
         plot_scaling(rows, out, cfg, device)
 
 
@@ -88,33 +98,36 @@ def plot_throughput(rows: list, path: Path, baseline: str, title: str) -> None:
     if not timed:
         return
     plt = _plt()
-    fig, (a, b) = plt.subplots(1, 2, figsize=(14, 1.6 + 0.42 * len(timed)))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(14, 2.2 + 0.42 * len(timed)), layout="constrained")
     colors = [COLORS.get(r.status, "tab:blue") for r in timed]
     bars = a.barh([_named(r) for r in timed], [r.tokens_per_s for r in timed], color=colors,
                   xerr=_errs(timed, "tokens_per_s"), capsize=3)
-    a.bar_label(bars, labels=[f"{r.tokens_per_s:,.0f}" for r in timed], padding=4, fontsize=7)
+    a.bar_label(bars, labels=[f"{r.tokens_per_s:,.0f}" + (" NOISY" if r.noisy else "") for r in timed], padding=4,
+                fontsize=7)
     a.set_xlabel("tokens/s (median" + (", 95% interval)" if _errs(timed, "tokens_per_s") else ")"))
-    a.set_title("throughput (red: FAIL, gray: timing only, olive: no reference to check against)", fontsize=9)
+    a.set_title(_wrap("throughput (red: FAIL, gray: timing only, olive: no reference to check against; NOISY: "
+                      "step times spread)", 6.5, 9), fontsize=9)
     a.invert_yaxis()
     a.margins(x=0.18)
     sp = [r for r in timed if r.speedup_vs_baseline]
     if sp:
         noise = [bool(r.noise) for r in sp]
         bars = b.barh([_named(r) for r in sp], [r.speedup_vs_baseline for r in sp],
-                      color=["tab:gray" if n else "tab:green" for n in noise],
+                      color=["tab:gray" if n or r.untrusted else "tab:green" for r, n in zip(sp, noise)],
                       hatch=None, xerr=_errs(sp, "speedup_vs_baseline"), capsize=3)
-        for bar, n in zip(bars, noise):
-            if n:
-                bar.set_hatch("//")
+        for bar, r, n in zip(bars, sp, noise):
+            if r.untrusted or n:
+                bar.set_hatch("xx" if r.untrusted else "//")
         b.bar_label(bars, labels=[f"{r.speedup_vs_baseline:.2f}x" + (" (noise)" if n else "")
+                                  + (" UNTRUSTED" if r.untrusted else "") + (" NOISY" if r.noisy else "")
                                   for r, n in zip(sp, noise)], padding=4, fontsize=7)
         b.axvline(1.0, color="black", linewidth=0.8)
         b.invert_yaxis()
         b.margins(x=0.22)
     b.set_xlabel(f"speedup vs eager {baseline}")
-    b.set_title("speedup (passing methods; hatched: interval contains 1.0)", fontsize=9)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    b.set_title(_wrap("speedup (passing methods; hatched: interval contains 1.0; cross-hatched UNTRUSTED: the "
+                      "machine's speed drifted)", 6.5, 9), fontsize=9)
+    fig.suptitle(_wrap(title, 13, 10), fontsize=10)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -133,7 +146,7 @@ def plot_loss(rows: list, path: Path, info: dict, title: str) -> None:
     if not curves:
         return
     plt = _plt()
-    fig, (a, b) = plt.subplots(1, 2, figsize=(14, 4.8))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(14, 4.8), layout="constrained")
     base = ref or curves[0]
     a.plot(range(len(base.loss_curve)), base.loss_curve, color="tab:blue", linewidth=0.8, alpha=0.6,
            label=f"{base.label}: training loss (each step its own batch)")
@@ -175,8 +188,7 @@ def plot_loss(rows: list, path: Path, info: dict, title: str) -> None:
                     fontsize=9)
         b.legend(fontsize=7)
     b.set_xlabel("step")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.suptitle(_wrap(title, 13, 10), fontsize=10)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -206,7 +218,7 @@ def plot_scaling(rows: list, out: Path, cfg, device: str) -> None:
         title = f"models {', '.join(points)}, data {cfg.data.name} on {device}"
     for key, fname, ylabel in (("tokens_per_s", "scaling.png", "tokens/s (median)"),
                                ("peak_mem_gib", "memory.png", "peak memory, GiB")):
-        fig, ax = plt.subplots(figsize=(9, 5))
+        fig, ax = plt.subplots(figsize=(9, 5), layout="constrained")
         drawn = False
         ooms = []
         for i, label in enumerate(labels):
@@ -231,8 +243,10 @@ def plot_scaling(rows: list, out: Path, cfg, device: str) -> None:
             ax.set_xticks(xs_all, [str(v) for v in xs_all])
             ax.set_xlim(xs_all[0] / 1.4, xs_all[-1] * 1.4)
         else:
-            ax.set_xticks(list(xval.values()), points)
+            ax.set_xticks(list(xval.values()), [textwrap.fill(p, 16) for p in points])
             ax.set_xlim(-0.5, len(points) - 0.5)
+            if len(points) * max(len(p) for p in points) > 60:  # they would run into each other level
+                plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
         capacity = _gpu_gib() if key == "peak_mem_gib" else None
         if capacity:
             ax.axhline(capacity, color="tab:red", linewidth=0.8, linestyle=":",
@@ -257,7 +271,6 @@ def plot_scaling(rows: list, out: Path, cfg, device: str) -> None:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
         what = "throughput" if key == "tokens_per_s" else "peak memory"
-        ax.set_title(f"{what} by {sweep}: {title}", fontsize=9)
-        fig.tight_layout()
+        ax.set_title(_wrap(f"{what} by {sweep}: {title}", 8.5, 9), fontsize=9)
         fig.savefig(out / fname, dpi=110)
         plt.close(fig)

@@ -36,9 +36,11 @@ def collect(root: Path) -> list[dict]:
         probe = path.parent / "parity_probe.json"
         if probe.exists():
             try:
-                res["_probe_curve"] = json.loads(probe.read_text()).get("curve") or []
+                saved = json.loads(probe.read_text())
             except (OSError, json.JSONDecodeError):
-                pass
+                saved = {}
+            res["_probe_curve"] = saved.get("curve") or []
+            res.setdefault("calibration_ms", saved.get("calibration_ms"))  # the study's (harness.study.drift)
         found.append(res)
     return found
 
@@ -96,10 +98,6 @@ def sweep_kind(differing: list[str], groups: dict) -> Optional[str]:
         names = {(g[0].get("model") or {}).get("name") for g in groups.values()}
         return "model" if len(names) == len(groups) else None
     return None
-
-
-def group_label(settings: dict, differing: list[str]) -> str:
-    return ", ".join(f"{k}={settings.get(k)}" for k in differing)
 
 
 def study_files(root: Path) -> list[tuple[Path, dict]]:
@@ -162,24 +160,63 @@ class Groups:
     sweep: Optional[str]  # 'context' | 'model' when the groups are the points of such a sweep
 
 
+#: the group of runs that stopped before recording settings that match one group (harness.report
+#: lists them apart instead of inventing a group of unknown values)
+UNPLACED = (("_unplaced", "true"),)
+
+
+def finished_record(res: dict) -> bool:
+    """Whether the run wrote its final record (harness.results.final_record): one that stopped before
+    it (a crash, a record left 'running') lacks what only training records (world size, precision)."""
+    return bool(res.get("config")) and "world_size" in res
+
+
 def comparable_groups(runs: list[dict]) -> Groups:
-    """The runs grouped by what changes their loss curves; a run that failed before it wrote its config
-    goes with its siblings (the runs in the same directory); a context sweep's groups in order of T."""
+    """The runs grouped by what changes their loss curves; a run that stopped before it recorded every
+    setting joins the one group its recorded settings match (its siblings, the runs in the same
+    directory, break a tie), else it is UNPLACED; a context sweep's groups in order of T."""
     groups: dict[tuple, list[dict]] = {}
-    known = [r for r in runs if r.get("config")]
-    for res in known:
+    finished = [r for r in runs if finished_record(r)]
+    for res in finished:
         groups.setdefault(group_key(res), []).append(res)
-    for res in runs:  # a job that failed before it wrote its config: placed with its siblings
-        if res.get("config"):
-            continue
-        parent = Path(res.get("run_dir", "")).parent
-        near = {group_key(r) for r in known if Path(r.get("run_dir", "")).parent == parent}
-        key = next(iter(near)) if len(near) == 1 else next(iter(groups)) if len(groups) == 1 else group_key(res)
-        groups.setdefault(key, []).append(res)
-    settings_of = {key: curve_settings(members[0]) for key, members in groups.items()}
-    all_keys = sorted({k_ for s in settings_of.values() for k_ in s})
-    differing = [k_ for k_ in all_keys if len({json.dumps(s.get(k_)) for s in settings_of.values()}) > 1]
-    sweep = sweep_kind(differing, groups)
+    full = list(groups)  # the groups of runs that recorded every setting
+    for res in runs:
+        if not finished_record(res):
+            groups.setdefault(_place(res, groups, full), []).append(res)
+    settings_of = {key: ({} if key == UNPLACED else curve_settings(members[0])) for key, members in groups.items()}
+    differing = _differing(settings_of, set(full))
+    placed = {k: v for k, v in groups.items() if k != UNPLACED}
+    sweep = sweep_kind(differing, placed)
     if sweep == "context":  # groups in order of T, labelled as a study's sweep points
-        groups = dict(sorted(groups.items(), key=lambda kv: context_of(settings_of[kv[0]])))
+        groups = dict(sorted(groups.items(), key=lambda kv: (context_of(settings_of[kv[0]]) is None,
+                                                             context_of(settings_of[kv[0]]) or 0)))
     return Groups(groups, settings_of, differing, sweep)
+
+
+def _place(res: dict, groups: dict, full: list) -> tuple:
+    """The group of a run that stopped before its final record: the one finished group that agrees with
+    every setting it did record (None: not recorded), its siblings' when several do; its own group
+    when none does (it ran something else) or when no run finished; else UNPLACED."""
+    known = {k: json.dumps(v, sort_keys=True) for k, v in curve_settings(res).items() if v is not None} \
+        if res.get("config") else {}
+    matches = [key for key in full if all(dict(key).get(k) == v for k, v in known.items())]
+    if len(matches) > 1:
+        parent = Path(res.get("run_dir", "")).parent
+        near = [key for key in matches if any(Path(r.get("run_dir", "")).parent == parent for r in groups[key])]
+        matches = near if len(near) == 1 else matches
+    if len(matches) == 1:
+        return matches[0]
+    if res.get("config") and (not matches or not full):
+        return group_key(res)
+    return UNPLACED
+
+
+def _differing(settings_of: dict, full: set) -> list[str]:
+    """The settings the groups differ in; a group of stopped runs only (not in ``full``) counts only its
+    recorded values (a None there is unknown, not a difference)."""
+    values: dict[str, set] = {}
+    for key, st in settings_of.items():
+        for k, v in st.items():
+            if v is not None or key in full:
+                values.setdefault(k, set()).add(json.dumps(v, sort_keys=True))
+    return sorted(k for k, vs in values.items() if len(vs) > 1)

@@ -42,7 +42,8 @@ def compiled_lines(rows: list, base_name: str) -> list[str]:
         return []
     lines = ["", f"## Compiled against compiled {base_name}", "",
              f"Each whole-model-compiled row's tokens/s and peak memory divided by those of `{base_name}` compiled "
-             "at the same point, paired by round; [lo, hi] is a 95% interval with repeats. Only rows that passed "
+             "at the same point, paired by round; [lo, hi] is a 95% interval with 3 or more repeats. Only rows that "
+             "passed "
              "are compared.", "",
              f"| method | patched | tokens/s | tokens/s vs {base_name} + compile | peak GiB | "
              f"peak memory vs {base_name} + compile |", "|---|---|---|---|---|---|"]

@@ -33,8 +33,9 @@ from typing import Optional
 from omegaconf import DictConfig, OmegaConf
 
 from harness.config import StudyConfig
-from harness.study.collect import (Groups, collect, comparable_groups, context_of, data_seed, group_label,
+from harness.study.collect import (UNPLACED, Groups, collect, comparable_groups, context_of, data_seed,
                                    runs_environment, study_files, study_rows, study_settings)
+from harness.study.groups import SETTINGS_ANCHOR, SETTINGS_HEADING, settings_lines, short_labels
 from harness.study.judge import finish
 from harness.study.labels import configured, mark_split, own_setting, own_words, requested, split_rank
 from harness.study.progress import progress_line, saved_progress
@@ -48,9 +49,9 @@ STATUS = {"completed": "PASS", "failed": "FAIL", "crashed": "CRASH", "interrupte
 def build_report(root: Path, out: Optional[Path] = None, parity_steps: Optional[int] = None,
                  parity_tol: Optional[float] = None, reference: Optional[str] = None,
                  baseline: Optional[str] = None, parity_k: Optional[float] = None,
-                 parity_floor: Optional[float] = None) -> list[StudyRow]:
+                 parity_floor: Optional[float] = None, charts: bool = True) -> list[StudyRow]:
     """The report over ``root``. A setting left None is the study's (its study.json, or the Hydra config
-    saved with it), else the study's default (harness.config.StudyConfig)."""
+    saved with it), else the study's default (harness.config.StudyConfig); ``charts``: draw them."""
     root = Path(root)
     runs = collect(root)
     studies = study_files(root)
@@ -68,8 +69,11 @@ def build_report(root: Path, out: Optional[Path] = None, parity_steps: Optional[
     cfg = _report_cfg(runs, dict(study, sweep=found.sweep))
     settings = finish(rows, cfg)
     notes, states = _notes(root, runs, found, saved, studies, study)
+    table = settings_lines(found.settings, found.differing, short_labels(found.settings, found.differing))
     write_outputs(rows, cfg, out, partial=False, settings=settings, title="Report", notes=notes, round_robin=False,
-                  env=runs_environment(runs, studies), progress=states[0][1] if len(states) == 1 else None)
+                  env=runs_environment(runs, studies), progress=states[0][1] if len(states) == 1 else None,
+                  charts=charts, appendix=table,
+                  point_note=f"Settings: [{SETTINGS_HEADING}](#{SETTINGS_ANCHOR})." if table else "")
     return rows
 
 
@@ -92,14 +96,15 @@ def _rows_of_groups(found: Groups, reference: str, baseline: str) -> tuple[list[
     repeat; and where each run's row went (run dir -> point)."""
     rows: list[StudyRow] = []
     by_run_dir: dict[str, str] = {}  # run dir -> the point (group label) its row went to
-    for gi, (key, members) in enumerate(found.members.items(), 1):
+    labels = short_labels(found.settings, found.differing)
+    for key, members in found.members.items():
         st = found.settings[key]
-        if found.sweep == "context":
+        if found.sweep == "context" and key != UNPLACED:
             label = f"T={context_of(st)} batch {st.get('data.batch_size')}"
-        elif found.sweep == "model":
+        elif found.sweep == "model" and key != UNPLACED:
             label = str((members[0].get("model") or {}).get("name"))
         else:
-            label = (group_label(st, found.differing) or f"group {gi}") if len(found.members) > 1 else ""
+            label = labels[key] if len(found.members) > 1 else ""
         values = {"context": context_of(st), "batch_size": st.get("data.batch_size")}
         if found.sweep == "model":
             values["model"] = label

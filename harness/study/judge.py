@@ -11,6 +11,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from harness.study.compiled import add_compiled_ratios
+from harness.study.drift import drift_of
 from harness.study.parity import envelope, judge
 from harness.study.ratios import add_ratios
 from harness.study.rows import NO_NUMBERS, StudyRow
@@ -110,7 +111,21 @@ def _finish_point(rows: list[StudyRow], cfg: DictConfig) -> dict:
             r.noise = "within noise (" + ", ".join(notes) + ")"
     add_ratios(rows)
     add_compiled_ratios(rows, base_name)
+    _mark_drift(rows, info)
     return info
+
+
+#: a row's comparisons with other runs (speedups and ratios), the figures a drifting machine spoils
+COMPARISONS = ("speedup_vs_baseline", "speedup_vs_reference", "vs_attention", "vs_compiled_baseline")
+
+
+def _mark_drift(rows: list[StudyRow], info: dict) -> None:
+    """The machine's speed over the point's runs (harness.study.drift) into ``info["drift"]``; every row
+    with a comparison marked untrusted when it changed beyond the limit."""
+    drift = info["drift"] = drift_of(rows)
+    for r in rows:
+        r.drift = drift["drift"] if drift else None
+        r.untrusted = bool(drift and drift["untrusted"] and any(getattr(r, a) is not None for a in COMPARISONS))
 
 
 def speedup(a: StudyRow, b: StudyRow):

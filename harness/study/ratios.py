@@ -57,7 +57,7 @@ def ratio_cell(r, attr: str) -> str:
     text = f"{v:.3f}x"
     if lo is not None and hi is not None:
         text += f" [{lo:.3f}, {hi:.3f}]" + (" within noise" if lo <= 1.0 <= hi else "")
-    return text
+    return text + (" UNTRUSTED" if getattr(r, "untrusted", None) and attr.startswith("vs_") else "")
 
 
 def ratio_lines(rows: list) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import io
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -19,9 +19,11 @@ from harness.loggers import wandb_mode
 from harness.results import atomic_write_text, write_json
 from harness.study.charts import plot_study
 from harness.study.compiled import compiled_lines
+from harness.study.drift import DRIFT_LIMIT, drift_sentence
 from harness.study.labels import patched_words
 from harness.study.ratios import ratio_lines
 from harness.study.rows import StudyRow
+from harness.study.stats import MIN_INTERVAL_RUNS
 from harness.throughput import NOISY_SPREAD
 
 COLUMNS = [
@@ -32,7 +34,8 @@ COLUMNS = [
     ("speedup_vs_baseline_lo", "vs baseline lo"), ("speedup_vs_baseline_hi", "vs baseline hi"),
     ("speedup_vs_reference", "vs reference"), ("speedup_vs_reference_lo", "vs reference lo"),
     ("speedup_vs_reference_hi", "vs reference hi"), ("noise", "noise"), ("step_ms_p50", "step ms p50"),
-    ("step_ms_p90", "step ms p90"), ("step_spread", "p90/p50"), ("noisy", "noisy"), ("peak_mem_gib", "peak GiB"),
+    ("step_ms_p90", "step ms p90"), ("step_spread", "p90/p50"), ("noisy", "noisy"), ("drift", "machine drift"),
+    ("untrusted", "untrusted"), ("peak_mem_gib", "peak GiB"),
     ("vs_attention", "vs attention only"), ("vs_attention_lo", "vs attention only lo"),
     ("vs_attention_hi", "vs attention only hi"), ("mem_vs_attention", "peak memory vs attention only"),
     ("mem_vs_attention_lo", "peak memory vs attention only lo"),
@@ -86,6 +89,11 @@ def _noise_mark(r: StudyRow, name: str) -> str:
     return " within noise" if f"vs {name}" in inside else ""
 
 
+def _untrusted(r: StudyRow, key: str) -> str:
+    """' UNTRUSTED' on a speedup measured while the machine's speed drifted (harness.study.drift)."""
+    return " UNTRUSTED" if r.untrusted and getattr(r, f"speedup_vs_{key}") is not None else ""
+
+
 def _parity_cell(r: StudyRow) -> str:
     if r.parity in ("pass", "FAIL") and r.parity_dev is not None:
         return f"{r.parity} ({r.parity_dev:.2%} / {r.parity_tol:.2%} at step {r.parity_step})"
@@ -111,8 +119,10 @@ def table_lines(rows: list[StudyRow], cfg: DictConfig) -> list[str]:
     lines = ["| " + " | ".join(h.format(**names) for h in heads) + " |", "|" + "---|" * len(heads)]
     for r in rows:
         steps = "-" if r.step_ms_p50 is None else f"{r.step_ms_p50:.2f} / {_cell(r.step_ms_p90, 'step_ms_p90')}"
-        vs_b = _with_interval(r, "speedup_vs_baseline") + _noise_mark(r, names["baseline"])
-        vs_r = _with_interval(r, "speedup_vs_reference") + _noise_mark(r, names["reference"])
+        vs_b = _with_interval(r, "speedup_vs_baseline") + _noise_mark(r, names["baseline"]) \
+            + _untrusted(r, "baseline")
+        vs_r = _with_interval(r, "speedup_vs_reference") + _noise_mark(r, names["reference"]) \
+            + _untrusted(r, "reference")
         reason = r.reason.replace("|", "/").replace("\n", " ")
         lines.append("| " + " | ".join([
             r.label, r.status, patched_words(r.patched) or "-", r.judged or "-", str(r.repeats),
@@ -144,10 +154,11 @@ def parity_sentence(info: dict, cfg: DictConfig) -> str:
 def write_outputs(rows: list[StudyRow], cfg: DictConfig, out: Path, partial: bool,
                   settings: Optional[dict] = None, title: str = "Speedup study", notes: tuple = (),
                   round_robin: bool = True, env: Optional[dict] = None, charts: Optional[bool] = None,
-                  progress: Optional[dict] = None) -> None:
+                  progress: Optional[dict] = None, appendix: Sequence[str] = (), point_note: str = "") -> None:
     """The report files. ``env``: the environment the runs ran in (default: this machine's, as in a
     study); ``charts``: draw them (default: when not ``partial``); ``progress``: how far the study got
-    (harness.study.progress), kept in study.json."""
+    (harness.study.progress), kept in study.json; ``appendix``: lines that end report.md;
+    ``point_note``: a line under every point's heading (a link into the appendix)."""
     out.mkdir(parents=True, exist_ok=True)
     settings = settings or {}
     _write_csv(rows, out)
@@ -163,9 +174,9 @@ def write_outputs(rows: list[StudyRow], cfg: DictConfig, out: Path, partial: boo
         f"{env.get('torch', '?')}, triton {env.get('triton', '?')}, git {env.get('git_revision', '?')}.",
         (f"Repeats: {repeats} per method, interleaved round-robin. " if round_robin else
          f"Repeats: the runs of one method in a group (up to {repeats}). ")
-        + "Figures are medians over repeats; with two or more, [lo, hi] is a 95% t-interval on log values "
-        "(speedups: paired by round where the runs came in rounds), and a speedup whose interval contains 1.0 is "
-        f"marked \"within noise\". A run whose step times spread beyond p90/p50 = {NOISY_SPREAD:.2f} is NOISY. "
+        + f"Figures are medians over repeats; with {MIN_INTERVAL_RUNS} or more, [lo, hi] is a 95% t-interval on log "
+        "values (speedups: paired by round where the runs came in rounds), and a speedup whose interval contains 1.0 "
+        f"is marked \"within noise\". A run whose step times spread beyond p90/p50 = {NOISY_SPREAD:.2f} is NOISY. "
         "Speedups only for methods that passed the gate and parity; timing-only methods are timed, never compared "
         "(docs/studies.md).",
         *notes,
@@ -176,18 +187,26 @@ def write_outputs(rows: list[StudyRow], cfg: DictConfig, out: Path, partial: boo
     noisy = [f"{(r.point + ': ') if r.point else ''}{r.label} ({r.step_spread:.2f})" for r in rows if r.noisy]
     if noisy:
         lines.append(f"**Noisy runs** (step p90/p50 > {NOISY_SPREAD:.2f}): " + ", ".join(noisy) + ".")
+    drifted = list(dict.fromkeys(r.point or "this study" for r in rows if r.untrusted))
+    if drifted:
+        lines.append(f"**The machine's speed drifted** beyond {DRIFT_LIMIT:.2f}x between runs (a calibration "
+                     "timed before and after each run): comparisons UNTRUSTED at " + ", ".join(drifted) + ".")
     for point in dict.fromkeys(r.point for r in rows):
         prow = [r for r in rows if r.point == point]
         lines.append("")
         if point:
-            lines += [f"## {point}", ""]
+            lines += [f"## {point}", ""] + ([point_note, ""] if point_note else [])
         if point in settings:
             lines += [parity_sentence(settings[point], cfg), ""]
+            drift = drift_sentence(settings[point].get("drift"))
+            lines += [drift, ""] if drift else []
         lines += table_lines(prow, cfg)
-    lines += sweep_lines(rows)
+    if cfg.study.get("sweep"):  # groups that are not the points of a sweep scale along nothing
+        lines += sweep_lines(rows)
     lines += ratio_lines(rows)
     lines += compiled_lines(rows, cfg.study.baseline)
     lines += breakdown_lines(rows)
+    lines += list(appendix)
     atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
     write_json(out / "study.json", {"env": env, "config": OmegaConf.to_container(cfg, resolve=True),
                                     "parity": settings, "progress": progress, "rows": [r.__dict__ for r in rows]})
@@ -206,7 +225,7 @@ def _write_csv(rows: list[StudyRow], out: Path) -> None:
     buf = io.StringIO()
     w = csv.writer(buf)
     keys = ["round", "tokens_per_s", "step_ms_p50", "step_ms_p90", "step_ms_spread", "noisy", "peak_mem_gib",
-            "warmup_s", "final_loss", "status", "run_dir"]
+            "warmup_s", "final_loss", "calibration_ms", "status", "run_dir"]
     w.writerow(["point", "method", "compiled", "patch", "patched", "data_seed"] + keys)
     for r in rows:
         for run in r.runs:

@@ -34,7 +34,7 @@ class StudyRow:
     setting: str = ""  # accel keys a run set beyond its configuration's own (harness.report: 'loss_method=naive')
     data_seed: Optional[int] = None  # the batch order's seed, when it is not the run's seed
     tokens_per_s: Optional[float] = None  # median over repeats
-    tokens_per_s_lo: Optional[float] = None  # 95% interval (repeats >= 2)
+    tokens_per_s_lo: Optional[float] = None  # 95% interval (repeats >= stats.MIN_INTERVAL_RUNS)
     tokens_per_s_hi: Optional[float] = None
     speedup_vs_baseline: Optional[float] = None
     speedup_vs_baseline_lo: Optional[float] = None
@@ -47,6 +47,8 @@ class StudyRow:
     step_ms_p90: Optional[float] = None
     step_spread: Optional[float] = None  # p90 / p50 of the step times, the worst repeat
     noisy: Optional[bool] = None  # some repeat's step_spread > NOISY_SPREAD
+    drift: Optional[float] = None  # the machine's speed change over its point's runs (harness.study.drift)
+    untrusted: Optional[bool] = None  # its comparisons are not trusted: drift beyond drift.DRIFT_LIMIT
     peak_mem_gib: Optional[float] = None
     vs_attention: Optional[float] = None  # tokens/s over its attention-only twin (harness.study.ratios)
     vs_attention_lo: Optional[float] = None
@@ -97,6 +99,7 @@ def add_run(row: StudyRow, res: dict, round_: int, probe_curve: Optional[list] =
         "noisy": res.get("noisy"), "peak_mem_gib": res.get("peak_mem_gib"), "mfu": res.get("mfu"),
         "warmup_s": res.get("warmup_s"), "final_loss": res.get("final_train_loss"),
         "loss_curve": list(res.get("loss_curve") or []), "probe_curve": [list(p) for p in (probe_curve or [])],
+        "calibration_ms": list(res.get("calibration_ms") or []),  # before and after the run (harness.study.drift)
     })
     aggregate(row)
 

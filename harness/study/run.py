@@ -28,6 +28,7 @@ from harness.probe import ParityProbe, probe_batches
 from harness.reliability import Interrupted
 from harness.results import write_json
 from harness.study.checks import validate_study
+from harness.study.drift import calibrate, calibration_device
 from harness.study.failures import finish_wandb, free_memory, record_failure
 from harness.study.judge import finish
 from harness.study.plan import Planned, Point, accel_for, study_plan, sweep_points, unavailable
@@ -209,6 +210,7 @@ def run_row(study: StudyRun, point: Point, row: StudyRow, planned: Planned, rnd:
     """One run of ``row``: trained, its result and probe curve recorded (or its failure), the report
     rewritten so that a finished run survives a later crash."""
     run_dir = study.out / "runs" / point.slug / row.slug / (f"r{rnd}" if study.repeats > 1 else "")
+    before = calibrate(calibration_device(point.cfg))  # the machine's speed around the run: drift between runs
     res = run_or_record_failure(study, point, row, planned, rnd, run_dir, probe)
     if res is None:  # out of the except block: its traceback (and the run's tensors) are gone
         finish_wandb(study.cfg)
@@ -218,8 +220,10 @@ def run_row(study: StudyRun, point: Point, row: StudyRow, planned: Planned, rnd:
     if res.get("status") == "interrupted":  # Ctrl+C: the study stops here, its partial numbers not a result
         raise Interrupted(f"{row.label} interrupted at step {res.get('steps_done')} ({res.get('stopped_by')})")
     curve = probe.collect()
+    res["calibration_ms"] = [before, calibrate(calibration_device(point.cfg))]
     write_json(Path(res.get("run_dir") or run_dir) / "parity_probe.json",
-               {"every": _probe_every(study.cfg), "batches": int(study.cfg.study.parity_batches), "curve": curve})
+               {"every": _probe_every(study.cfg), "batches": int(study.cfg.study.parity_batches), "curve": curve,
+                "calibration_ms": res["calibration_ms"]})
     add_run(row, res, rnd, curve)
     row.patched = res.get("patched")
     if res.get("status") == "nonfinite":

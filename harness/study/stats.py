@@ -10,8 +10,11 @@ Throughputs and speedups are ratios, so intervals are computed on their logarith
 * otherwise (runs collected by ``harness.report``, or a repeat that crashed): Welch's t-interval of
   the difference of the mean logs (unpaired).
 
-The point estimate is the median over repeats (of the per-round ratios when paired). With one repeat
-there is no interval. An interval that contains 1.0 means the speedup is within the run-to-run noise.
+The point estimate is the median over repeats (of the per-round ratios when paired). With fewer than
+MIN_INTERVAL_RUNS (3) there is no interval: from two runs the t quantile is 12.7 and the spread rests
+on one difference, so the interval spans orders of magnitude (``1,404 [0, 4,703,713]``) and says
+nothing; from three (t = 4.3, two degrees of freedom) it is wide but finite information. An
+interval that contains 1.0 means the speedup is within the run-to-run noise.
 The t quantiles come from a table (no SciPy needed); fractional Welch degrees of freedom are rounded
 down, which widens the interval slightly.
 """
@@ -39,10 +42,14 @@ def t975(df: float) -> float:
     return 1.960 + 2.4 / d  # within 0.3% of the exact quantile above 30
 
 
+#: the fewest runs (or paired rounds) an interval is computed from (see the module docstring)
+MIN_INTERVAL_RUNS = 3
+
+
 @dataclass
 class Estimate:
     value: Optional[float]  # the median
-    lo: Optional[float] = None  # 95% interval (None: fewer than two repeats)
+    lo: Optional[float] = None  # 95% interval (None: fewer than MIN_INTERVAL_RUNS repeats)
     hi: Optional[float] = None
     n: int = 0
 
@@ -65,7 +72,7 @@ def log_interval(values: Sequence[float]) -> Estimate:
     if n == 0:
         return Estimate(None)
     med = statistics.median(v for v in values if v is not None and v > 0 and math.isfinite(v))
-    if n < 2:
+    if n < MIN_INTERVAL_RUNS:
         return Estimate(med, n=n)
     mean, sd = statistics.fmean(logs), statistics.stdev(logs)
     half = t975(n - 1) * sd / math.sqrt(n)
@@ -82,7 +89,7 @@ def ratio_interval(num: Sequence[float], den: Sequence[float], paired: bool) -> 
     if not a or not b:
         return Estimate(None)
     med = math.exp(statistics.median(a) - statistics.median(b))
-    if len(a) < 2 or len(b) < 2:
+    if len(a) < MIN_INTERVAL_RUNS or len(b) < MIN_INTERVAL_RUNS:
         return Estimate(med, n=min(len(a), len(b)))
     va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
     se = math.sqrt(va + vb)

@@ -1,0 +1,76 @@
+"""Whether the machine's speed changed while a study ran: a speedup compares runs made at different
+times, and a machine that is uniformly slower for one run than for the next (other work on its cores,
+a GPU that clocked down) invents one that no step-time spread within a run can see.
+
+Every study run is bracketed by a calibration: a fixed small workload (a CALIBRATION_SIZE-square
+float32 matmul and a GELU), timed CALIBRATION_REPS times after one warm-up, the median in ms, on the
+run's device, just before and just after the run (a few ms on a GPU, tens of ms on a CPU). A point's
+drift is its slowest calibration over its fastest; above DRIFT_LIMIT every comparison at the point
+(speedups, ratios) is marked UNTRUSTED (harness.study.judge). The limit is that of a noisy run's step
+spread (harness.throughput.NOISY_SPREAD): a machine whose speed changed by more than 10% cannot
+support a comparison finer than that. The calibrations are kept in ``parity_probe.json`` beside each
+run, so the report over a runs folder (harness.report) judges them the same way.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Optional
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from harness.throughput import NOISY_SPREAD
+
+#: the largest slowest/fastest calibration ratio at which a point's comparisons are trusted
+DRIFT_LIMIT = NOISY_SPREAD
+CALIBRATION_SIZE = 256
+CALIBRATION_REPS = 5
+
+
+def calibration_device(cfg: DictConfig) -> str:
+    """The device the study's runs train on: CUDA where the trainer may use it and there is one."""
+    accelerator = str(OmegaConf.select(cfg, "trainer.accelerator", default="auto"))
+    return "cuda" if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available() else "cpu"
+
+
+def calibrate(device: str = "cpu", clock: Optional[Callable[[], float]] = None,
+              reps: int = CALIBRATION_REPS) -> float:
+    """The median ms of the calibration workload on ``device`` (``clock``: seconds, default
+    time.perf_counter; read after a device sync)."""
+    clock = clock or time.perf_counter
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    a = torch.randn(CALIBRATION_SIZE, CALIBRATION_SIZE, generator=torch.Generator().manual_seed(0)).to(device)
+    torch.nn.functional.gelu(a @ a)  # warm-up: the first call pays for allocation and kernel choice
+    sync()
+    times = []
+    for _ in range(reps):
+        t0 = clock()
+        torch.nn.functional.gelu(a @ a)
+        sync()
+        times.append((clock() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def drift_of(rows: list) -> Optional[dict]:
+    """The machine's speed over the runs of ``rows`` (one point): {"fastest_ms", "slowest_ms", "drift",
+    "untrusted"}; None where fewer than two calibrations were recorded."""
+    values = [c for r in rows for run in r.runs for c in (run.get("calibration_ms") or []) if c and c > 0]
+    if len(values) < 2:
+        return None
+    fastest, slowest = min(values), max(values)
+    drift = slowest / fastest
+    return {"fastest_ms": fastest, "slowest_ms": slowest, "drift": drift, "untrusted": drift > DRIFT_LIMIT}
+
+
+def drift_sentence(info: Optional[dict]) -> str:
+    """The report's line on a point's drift ('' where nothing was calibrated)."""
+    if not info:
+        return ""
+    span = (f"Machine speed: the calibration took {info['fastest_ms']:.2f} to {info['slowest_ms']:.2f} ms "
+            f"over this point's runs ({info['drift']:.2f}x")
+    if info["untrusted"]:
+        return (f"**{span}, beyond {DRIFT_LIMIT:.2f}x): the machine's speed changed between runs, so every "
+                "comparison here is UNTRUSTED** (docs/studies.md, drift).")
+    return f"{span}, within {DRIFT_LIMIT:.2f}x)."
