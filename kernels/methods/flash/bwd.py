@@ -32,7 +32,7 @@ import torch
 from kernels.methods.flash import bwd_gluon, gluon_common
 from kernels.methods.flash import plan as plans
 from kernels.methods.flash.fwd import group_kwargs, precision, resolve_tma
-from kernels.methods.flash.tiles import (LOG2E, TMA_CODE, device_descriptor, empty_bthd, ensure_allocator,
+from kernels.methods.flash.tiles import (LOG2E, TMA_CODE, device_descriptor, empty_grad, ensure_allocator,
                                          host_descriptor, interpreter_enabled, key_bounds, load_rows, mma,
                                          query_bounds, store_rows, tl, tma_eligible, triton)
 from kernels.runtime import fastlaunch
@@ -307,8 +307,9 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                lse: torch.Tensor, scale: float, causal: bool, plan: plans.BwdPlan | None = None,
                grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv), each laid out as (B, T, H, d) in memory; or written into ``grads`` (three tensors of
-    q's, k's and v's shapes and dtypes, any strides: views of one packed gradient, say) and returned."""
+    """(dq, dk, dv), each in its input's strides where that is dense, else laid out as (B, T, H, d)
+    (tiles.empty_grad); or written into ``grads`` (three tensors of q's, k's and v's shapes and dtypes, any
+    strides: views of one packed gradient, say) and returned."""
     site_key = None
     if plan is None and not plans.overridden():
         site_key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), do.stride(), out.stride(),
@@ -357,10 +358,9 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                          (out, do, delta, delta if dq_acc is None else dq_acc, *out.stride(), *do.stride(), H, TQ),
                          dict(DV=DV, DV_PAD=dv_pad, BLOCK=plan.pre_block, ACC_D=acc_d)))
         fastlaunch.launch(*launches[0])
-    # the gradients in the layout of the model's q/k/v views (tiles.empty_bthd)
+    # the gradients in their inputs' strides, or the layout of the model's q/k/v views (tiles.empty_grad)
     if grads is None:
-        dq = empty_bthd(B, H, TQ, D, q.dtype, q.device)
-        dk, dv = empty_bthd(B, HKV, TK, D, k.dtype, k.device), empty_bthd(B, HKV, TK, DV, v.dtype, v.device)
+        dq, dk, dv = empty_grad(q), empty_grad(k), empty_grad(v)
     else:
         dq, dk, dv = grads
     tma = resolve_tma(plan.tma, q.device, q, k, v, do, dq, dk, dv)
