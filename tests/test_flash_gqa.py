@@ -134,6 +134,20 @@ def test_fused_projection_with_kv_heads():
     check([out, dq, dk, dv], want, torch.float32)
 
 
+def test_torch_ops_opcheck_with_kv_heads():
+    """The custom ops (the route torch.compile traces) with Hkv < H: fake shapes and strides match the kernels'."""
+    q, k, v = (t.detach() for t in make(1, 4, 2, 17, 17, 16, torch.float32))
+    ops = torch.ops.softmax_harness
+    with plans.override(SMALL_FWD, SMALL_BWD):
+        torch.library.opcheck(ops.flash_attention_fwd.default, (q, k, v, 0.25, True), test_utils=("test_faketensor",))
+        out, lse = ops.flash_attention_fwd(q, k, v, 0.25, True)
+        torch.library.opcheck(ops.flash_attention_bwd.default, (torch.randn_like(out), q, k, v, out, lse, 0.25, True),
+                              test_utils=("test_faketensor",))
+        qkv = torch.randn(1, 17, 8 * 16)
+        torch.library.opcheck(ops.flash_attention_qkv_fwd.default, (qkv, 4, 0.25, True, 2),
+                              test_utils=("test_faketensor",))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("HKV", [2, 4, 12])
 @pytest.mark.parametrize("d", [64, 128])

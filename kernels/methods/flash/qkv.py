@@ -47,34 +47,36 @@ def _backward(do: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch
 
 
 @torch.library.custom_op("softmax_harness::flash_attention_qkv_fwd", mutates_args=())
-def flash_attention_qkv_fwd(qkv: torch.Tensor, n_head: int, n_kv_head: int, scale: float,
-                            causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out (B, H, T, d) in qkv's dtype, laid out as (B, T, H, d); lse (B, H, T) fp32)."""
+def flash_attention_qkv_fwd(qkv: torch.Tensor, n_head: int, scale: float, causal: bool,
+                            n_kv_head: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (B, H, T, d) in qkv's dtype, laid out as (B, T, H, d); lse (B, H, T) fp32). n_kv_head 0: n_head."""
     validate(qkv)
-    return _forward(qkv, n_head, n_kv_head, scale, causal)
+    return _forward(qkv, n_head, n_kv_head or n_head, scale, causal)
 
 
 @flash_attention_qkv_fwd.register_fake
-def _(qkv, n_head, n_kv_head, scale, causal):
+def _(qkv, n_head, scale, causal, n_kv_head=0):
     B, T, C = qkv.shape
+    n_kv_head = n_kv_head or n_head
     out = qkv.new_empty((B, T, n_head, C // (n_head + 2 * n_kv_head))).transpose(1, 2)
     return out, qkv.new_empty((B, n_head, T), dtype=torch.float32)
 
 
 @torch.library.custom_op("softmax_harness::flash_attention_qkv_bwd", mutates_args=())
 def flash_attention_qkv_bwd(do: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                            n_head: int, n_kv_head: int, scale: float, causal: bool) -> torch.Tensor:
-    """dqkv of qkv's shape, contiguous."""
-    return _backward(do, qkv, out, lse, n_head, n_kv_head, scale, causal)
+                            n_head: int, scale: float, causal: bool, n_kv_head: int = 0) -> torch.Tensor:
+    """dqkv of qkv's shape, contiguous. n_kv_head 0: n_head."""
+    return _backward(do, qkv, out, lse, n_head, n_kv_head or n_head, scale, causal)
 
 
 @flash_attention_qkv_bwd.register_fake
-def _(do, qkv, out, lse, n_head, n_kv_head, scale, causal):
+def _(do, qkv, out, lse, n_head, scale, causal, n_kv_head=0):
     return torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    qkv, n_head, n_kv_head, scale, causal = inputs
+    qkv, n_head, scale, causal, *rest = inputs
+    n_kv_head = rest[0] if rest else 0
     out, lse = output
     ctx.save_for_backward(qkv, out, lse)
     ctx.n_head, ctx.n_kv_head, ctx.scale, ctx.causal = n_head, n_kv_head, scale, causal
@@ -83,7 +85,7 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _op_backward(ctx, d_out: torch.Tensor, _d_lse: Optional[torch.Tensor]):
     qkv, out, lse = ctx.saved_tensors
-    return (flash_attention_qkv_bwd(d_out, qkv, out, lse, ctx.n_head, ctx.n_kv_head, ctx.scale, ctx.causal),
+    return (flash_attention_qkv_bwd(d_out, qkv, out, lse, ctx.n_head, ctx.scale, ctx.causal, ctx.n_kv_head),
             None, None, None, None)
 
 
@@ -115,7 +117,7 @@ def flash_attention_qkv(qkv: torch.Tensor, n_head: int, scale: float, causal: bo
     check_dropout(dropout_p)
     n_kv_head = n_head if n_kv_head is None else n_kv_head
     if torch.compiler.is_compiling():
-        return flash_attention_qkv_fwd(qkv, n_head, n_kv_head, scale, causal)[0]
+        return flash_attention_qkv_fwd(qkv, n_head, scale, causal, n_kv_head)[0]
     if torch.is_grad_enabled() and qkv.requires_grad:
         return _EagerAttentionQKV.apply(qkv, n_head, n_kv_head, scale, causal)
     return _forward(qkv, n_head, n_kv_head, scale, causal)[0]
