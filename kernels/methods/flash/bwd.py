@@ -337,7 +337,7 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
             raise ValueError(f"{plan} cannot run here: {why}")
         if why is not None:  # a table plan for inputs the Gluon kernels take: elsewhere, the Triton kernels'
             plan = plans.triton_plans(D, DV, q.dtype, causal, TQ, TK)[1]  # measured plan
-    if grouped and plan.fused:  # (one grid: its axis 1 cannot be both the kv heads and the query heads)
+    if HKV != H and plan.fused:  # (one grid: its axis 1 cannot be both the kv heads and the query heads)
         if chosen:
             raise ValueError(f"{plan} cannot run here: the fused backward takes k and v with q's number of heads "
                              f"(got {H} and {HKV}: grouped-query attention runs the two passes, fused=False)")

@@ -167,12 +167,12 @@ def precision(dtype: torch.dtype) -> int:
 
 
 def group_kwargs(n_head: int, n_kv_head: int) -> dict:
-    """The kernels' KV_GROUP (query heads per kv head) where k and v have fewer heads than q; nothing
-    otherwise, so a launch without groups specializes exactly as before (the constexpr's default)."""
+    """The kernels' KV_GROUP (query heads per kv head; 1, the constexpr's default, without groups: the same
+    specialization as before). Always by keyword: fastlaunch's direct path needs every constexpr given so."""
     if n_kv_head < 1 or n_head % n_kv_head:
         raise ValueError(f"flash attention takes k and v with a number of heads dividing q's (grouped-query "
                          f"attention); got {n_head} query heads and {n_kv_head} kv heads")
-    return {"KV_GROUP": n_head // n_kv_head} if n_kv_head != n_head else {}
+    return {"KV_GROUP": n_head // n_kv_head}
 
 
 def resolve_tma(mode: str, device: torch.device, *tensors: torch.Tensor) -> str:
