@@ -225,7 +225,7 @@ def test_launch_bwd_wires_the_gluon_dkdv_adding_dq(monkeypatch, deterministic, s
     assert splits == [split and not deterministic]
     if not deterministic:
         assert given[0].shape == (2, 2, 37, d)
-    assert dq.stride() == q.stride()  # (the model's (B, T, H, d) layout, as every backward's)
+    assert dq.stride() == q.stride()  # (q's own layout, here the model's (B, T, H, d): tiles.empty_grad)
     for got, want in zip((dq, dk, dv), ref_in):
         assert kernels.relative_error(got, want.grad) <= kernels.ATTN_BWD_TOL[torch.bfloat16]
 

@@ -73,6 +73,20 @@ Code paths (each module opens with its own details):
   there. Measured slower than the dq pass too (252 against 310 TFLOP/s forward + backward at
   (4, 12, 4096, 64) on an H200: each key block reduces a share into every later dq row, 1.6 GB of fp32
   reductions at that shape with 64-key tiles).
+* Grouped-query attention (k and v with Hkv heads, H % Hkv == 0; query head h reads kv head h // G, G = H /
+  Hkv, SDPA's ``enable_gqa`` convention): native in the Triton kernels, k and v never expanded. The forward
+  and the dq pass read kv head h // G through k's and v's own strides (constexpr ``KV_GROUP`` = G, default
+  1: without groups the kernels compile to the same PTX as before, checked for sm_90 with the table's Triton
+  plans); the dk/dv pass runs one program per (key block, kv head, batch), loads its k and v block once and
+  loops over the G query heads of its group and their query blocks, summing dk and dv on chip (no expanded
+  gradient buffers, no atomics); delta per query head as before. ``delta_in_dq``, ``one_loop``, the atomic
+  dq modes and the deterministic path take groups as they are (the dq sums stay per query head). The fused
+  backward (one grid whose axis 1 cannot be both the kv and the query heads) and the Gluon kernels take Hkv =
+  H only: a table plan falls back (unfused; the Triton kernels' plan), an explicit plan refuses with the reason.
+* Gradients: in their input's strides where that input is dense (a leaf's ``.grad`` then takes them as
+  they are: autograd copies a gradient whose strides differ from its dense leaf's, three B H T d copies a
+  backward on contiguous (B, H, T, d) inputs), else (a view of a projection: the model's) laid out as (B,
+  T, H, d) (``tiles.empty_grad``).
 * Any strides: every tensor is addressed through its own (B, H, T, d) strides; the model's (B, T, H,
   d) views are read in place, never copied. Head dims 1..128, padded to the next power of two
   (>= 16) with masked loads; dv may differ from d. float16 / bfloat16 (tensor cores, fp32
@@ -111,7 +125,8 @@ causality (``fastlaunch.Prepared``), so a repeated call skips the plan and the a
 
 Registered as the torch ops ``softmax_harness::flash_attention_fwd`` (-> out, lse) and
 ``softmax_harness::flash_attention_bwd`` (``ops``); ``attention_qkv`` (``qkv``) runs the same kernels on
-views of one projection and writes the three gradients into one tensor (no concatenation after them). Dropout is refused (sdpa or a composed method
+views of one projection (B, T, (H + 2 Hkv) d), ``n_kv_head`` Hkv (default H), and writes the three gradients
+into one tensor (no concatenation after them). Dropout is refused (sdpa or a composed method
 drops out). Inputs: CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1`` (tests).
 """
 

@@ -25,12 +25,14 @@ backward for d = 64 beyond T = 1024.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from kernels.methods.flash import bwd_gluon, gluon_common
 from kernels.methods.flash import plan as plans
-from kernels.methods.flash.fwd import precision, resolve_tma
-from kernels.methods.flash.tiles import (LOG2E, TMA_CODE, device_descriptor, empty_bthd, ensure_allocator,
+from kernels.methods.flash.fwd import group_kwargs, precision, resolve_tma
+from kernels.methods.flash.tiles import (LOG2E, TMA_CODE, device_descriptor, empty_grad, ensure_allocator,
                                          host_descriptor, interpreter_enabled, key_bounds, load_rows, mma,
                                          query_bounds, store_rows, tl, tma_eligible, triton)
 from kernels.runtime import fastlaunch
@@ -107,14 +109,17 @@ if triton is not None:
                       D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                       TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr, DQ_ATOMIC: tl.constexpr,
-                      ONE_LOOP: tl.constexpr):
+                      ONE_LOOP: tl.constexpr, KV_GROUP: tl.constexpr = 1):
+        """dk, dv of BLOCK_N keys of kv head h: loaded once, the gradients summed on chip over the KV_GROUP
+        query heads that read them (grouped-query attention; 1: head h alone), no atomics."""
+        HKV = H // KV_GROUP
         if TMA == 2:
             Q = device_descriptor(Q, B, H, TQ, sqb, sqh, sqm, BLOCK_M, D, D_PAD)
             DO = device_descriptor(DO, B, H, TQ, sdb, sdh, sdm, BLOCK_M, DV, DV_PAD)
-            K = device_descriptor(K, B, H, TK, skb, skh, skn, BLOCK_N, D, D_PAD)
-            V = device_descriptor(V, B, H, TK, svb, svh, svn, BLOCK_N, DV, DV_PAD)
-            DK = device_descriptor(DK, B, H, TK, s_dkb, s_dkh, s_dkn, BLOCK_N, D, D_PAD)
-            DV_ = device_descriptor(DV_, B, H, TK, s_dvb, s_dvh, s_dvn, BLOCK_N, DV, DV_PAD)
+            K = device_descriptor(K, B, HKV, TK, skb, skh, skn, BLOCK_N, D, D_PAD)
+            V = device_descriptor(V, B, HKV, TK, svb, svh, svn, BLOCK_N, DV, DV_PAD)
+            DK = device_descriptor(DK, B, HKV, TK, s_dkb, s_dkh, s_dkn, BLOCK_N, D, D_PAD)
+            DV_ = device_descriptor(DV_, B, HKV, TK, s_dvb, s_dvh, s_dvn, BLOCK_N, DV, DV_PAD)
         n0 = pid_n * BLOCK_N
         offs_n = n0 + tl.arange(0, BLOCK_N)
         k = load_rows(K, b, h, n0, TK, skb, skh, skn, skd, BLOCK_N, D, D_PAD, TMA, True)
@@ -122,18 +127,20 @@ if triton is not None:
         dk = tl.zeros([BLOCK_N, D_PAD], tl.float32)
         dv = tl.zeros([BLOCK_N, DV_PAD], tl.float32)
         lo, full = query_bounds(n0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
-        if CAUSAL and ONE_LOOP:
-            dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQA, b, h, lo, TQ, offs_n, H, TQ, TK,
-                                 qk_scale, scale, sqb, sqh, sqm, sqd, sdb, sdh, sdm, sdd, D, DV, D_PAD, DV_PAD,
-                                 BLOCK_M, 2, TMA, WARP_SPEC, PREC, DQ_ATOMIC, full)
-        else:
-            if CAUSAL:
-                dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQA, b, h, lo, full, offs_n, H, TQ, TK,
+        for g in range(KV_GROUP):  # (one trip at KV_GROUP = 1: folded away, qh = h)
+            qh = h * KV_GROUP + g
+            if CAUSAL and ONE_LOOP:
+                dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQA, b, qh, lo, TQ, offs_n, H, TQ, TK,
                                      qk_scale, scale, sqb, sqh, sqm, sqd, sdb, sdh, sdm, sdd, D, DV, D_PAD, DV_PAD,
-                                     BLOCK_M, 1, TMA, WARP_SPEC, PREC, DQ_ATOMIC)
-            dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQA, b, h, full, TQ, offs_n, H, TQ, TK,
-                                 qk_scale, scale, sqb, sqh, sqm, sqd, sdb, sdh, sdm, sdd, D, DV, D_PAD, DV_PAD,
-                                 BLOCK_M, 0, TMA, WARP_SPEC, PREC, DQ_ATOMIC)
+                                     BLOCK_M, 2, TMA, WARP_SPEC, PREC, DQ_ATOMIC, full)
+            else:
+                if CAUSAL:
+                    dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQA, b, qh, lo, full, offs_n, H, TQ,
+                                         TK, qk_scale, scale, sqb, sqh, sqm, sqd, sdb, sdh, sdm, sdd, D, DV, D_PAD,
+                                         DV_PAD, BLOCK_M, 1, TMA, WARP_SPEC, PREC, DQ_ATOMIC)
+                dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQA, b, qh, full, TQ, offs_n, H, TQ, TK,
+                                     qk_scale, scale, sqb, sqh, sqm, sqd, sdb, sdh, sdm, sdd, D, DV, D_PAD, DV_PAD,
+                                     BLOCK_M, 0, TMA, WARP_SPEC, PREC, DQ_ATOMIC)
         store_rows(DK, (dk * scale).to(k.dtype), b, h, n0, TK, s_dkb, s_dkh, s_dkn, s_dkd, BLOCK_N, D, D_PAD, TMA)
         store_rows(DV_, dv.to(v.dtype), b, h, n0, TK, s_dvb, s_dvh, s_dvn, s_dvd, BLOCK_N, DV, DV_PAD, TMA)
 
@@ -179,14 +186,16 @@ if triton is not None:
                     D: tl.constexpr, DV: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                     TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr, DELTA_IN_DQ: tl.constexpr,
-                    ONE_LOOP: tl.constexpr, EVEN_K: tl.constexpr):
-        """dq of BLOCK_M queries. DELTA_IN_DQ: delta = rowsum(o * do) of those rows formed here (o read by
-        pointers) and stored for the dk/dv pass, which runs after this one (no delta kernel)."""
+                    ONE_LOOP: tl.constexpr, EVEN_K: tl.constexpr, KV_GROUP: tl.constexpr = 1):
+        """dq of BLOCK_M queries of head h (its keys and values: kv head h // KV_GROUP). DELTA_IN_DQ: delta =
+        rowsum(o * do) of those rows formed here (o read by pointers) and stored for the dk/dv pass, which
+        runs after this one (no delta kernel)."""
+        hk = h // KV_GROUP
         if TMA == 2:
             Q = device_descriptor(Q, B, H, TQ, sqb, sqh, sqm, BLOCK_M, D, D_PAD)
             DO = device_descriptor(DO, B, H, TQ, sdb, sdh, sdm, BLOCK_M, DV, DV_PAD)
-            K = device_descriptor(K, B, H, TK, skb, skh, skn, BLOCK_N, D, D_PAD)
-            V = device_descriptor(V, B, H, TK, svb, svh, svn, BLOCK_N, DV, DV_PAD)
+            K = device_descriptor(K, B, H // KV_GROUP, TK, skb, skh, skn, BLOCK_N, D, D_PAD)
+            V = device_descriptor(V, B, H // KV_GROUP, TK, svb, svh, svn, BLOCK_N, DV, DV_PAD)
             DQ = device_descriptor(DQ, B, H, TQ, s_dqb, s_dqh, s_dqm, BLOCK_M, D, D_PAD)
         m0 = pid_m * BLOCK_M
         offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -203,14 +212,14 @@ if triton is not None:
         dq = tl.zeros([BLOCK_M, D_PAD], tl.float32)
         full, hi = key_bounds(m0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
         if ONE_LOOP:
-            dq = _dq_inner(dq, q, do, lse2, delta, K, V, b, h, 0, hi, offs_m, TQ, TK, qk_scale,
+            dq = _dq_inner(dq, q, do, lse2, delta, K, V, b, hk, 0, hi, offs_m, TQ, TK, qk_scale,
                            skb, skh, skn, skd, svb, svh, svn, svd, D, DV, D_PAD, DV_PAD,
                            BLOCK_N, CAUSAL, 2, TMA, WARP_SPEC, PREC, full, EVEN_K)
         else:
-            dq = _dq_inner(dq, q, do, lse2, delta, K, V, b, h, 0, full, offs_m, TQ, TK, qk_scale,
+            dq = _dq_inner(dq, q, do, lse2, delta, K, V, b, hk, 0, full, offs_m, TQ, TK, qk_scale,
                            skb, skh, skn, skd, svb, svh, svn, svd, D, DV, D_PAD, DV_PAD,
                            BLOCK_N, CAUSAL, 0, TMA, WARP_SPEC, PREC)
-            dq = _dq_inner(dq, q, do, lse2, delta, K, V, b, h, full, hi, offs_m, TQ, TK, qk_scale,
+            dq = _dq_inner(dq, q, do, lse2, delta, K, V, b, hk, full, hi, offs_m, TQ, TK, qk_scale,
                            skb, skh, skn, skd, svb, svh, svn, svd, D, DV, D_PAD, DV_PAD,
                            BLOCK_N, CAUSAL, 1, TMA, WARP_SPEC, PREC)
         store_rows(DQ, (dq * scale).to(q.dtype), b, h, m0, TQ, s_dqb, s_dqh, s_dqm, s_dqd, BLOCK_M, D, D_PAD, TMA)
@@ -224,13 +233,16 @@ if triton is not None:
                     BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_M2: tl.constexpr,
                     BLOCK_N2: tl.constexpr, CAUSAL: tl.constexpr, DO_KV: tl.constexpr, DO_Q: tl.constexpr,
                     TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr, DQ_ATOMIC: tl.constexpr,
-                    DELTA_IN_DQ: tl.constexpr, ONE_LOOP: tl.constexpr = False, EVEN_K: tl.constexpr = False):
+                    DELTA_IN_DQ: tl.constexpr, ONE_LOOP: tl.constexpr = False, EVEN_K: tl.constexpr = False,
+                    KV_GROUP: tl.constexpr = 1):
         """Programs [0, N_KV_PROGRAMS) compute dk/dv (when DO_KV), the others dq (when DO_Q); a
         launch with both is the fused backward. Q, K, V, DO are the dk/dv programs' inputs, Q2 .. DO2
         the dq programs' (the same tensors; with host descriptors, boxes of their tile shapes).
         Causal dq programs run heaviest first (the last queries see the most keys). DQ_ATOMIC (1:
         element atomics, 2: TMA reductions): the dk/dv programs also add dq into DQA (fp32), and no
-        program does the dq pass. DELTA_IN_DQ (a dq-only launch): the dq programs form delta from O."""
+        program does the dq pass. DELTA_IN_DQ (a dq-only launch): the dq programs form delta from O.
+        KV_GROUP > 1 (grouped-query attention; never fused): axis 1 is the kv head in a dk/dv launch, the
+        query head in a dq launch."""
         pid = tl.program_id(0)
         h = tl.program_id(1)
         b = tl.program_id(2)
@@ -240,7 +252,7 @@ if triton is not None:
                               sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdm, sdd,
                               s_dkb, s_dkh, s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, B, H, TQ, TK, qk_scale,
                               scale, D, DV, D_PAD, DV_PAD, BLOCK_M1, BLOCK_N1, CAUSAL, TMA, WARP_SPEC, PREC,
-                              DQ_ATOMIC, ONE_LOOP)
+                              DQ_ATOMIC, ONE_LOOP, KV_GROUP)
         if DO_Q:
             if pid >= N_KV_PROGRAMS:
                 pid_m = pid - N_KV_PROGRAMS
@@ -250,7 +262,7 @@ if triton is not None:
                             sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdm, sdd,
                             s_dqb, s_dqh, s_dqm, s_dqd, sob, soh, som, sod, B, H, TQ, TK, qk_scale, scale,
                             D, DV, D_PAD, DV_PAD, BLOCK_M2, BLOCK_N2, CAUSAL, TMA, WARP_SPEC, PREC, DELTA_IN_DQ,
-                            ONE_LOOP, EVEN_K)
+                            ONE_LOOP, EVEN_K, KV_GROUP)
 
 
 # Prepared launches (fastlaunch.prepare) of the dq-pass backward with pointer tiles, by what fixes every
@@ -295,8 +307,9 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                lse: torch.Tensor, scale: float, causal: bool, plan: plans.BwdPlan | None = None,
                grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv), each laid out as (B, T, H, d) in memory; or written into ``grads`` (three tensors of
-    q's, k's and v's shapes and dtypes, any strides: views of one packed gradient, say) and returned."""
+    """(dq, dk, dv), each in its input's strides where that is dense, else laid out as (B, T, H, d)
+    (tiles.empty_grad); or written into ``grads`` (three tensors of q's, k's and v's shapes and dtypes, any
+    strides: views of one packed gradient, say) and returned."""
     site_key = None
     if plan is None and not plans.overridden():
         site_key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), do.stride(), out.stride(),
@@ -310,7 +323,8 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
             if done is not None:
                 return done
     B, H, TQ, D = q.shape
-    TK, DV = k.shape[2], v.shape[3]
+    HKV, TK, DV = k.shape[1], k.shape[2], v.shape[3]
+    grouped = group_kwargs(H, HKV)
     chosen = plan is not None
     if plan is None:
         plan = plans.plans_for(D, DV, q.dtype, causal, TQ, TK)[1]
@@ -323,6 +337,11 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
             raise ValueError(f"{plan} cannot run here: {why}")
         if why is not None:  # a table plan for inputs the Gluon kernels take: elsewhere, the Triton kernels'
             plan = plans.triton_plans(D, DV, q.dtype, causal, TQ, TK)[1]  # measured plan
+    if HKV != H and plan.fused:  # (one grid: its axis 1 cannot be both the kv heads and the query heads)
+        if chosen:
+            raise ValueError(f"{plan} cannot run here: the fused backward takes k and v with q's number of heads "
+                             f"(got {H} and {HKV}: grouped-query attention runs the two passes, fused=False)")
+        plan = dataclasses.replace(plan, fused=False)
     d_pad, dv_pad = plans.head_pad(D), plans.head_pad(DV)
     atomic = 0 if plan.dq_mode == "pass" or plan.gluon or deterministic else 1
     add_dq = plan.gluon == 1 and plan.dq_mode == "tma_add" and not deterministic  # (the Gluon dk/dv kernel adds dq)
@@ -339,10 +358,9 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                          (out, do, delta, delta if dq_acc is None else dq_acc, *out.stride(), *do.stride(), H, TQ),
                          dict(DV=DV, DV_PAD=dv_pad, BLOCK=plan.pre_block, ACC_D=acc_d)))
         fastlaunch.launch(*launches[0])
-    # the gradients in the layout of the model's q/k/v views (tiles.empty_bthd)
+    # the gradients in their inputs' strides, or the layout of the model's q/k/v views (tiles.empty_grad)
     if grads is None:
-        dq = empty_bthd(B, H, TQ, D, q.dtype, q.device)
-        dk, dv = empty_bthd(B, H, TK, D, k.dtype, k.device), empty_bthd(B, H, TK, DV, v.dtype, v.device)
+        dq, dk, dv = empty_grad(q), empty_grad(k), empty_grad(v)
     else:
         dq, dk, dv = grads
     tma = resolve_tma(plan.tma, q.device, q, k, v, do, dq, dk, dv)
@@ -350,7 +368,7 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     n_kv, n_q = fastlaunch.cdiv(TK, bn1), fastlaunch.cdiv(TQ, bm2)
     common = dict(D=D, DV=DV, D_PAD=d_pad, DV_PAD=dv_pad, BLOCK_M1=bm1, BLOCK_N1=bn1, BLOCK_M2=bm2,
                   BLOCK_N2=bn2, CAUSAL=causal, TMA=TMA_CODE[tma], WARP_SPEC=plan.warp_specialize,
-                  PREC=precision(q.dtype), ONE_LOOP=plan.one_loop, EVEN_K=TK % bn2 == 0)
+                  PREC=precision(q.dtype), ONE_LOOP=plan.one_loop, EVEN_K=TK % bn2 == 0, **grouped)
     if tma == "device":
         ensure_allocator()
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *dk.stride(), *dv.stride(),
@@ -375,7 +393,7 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     sizes = (B, H, TQ, TK, scale * LOG2E, scale)
 
     def launch(n_programs: int, n_kv: int, do_kv: bool, do_q: bool, warps: int, stages: int) -> None:
-        one = (_bwd_kernel, (n_programs, H, B), (*ins, *outs, lse, delta, dq_sums, out, *strides, *sizes, n_kv),
+        one = (_bwd_kernel, (n_programs, HKV if do_kv and not do_q else H, B), (*ins, *outs, lse, delta, dq_sums, out, *strides, *sizes, n_kv),
                dict(common, DO_KV=do_kv, DO_Q=do_q, DQ_ATOMIC=atomic, DELTA_IN_DQ=delta_in_dq and not do_kv,
                     num_warps=warps, num_stages=stages))
         fastlaunch.launch(*one)

@@ -97,7 +97,9 @@ if triton is not None:
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                     SCALE_POS: tl.constexpr, TMA: tl.constexpr, WARP_SPEC: tl.constexpr, PREC: tl.constexpr,
                     GROUP: tl.constexpr, SUM_MMA: tl.constexpr = False, ONE_LOOP: tl.constexpr = False,
-                    EVEN_K: tl.constexpr = False):
+                    EVEN_K: tl.constexpr = False, KV_GROUP: tl.constexpr = 1):
+        """KV_GROUP: query heads per kv head (grouped-query attention): head h reads kv head h // KV_GROUP
+        through k's and v's own strides (1: h itself, the same code as without groups)."""
         pid_m = tl.program_id(0)
         h = tl.program_id(1)
         b = tl.program_id(2)
@@ -115,10 +117,11 @@ if triton is not None:
                 h = hb % H
                 b = hb // H
         m0 = pid_m * BLOCK_M
+        hk = h // KV_GROUP
         if TMA == 2:
             Q = device_descriptor(Q, B, H, TQ, sqb, sqh, sqm, BLOCK_M, D, D_PAD)
-            K = device_descriptor(K, B, H, TK, skb, skh, skn, BLOCK_N, D, D_PAD)
-            V = device_descriptor(V, B, H, TK, svb, svh, svn, BLOCK_N, DV, DV_PAD)
+            K = device_descriptor(K, B, H // KV_GROUP, TK, skb, skh, skn, BLOCK_N, D, D_PAD)
+            V = device_descriptor(V, B, H // KV_GROUP, TK, svb, svh, svn, BLOCK_N, DV, DV_PAD)
             O = device_descriptor(O, B, H, TQ, sob, soh, som, BLOCK_M, DV, DV_PAD)
         offs_m = m0 + tl.arange(0, BLOCK_M)
         q = load_rows(Q, b, h, m0, TQ, sqb, sqh, sqm, sqd, BLOCK_M, D, D_PAD, TMA, True)
@@ -130,14 +133,14 @@ if triton is not None:
         acc = tl.zeros([BLOCK_M, DV_PAD], tl.float32)
         full, hi = key_bounds(m0, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL)
         if ONE_LOOP:
-            acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, b, h, 0, hi, offs_m, TQ, TK, qk_scale,
+            acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, b, hk, 0, hi, offs_m, TQ, TK, qk_scale,
                                        skb, skh, skn, skd, svb, svh, svn, svd, D, DV, D_PAD, DV_PAD,
                                        BLOCK_N, CAUSAL, 2, SCALE_POS, TMA, WARP_SPEC, PREC, SUM_MMA, full, EVEN_K)
         else:
-            acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, b, h, 0, full, offs_m, TQ, TK, qk_scale,
+            acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, b, hk, 0, full, offs_m, TQ, TK, qk_scale,
                                        skb, skh, skn, skd, svb, svh, svn, svd, D, DV, D_PAD, DV_PAD,
                                        BLOCK_N, CAUSAL, 0, SCALE_POS, TMA, WARP_SPEC, PREC, SUM_MMA)
-            acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, b, h, full, hi, offs_m, TQ, TK, qk_scale,
+            acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, b, hk, full, hi, offs_m, TQ, TK, qk_scale,
                                        skb, skh, skn, skd, svb, svh, svn, svd, D, DV, D_PAD, DV_PAD,
                                        BLOCK_N, CAUSAL, 1, SCALE_POS, TMA, WARP_SPEC, PREC, SUM_MMA)
         if SUM_MMA:
@@ -161,6 +164,15 @@ def precision(dtype: torch.dtype) -> int:
     """The kernels' PREC (see tiles.mma): fp32 full-precision dots, 16-bit tensor cores (widened
     under the interpreter)."""
     return 1 if dtype == torch.float32 else _PREC_16
+
+
+def group_kwargs(n_head: int, n_kv_head: int) -> dict:
+    """The kernels' KV_GROUP (query heads per kv head; 1, the constexpr's default, without groups: the same
+    specialization as before). Always by keyword: fastlaunch's direct path needs every constexpr given so."""
+    if n_kv_head < 1 or n_head % n_kv_head:
+        raise ValueError(f"flash attention takes k and v with a number of heads dividing q's (grouped-query "
+                         f"attention); got {n_head} query heads and {n_kv_head} kv heads")
+    return {"KV_GROUP": n_head // n_kv_head}
 
 
 def resolve_tma(mode: str, device: torch.device, *tensors: torch.Tensor) -> str:
@@ -233,7 +245,7 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
            dict(D=D, DV=DV, D_PAD=d_pad, DV_PAD=dv_pad, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
                 SCALE_POS=scale > 0, TMA=TMA_CODE[tma], WARP_SPEC=plan.warp_specialize,
                 PREC=precision(q.dtype), GROUP=plan.group if causal else 1, SUM_MMA=plan.sum_mma,
-                ONE_LOOP=plan.one_loop, EVEN_K=TK % bn == 0,
+                ONE_LOOP=plan.one_loop, EVEN_K=TK % bn == 0, **group_kwargs(H, k.shape[1]),
                 num_warps=plan.num_warps,
                 num_stages=plan.num_stages, **({"maxnreg": plan.maxnreg} if plan.maxnreg else {})))
     fastlaunch.launch(*one)

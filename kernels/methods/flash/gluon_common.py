@@ -161,6 +161,9 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str
         return f"the Gluon forward takes d = dv in {HEAD_DIMS} (got d={d}, dv={dv})"
     if not tma_eligible(q, k, v):
         return "the Gluon forward reads by TMA: 16-byte aligned bases and strides"
+    if k.shape[1] != q.shape[1]:
+        return (f"the Gluon kernels take k and v with q's number of heads (got {q.shape[1]} and {k.shape[1]}: "
+                "grouped-query attention runs the Triton kernels)")
     if not q.numel() or not k.numel():
         return "the Gluon forward takes no empty inputs (TMA descriptors need every dimension >= 1)"
     return None

@@ -10,7 +10,7 @@ import torch
 
 from kernels.methods.flash.bwd import launch_bwd
 from kernels.methods.flash.fwd import launch_fwd
-from kernels.methods.flash.tiles import TRITON_ERROR, interpreter_enabled
+from kernels.methods.flash.tiles import TRITON_ERROR, empty_grad, interpreter_enabled
 from kernels.runtime.availability import NO_GPU_REASON
 
 #: The dtypes the kernels take (fp32 runs full-precision dots: correct, far from tensor-core speed).
@@ -76,18 +76,14 @@ def _(q, k, v, scale, causal):
 def flash_attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         out: torch.Tensor, lse: torch.Tensor, scale: float,
                         causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv), each laid out as (B, T, H, d) in memory like the forward's output."""
+    """(dq, dk, dv), each in its input's strides where that is dense, else laid out as (B, T, H, d)
+    (tiles.empty_grad)."""
     return launch_bwd(do, q, k, v, out, lse, scale, causal)
-
-
-def _grad_layout(t: torch.Tensor) -> torch.Tensor:
-    B, H, T, D = t.shape
-    return t.new_empty((B, T, H, D)).transpose(1, 2)
 
 
 @flash_attention_bwd.register_fake
 def _(do, q, k, v, out, lse, scale, causal):
-    return _grad_layout(q), _grad_layout(k), _grad_layout(v)
+    return empty_grad(q), empty_grad(k), empty_grad(v)
 
 
 def _setup_context(ctx, inputs, output) -> None:

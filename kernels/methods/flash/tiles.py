@@ -42,6 +42,22 @@ def empty_bthd(B: int, H: int, T: int, D: int, dtype: torch.dtype, device) -> to
     return torch.empty_strided((B, H, T, D), (T * H * D, D, H * D, 1), dtype=dtype, device=device)
 
 
+def empty_grad(t: torch.Tensor) -> torch.Tensor:
+    """The gradient of an input (q, k or v): in the input's own strides where it is dense (a leaf's .grad
+    then takes the kernels' tensor as is: autograd copies a gradient whose strides differ from its dense
+    leaf's, three copies of B H T d elements a backward for contiguous (B, H, T, d) inputs); else (a view
+    of a projection, the model's) laid out as (B, T, H, D) like ``empty_bthd``."""
+    packed = 1  # dense: the strides, sizes-1 dimensions aside, in some order 1, n0, n0 n1, ...
+    for stride, size in sorted((s, n) for s, n in zip(t.stride(), t.shape) if n != 1):
+        if stride != packed:
+            break
+        packed *= size
+    else:
+        return torch.empty_like(t)  # (preserve_format: a dense tensor's strides)
+    B, H, T, D = t.shape
+    return empty_bthd(B, H, T, D, t.dtype, t.device)
+
+
 def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
