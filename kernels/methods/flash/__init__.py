@@ -118,7 +118,7 @@ TMA copies replace the pointer loads and take 20-50 fewer registers a thread; wa
 leaves these loops unspecialized on Hopper (same code with 8 warps; with 4 the pass fails to
 compile), so on 3.6 it is a Blackwell switch.
 
-Launches go through ``kernels.methods.triton.fastlaunch`` (Triton's launcher skipped once a
+Launches go through ``kernels.runtime.fastlaunch`` (Triton's launcher skipped once a
 specialization is known: ~20 us less per forward on the H200's host); the forward's launch and the
 dq-pass backward's (pointer tiles) are kept prepared by shapes, strides, dtypes, device, scale and
 causality (``fastlaunch.Prepared``), so a repeated call skips the plan and the argument tuples.

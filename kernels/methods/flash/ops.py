@@ -10,20 +10,12 @@ import torch
 
 from kernels.methods.flash.bwd import launch_bwd
 from kernels.methods.flash.fwd import launch_fwd
-from kernels.methods.flash.tiles import TRITON_ERROR, empty_grad, interpreter_enabled
-from kernels.runtime.availability import NO_GPU_REASON
+from kernels.methods.flash.tiles import empty_grad, interpreter_enabled
+from kernels.runtime.availability import unavailable_reason  # noqa: F401  (the method's: Triton runs here)
 
 #: The dtypes the kernels take (fp32 runs full-precision dots: correct, far from tensor-core speed).
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 128
-
-
-def unavailable_reason() -> Optional[str]:
-    if TRITON_ERROR:
-        return TRITON_ERROR
-    if torch.cuda.is_available() or interpreter_enabled():
-        return None
-    return NO_GPU_REASON
 
 
 def validate(q: torch.Tensor) -> None:

@@ -9,20 +9,11 @@ out-of-bounds elements with zeros on a load and drops them on a store.
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-
-    TRITON_ERROR: Optional[str] = None
-except Exception as exc:  # pragma: no cover - exercised only where triton is missing
-    triton = None
-    tl = None
-    TRITON_ERROR = f"triton is not importable ({exc})"
+from kernels.runtime.availability import TRITON_ERROR, interpreter_enabled, tl, triton  # noqa: F401
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -56,10 +47,6 @@ def empty_grad(t: torch.Tensor) -> torch.Tensor:
         return torch.empty_like(t)  # (preserve_format: a dense tensor's strides)
     B, H, T, D = t.shape
     return empty_bthd(B, H, T, D, t.dtype, t.device)
-
-
-def interpreter_enabled() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def tma_supported(device: torch.device) -> bool:
