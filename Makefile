@@ -49,7 +49,7 @@ train: setup
 
 # `make test`: the default set, every behaviour with at least one fast case (a few minutes on 2 CPU
 # cores); the tests marked slow (the other sizes and dtypes of a kernel test, whole training runs) are
-# run by `make test-slow` alone, and by `make test-all` with the rest. CI runs test, then test-slow.
+# run by `make test-slow` alone, and by `make test-all` with the rest. CI runs test.
 test: setup
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
