@@ -141,8 +141,11 @@ def test_slurm_launcher_config_composes():
     assert "SlurmLauncher" in cfg.hydra.launcher._target_ and cfg.hydra.launcher.gpus_per_node == 1
 
 
-def test_wandb_sweep_file_drives_this_entry_point():
+def test_wandb_sweep_file_drives_this_entry_point(monkeypatch):
     import yaml
+
+    # a W&B agent runs logged in: the sweep's logger.mode=online is refused without a key
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
 
     sweep = yaml.safe_load((ROOT / "scripts" / "wandb_sweep.yaml").read_text())
     assert sweep["command"][2:4] == ["-m", "harness.train"] and "${args_no_hyphens}" in sweep["command"]
