@@ -50,6 +50,7 @@ def test_kernels_compile_for_sm90_without_spills(builds):
     assert spills and max(spills) == 0, f"a kernel spills {max(spills)} bytes to local memory"
 
 
+@pytest.mark.slow  # the tuning variants (~65 s); the method's own kernels' compile check stays
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found (CI installs the CUDA toolkit's compiler)")
 @pytest.mark.parametrize("source", ["softmax_tuning.cu", "softmax_tuning_persist.cu"])
 def test_tuning_variants_compile_for_sm90(builds, source):

@@ -180,6 +180,7 @@ def test_tma_add_launches_descriptor_reductions_where_tma_is(monkeypatch, tma_th
         assert meta["DQ_ATOMIC"] == 1 and isinstance(dqa, torch.Tensor) and dqa.dtype == torch.float32
 
 
+@pytest.mark.slow  # a sweep in the interpreter (~35 s)
 def test_sweep_checks_and_times_both_dq_modes(tmp_path):
     """The plan sweep in the interpreter at a tiny shape: every candidate checked against float64
     first, the atomic-dq phase timed, an invalid combination skipped, a table entry printed."""
@@ -201,6 +202,7 @@ def test_sweep_checks_and_times_both_dq_modes(tmp_path):
     assert set(recs["best"]) == {"1,2,40,40,16/causal/bfloat16"}
 
 
+@pytest.mark.slow  # a sweep in the interpreter (~35 s)
 def test_sweep_tries_the_program_order_only_where_causal(tmp_path):
     """FwdPlan.group changes only the causal launch: the sweep times its values there and leaves the
     phase out of the non-causal shape (the same launch four times otherwise)."""

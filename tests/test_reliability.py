@@ -100,6 +100,7 @@ def _snapshot(root):
     return {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow  # three CLI runs (~50 s); the in-process resume tests stay in the default set
 def test_resume_cli_leaves_a_finished_run_alone_and_extends_it_in_place(tmp_path, capsys, monkeypatch):
     from harness.resume import resume_command_line
 

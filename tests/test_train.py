@@ -170,6 +170,7 @@ def test_ddp_two_processes_on_gloo(tmp_path):
     assert r.stderr.count("harness: done") == 1  # rank 0 alone reports
 
 
+@pytest.mark.slow  # a multirun of DDP jobs (~70 s); test_ddp_two_processes_on_gloo stays in the default set
 def test_multirun_with_ddp_keeps_jobs_apart_with_one_wandb_run_each(tmp_path):
     sweep = tmp_path / "sweep"
     r = run_cli("-m", "model=tiny", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
