@@ -1,5 +1,5 @@
-"""What a run prints: a progress bar with the numbers people read (tokens/s as 882k, step time, MFU in
-percent, the loss), and no third-party noise the user cannot act on.
+"""What a run prints besides its progress (harness.progress): its own lines, the end-of-run lines, and no
+third-party noise the user cannot act on.
 
 The filters are targeted: one Lightning deprecation warning that Lightning itself triggers, Lightning's
 advertising tips, its TPU/HPU lines and its note on the limit_val_batches the harness sets, W&B's
@@ -13,9 +13,8 @@ from __future__ import annotations
 import logging
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-from lightning.pytorch.callbacks import TQDMProgressBar
 from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
@@ -71,70 +70,6 @@ def quiet_third_party(resuming: bool = False) -> None:
         logger = logging.getLogger(name)
         if _FILTER not in logger.filters:
             logger.addFilter(_FILTER)
-
-
-def human(value: float) -> str:
-    """882k, 1.23M, 950: a rate at a glance."""
-    v = abs(value)
-    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if v >= scale:
-            q = value / scale
-            return f"{q:.3g}{suffix}" if abs(q) < 100 else f"{q:.0f}{suffix}"
-    return f"{value:.3g}" if v < 100 else f"{value:.0f}"
-
-
-def step_time(ms: float) -> str:
-    return f"{ms / 1000:.2f}s" if ms >= 1000 else f"{ms:.3g}ms" if ms < 100 else f"{ms:.0f}ms"
-
-
-def _value(metrics: dict, key: str) -> Optional[float]:
-    v = metrics.get(key)
-    if v is None:
-        return None
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return None
-
-
-def bar_metrics(metrics: dict) -> dict[str, Any]:
-    """The progress bar's postfix from the logged metrics: loss, val_loss, tok/s, step, mfu."""
-    out: dict[str, Any] = {}
-    for key, label in (("train/loss", "loss"), ("val/loss", "val_loss")):
-        v = _value(metrics, key)
-        if v is not None:
-            out[label] = f"{v:.3f}"
-    v = _value(metrics, "train/tokens_per_s")
-    if v is not None:
-        out["tok/s"] = human(v)
-    v = _value(metrics, "train/step_ms")
-    if v is not None:
-        out["step"] = step_time(v)
-    v = _value(metrics, "train/mfu")
-    if v is not None:
-        out["mfu"] = f"{100 * v:.1f}%"
-    return out
-
-
-class HarnessProgressBar(TQDMProgressBar):
-    """Lightning's bar without ``v_num``, with readable throughput figures. It reads
-    ``trainer.callback_metrics`` when it refreshes (every ``refresh_rate`` steps), so the harness logs nothing
-    with ``prog_bar=True``: Lightning converts such metrics to Python numbers after every batch, whether a bar
-    shows them or not, a host-device synchronization each step (Lightning-AI/pytorch-lightning#21232)."""
-
-    def __init__(self, refresh_rate: int = 1, loss_computed: bool = True, **kwargs: Any):
-        super().__init__(refresh_rate=refresh_rate, **kwargs)
-        self.loss_computed = loss_computed
-
-    def get_metrics(self, trainer, pl_module) -> dict[str, Any]:
-        shown = bar_metrics(dict(trainer.callback_metrics))
-        return shown if self.loss_computed else without_loss(shown)
-
-
-def without_loss(shown: dict[str, Any]) -> dict[str, Any]:
-    """The bar's figures for a timing-only method (registered exact=False, e.g. ``floor``): what it logs as
-    a loss is no loss (the floor reads the logits once and returns a stand-in), so "-" is shown instead."""
-    return {k: ("-" if k in ("loss", "val_loss") else v) for k, v in shown.items()}
 
 
 def done_message(results: dict, label: str, device: str, summary, run_dir: Path, logger_name: str) -> str:

@@ -110,7 +110,7 @@ class LanguageModelTask(L.LightningModule):
         if self._cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
         _, loss = self(x, y)
-        # (no prog_bar=True: a device sync every step; see harness.console.HarnessProgressBar)
+        # (no prog_bar=True: a device sync every step; see harness.progress)
         self.log("train/loss", loss, on_step=True, on_epoch=False)
         self._losses.append(loss.detach().clone() if self._cudagraphs else loss.detach())
         self._loss_steps.append(self.global_step)

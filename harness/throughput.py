@@ -193,7 +193,7 @@ class ThroughputMonitor(Callback):
         if self._cuda:
             metrics["train/peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
         for k, v in metrics.items():
-            pl_module.log(k, v, rank_zero_only=True)  # (no prog_bar=True: see harness.console.HarnessProgressBar)
+            pl_module.log(k, v, rank_zero_only=True)  # (no prog_bar=True: see harness.progress)
 
     # -- Lightning hooks -------------------------------------------------------------------------
     def on_train_start(self, trainer, pl_module) -> None:

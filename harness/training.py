@@ -22,7 +22,8 @@ from rich.markup import escape
 import kernels
 from harness.build import Built, build, compute_dtype, data_seed, on_gpu, resolve_precision, seq_len, tokens_per_step
 from harness.config import DEFAULT_PATCH, accel_methods, patch_words, to_container, validate
-from harness.console import HarnessProgressBar, RunConsole, done_message, quiet_third_party
+from harness.console import RunConsole, done_message, quiet_third_party
+from harness.progress import progress_callback
 from harness.env import environment
 from harness.gate import RunShapes, run_gate
 from harness.loggers import make_logger, wandb_mode
@@ -252,7 +253,7 @@ def throughput_monitor(run: Run) -> ThroughputMonitor:
 def _callbacks(cfg: DictConfig, run_dir: Path, monitor, graceful: GracefulStop, extra: tuple,
                loss_computed: bool = True):
     guard = NonFiniteLossGuard(cfg.trainer.window, cfg.accel.name, cfg.trainer.on_nonfinite)
-    callbacks: list = [monitor, guard, graceful, HarnessProgressBar(refresh_rate=cfg.trainer.window, loss_computed=loss_computed),
+    callbacks: list = [monitor, guard, graceful, progress_callback(cfg.trainer.window, loss_computed),
                        *extra]
     if cfg.trainer.ckpt_every:
         callbacks.append(ModelCheckpoint(

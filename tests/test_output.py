@@ -14,7 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from harness.console import HarnessProgressBar, bar_metrics, done_message, human, quiet_third_party
+from harness.console import done_message, quiet_third_party
+from harness.progress import HarnessProgressBar, LineProgress, bar_metrics, human, progress_callback
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -149,3 +150,47 @@ def test_wandb_runs_end_without_their_panel_unless_the_user_chose(tmp_path, monk
     assert resumed.quiet is True and resumed.resumed is True  # both settings kept
     monkeypatch.setenv("WANDB_QUIET", "false")  # the user's own choice: left to W&B
     assert "settings" not in make_logger(cfg, tmp_path, "run", None, {})._wandb_init
+
+
+def _fake_trainer(**kw):
+    base = dict(global_step=0, max_steps=20, callback_metrics={}, is_global_zero=True, sanity_checking=False,
+                num_training_batches=float("inf"), current_epoch=0, max_epochs=-1, state=SimpleNamespace(fn="fit"))
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_off_a_terminal_progress_is_plain_lines_every_window():
+    import io
+
+    out = io.StringIO()  # (not a terminal: isatty() is False)
+    cb = progress_callback(5, stream=out)
+    assert isinstance(cb, LineProgress)
+    logged = {"train/loss": torch.tensor(3.14159), "train/tokens_per_s": torch.tensor(882_345.0)}
+    for step in range(1, 21):
+        cb._trainer = _fake_trainer(global_step=step, callback_metrics=logged)
+        cb.on_train_batch_end(cb._trainer, None, None, None, step - 1)
+    cb._trainer = _fake_trainer(global_step=20, callback_metrics={**logged, "val/loss": torch.tensor(2.5)})
+    cb.on_validation_end(cb._trainer, None)
+    lines = out.getvalue().splitlines()
+    assert lines[:4] == [f"step {s}/20  loss 3.142  tok/s 882k" for s in (5, 10, 15, 20)]
+    assert lines[4] == "validation at step 20: val_loss 2.500" and len(lines) == 5
+    assert "\x1b" not in out.getvalue() and "\r" not in out.getvalue()
+    floor = LineProgress(5, loss_computed=False, stream=out)
+    floor._trainer = _fake_trainer(global_step=5, callback_metrics=logged)
+    floor.on_train_batch_end(floor._trainer, None, None, None, 4)
+    assert out.getvalue().splitlines()[-1] == "step 5/20  loss -  tok/s 882k"
+
+
+def test_on_a_terminal_the_bar_counts_to_max_steps_and_a_resumed_one_starts_where_it_stopped():
+    class Tty:
+        def isatty(self):
+            return True
+
+    bar = progress_callback(5, stream=Tty())
+    assert isinstance(bar, HarnessProgressBar)
+    bar._trainer = _fake_trainer(global_step=10, max_steps=20)
+    bar.train_progress_bar = bar.init_train_tqdm()
+    bar.on_train_epoch_start(bar._trainer, None)
+    assert bar.train_progress_bar.total == 20 and bar.train_progress_bar.n == 10  # not "10/?"
+    bar._trainer = _fake_trainer(global_step=15, max_steps=20)
+    bar.on_train_batch_end(bar._trainer, None, None, None, 4)  # (a resumed epoch's fifth batch: step 15)
+    assert bar.train_progress_bar.n == 15

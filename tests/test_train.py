@@ -70,12 +70,12 @@ def test_no_metric_becomes_a_python_number_every_step(tmp_path, monkeypatch):
     throughput, read from callback_metrics when it refreshes."""
     from lightning.pytorch.trainer.connectors.logger_connector import result
 
-    from harness import console
+    from harness import progress
 
     converted, shown = [], []
-    real_convert, real_bar = result.convert_tensors_to_scalars, console.bar_metrics
+    real_convert, real_bar = result.convert_tensors_to_scalars, progress.bar_metrics
     monkeypatch.setattr(result, "convert_tensors_to_scalars", lambda v: (converted.append(v), real_convert(v))[1])
-    monkeypatch.setattr(console, "bar_metrics", lambda m: (shown.append(real_bar(m)), shown[-1])[1])
+    monkeypatch.setattr(progress, "bar_metrics", lambda m: (shown.append(real_bar(m)), shown[-1])[1])
     run_training(compose_cfg(*QUICK, "logger=none"), tmp_path)
     assert converted == []
     assert any("loss" in b and "tok/s" in b for b in shown), shown
