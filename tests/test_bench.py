@@ -13,6 +13,7 @@ import kernels
 from harness.bench.softmax import KernelRow, fill_ratios, run_kernel_bench
 
 
+@pytest.mark.slow  # every softmax method through the interpreter and a chart (~6 s)
 def test_kernel_bench_writes_table_csv_and_chart(tmp_path):
     methods = [m for m in ("naive", "torch", "triton") if m in kernels.runnable_methods()]
     res = run_kernel_bench(methods, [8, 32], 256, "fp32", [], (1, 2, 8, 8), tmp_path, rep_ms=10)
@@ -275,6 +276,7 @@ def test_error_text_keeps_the_allocator_account_of_an_out_of_memory_error():
     assert error_text(ValueError("short\nsecond line")) == "ValueError: short"
 
 
+@pytest.mark.slow  # a subprocess per group (~8 s)
 def test_loss_table_measures_each_group_in_its_own_process(tmp_path):
     """isolate=True (the GPU default): each vocabulary's rows and the linear rows come back from a fresh
     process, checked and timed as in-process ones are."""
@@ -385,6 +387,7 @@ def test_warm_then_repeat_calls_once_then_repeat_times():
     assert len(calls) == 4
 
 
+@pytest.mark.slow  # a whole-model compile on the CPU (~8 s)
 def test_overhead_bare_loop_compiles_the_model_as_the_harness_does(monkeypatch):
     """With compile_model the bare loop's model goes through torch.compile with the run's compile_mode, as
     the harness's does (else the overhead table sets a compiled harness against an eager loop); without it,

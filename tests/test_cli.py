@@ -13,7 +13,7 @@ from harness.help import help_text
 from harness.report import main as report_main
 from harness.study.checks import validate_study
 from harness.train import validate_with_data
-from tests.test_train import run_cli
+from tests.test_train import run_clis
 
 
 def _precheck(capsys, *argv, config="config", validate=validate_with_data) -> tuple[int, str]:
@@ -72,10 +72,10 @@ def test_study_errors_are_clear_too(capsys):
 
 
 def test_the_cli_exits_2_without_a_traceback_and_creates_nothing(tmp_path):
-    r = run_cli("model=tiny", "trainer=cpu", "accel=fastest", cwd=tmp_path)
+    r, missing = run_clis(["model=tiny", "trainer=cpu", "accel=fastest"], ["data=text", "data.path=/no/such/file.txt"],
+                          cwd=tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "valid accel options" in r.stderr
-    r = run_cli("data=text", "data.path=/no/such/file.txt", cwd=tmp_path)
-    assert r.returncode == 2 and "no such file" in r.stderr
+    assert missing.returncode == 2 and "no such file" in missing.stderr
     assert not any(tmp_path.iterdir())
 
 

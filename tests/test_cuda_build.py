@@ -13,18 +13,40 @@ CSRC = Path(__file__).resolve().parents[1] / "csrc"
 NVCC = shutil.which("nvcc") or (shutil.which("nvcc", path="/usr/local/cuda/bin"))
 
 
-_SOURCES = ("softmax_kernels.cu", "softmax_tuning.cu", "softmax_tuning_persist.cu")
+#: source -> whether ptxas reports each kernel's registers and spills (-Xptxas -v)
+_SOURCES = {
+    "softmax_kernels.cu": True, "softmax_tuning.cu": False, "softmax_tuning_persist.cu": False,
+    # the cross-entropy kernels (csrc/cross_entropy/paths.cuh): the production dispatch and the sweep's
+    # two translation units of launch variants
+    "cross_entropy_kernels.cu": True, "cross_entropy_tuning.cu": True, "cross_entropy_tuning_split.cu": True,
+}
+
+
+#: the test that compiles a production source (the tuning tests name theirs in their parameter)
+_PRODUCTION = {"test_kernels_compile_for_sm90_without_spills": "softmax_kernels.cu",
+               "test_cross_entropy_kernels_compile_for_sm90_without_spills": "cross_entropy_kernels.cu"}
+
+
+def _selected_sources(session) -> list[str]:
+    """The sources the selected tests of this module compile (a deselected slow test's build would only
+    take the cores from the others)."""
+    wanted = set()
+    for item in session.items:
+        if item.path == Path(__file__):
+            params = getattr(getattr(item, "callspec", None), "params", {})
+            wanted.add(params.get("source") or _PRODUCTION.get(item.originalname))
+    return [s for s in _SOURCES if s in wanted]
 
 
 @pytest.fixture(scope="module")
-def builds(tmp_path_factory):
-    """The three nvcc builds, started together (CI has two cores; one build at a time took three
-    minutes): source -> (the running process, its object file). Each test waits for its own."""
+def builds(request, tmp_path_factory):
+    """The nvcc builds the selected tests need, started together (CI has two cores; one build at a time
+    took minutes): source -> (the running process, its object file). Each test waits for its own."""
     out = tmp_path_factory.mktemp("nvcc")
     procs = {}
-    for source in _SOURCES:
+    for source in _selected_sources(request.session):
         obj = out / (source + ".o")
-        flags = ["-Xptxas", "-v"] if source == "softmax_kernels.cu" else []
+        flags = ["-Xptxas", "-v"] if _SOURCES[source] else []
         cmd = [NVCC, "-std=c++17", "-O3", "-arch=sm_90", *flags, "-c", str(CSRC / source), "-o", str(obj)]
         procs[source] = (subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), obj)
     yield procs
@@ -59,26 +81,6 @@ def test_tuning_variants_compile_for_sm90(builds, source):
     assert obj.stat().st_size > 0
 
 
-# The cross-entropy kernels (csrc/cross_entropy/paths.cuh): the production dispatch (with -Xptxas -v)
-# and the sweep's two translation units of launch variants.
-_CE_SOURCES = ("cross_entropy_kernels.cu", "cross_entropy_tuning.cu", "cross_entropy_tuning_split.cu")
-
-
-@pytest.fixture(scope="module")
-def ce_builds(tmp_path_factory):
-    """The cross-entropy nvcc builds, started together (as `builds` above)."""
-    out = tmp_path_factory.mktemp("nvcc-ce")
-    procs = {}
-    for source in _CE_SOURCES:
-        obj = out / (source + ".o")
-        cmd = [NVCC, "-std=c++17", "-O3", "-arch=sm_90", "-Xptxas", "-v", "-c", str(CSRC / source), "-o", str(obj)]
-        procs[source] = (subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), obj)
-    yield procs
-    for proc, _ in procs.values():
-        if proc.poll() is None:
-            proc.kill()
-
-
 def _kernel_resources(stderr):
     """(kernel, registers, spill store bytes) for every kernel in ptxas -v output."""
     out, name, spill = [], None, 0
@@ -97,8 +99,8 @@ def _kernel_resources(stderr):
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found (CI installs the CUDA toolkit's compiler)")
-def test_cross_entropy_kernels_compile_for_sm90_without_spills(ce_builds):
-    stderr, obj = _finish(ce_builds, "cross_entropy_kernels.cu")
+def test_cross_entropy_kernels_compile_for_sm90_without_spills(builds):
+    stderr, obj = _finish(builds, "cross_entropy_kernels.cu")
     assert obj.stat().st_size > 0
     kernels = _kernel_resources(stderr)
     names = " ".join(k for k, _, _ in kernels)
@@ -112,11 +114,12 @@ def test_cross_entropy_kernels_compile_for_sm90_without_spills(ce_builds):
     assert not hybrid, hybrid
 
 
+@pytest.mark.slow  # the sweep's launch variants; the method's own kernels' compile check stays
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found (CI installs the CUDA toolkit's compiler)")
 @pytest.mark.parametrize("source", ["cross_entropy_tuning.cu", "cross_entropy_tuning_split.cu"])
-def test_cross_entropy_tuning_variants_compile_for_sm90(ce_builds, source):
+def test_cross_entropy_tuning_variants_compile_for_sm90(builds, source):
     """The launch variants that `python -m harness.bench cuda-ce-sweep` times."""
-    _, obj = _finish(ce_builds, source)
+    _, obj = _finish(builds, source)
     assert obj.stat().st_size > 0
 
 

@@ -38,6 +38,10 @@ for case in sys.argv[1:]:
 """
 
 
+# every test here compiles Gluon kernels for sm_90 (3-8 s each on two cores): the slow set
+pytestmark = pytest.mark.slow
+
+
 def _check_compiled(k: dict, case: str, expects: set, budget: int, regs: int = 240, spills: bool = False) -> None:
     """What every Gluon flash kernel compiled for sm_90 must show: 4-D TMA loads, wgmma, the consumers'
     `regs` registers (setmaxnreg; 160 with three consumers), barriers that expect exactly `expects` bytes

@@ -61,9 +61,10 @@ def test_row_sums_by_the_tensor_cores_keep_the_result(monkeypatch, tq, tk, dtype
             plans.FwdPlan(sum_mma=True, **bad)
 
 
-@pytest.mark.parametrize("tq,tk,dtype,causal,scale", [
-    (37, 30, torch.float16, True, None), (30, 37, torch.bfloat16, True, None), (1, 1, torch.float16, True, None),
-    (40, 40, torch.float32, True, None), (48, 48, torch.bfloat16, True, None), (33, 41, torch.bfloat16, False, None),
+@pytest.mark.parametrize("tq,tk,dtype,causal,scale", [  # (the whole tiles of 30x37, 40x40, 48x48: the slow set)
+    (37, 30, torch.float16, True, None), pytest.param(30, 37, torch.bfloat16, True, None, marks=pytest.mark.slow),
+    (1, 1, torch.float16, True, None), pytest.param(40, 40, torch.float32, True, None, marks=pytest.mark.slow),
+    pytest.param(48, 48, torch.bfloat16, True, None, marks=pytest.mark.slow), (33, 41, torch.bfloat16, False, None),
     (32, 32, torch.bfloat16, False, 0.0), (29, 35, torch.float16, True, -0.3)])
 def test_one_loop_forward_matches_the_two_loops(monkeypatch, tq, tk, dtype, causal, scale):
     """FwdPlan.one_loop: the masked tiles (causal diagonal, keys past the last whole tile) under a branch inside
@@ -81,9 +82,13 @@ def test_one_loop_forward_matches_the_two_loops(monkeypatch, tq, tk, dtype, caus
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["two-launches", "fused"])
-@pytest.mark.parametrize("tq,tk,dtype,causal", [(37, 30, torch.float16, True), (30, 37, torch.bfloat16, True),
-                                                 (48, 48, torch.bfloat16, True), (33, 41, torch.float16, False),
-                                                 (40, 40, torch.float32, True), (1, 1, torch.float16, True)])
+# (37, 30), (33, 41) and (1, 1) cover Tq > Tk, no mask and one key; the others (~3.5 s each) are in the slow set
+@pytest.mark.parametrize("tq,tk,dtype,causal", [(37, 30, torch.float16, True),
+                                                 pytest.param(30, 37, torch.bfloat16, True, marks=pytest.mark.slow),
+                                                 pytest.param(48, 48, torch.bfloat16, True, marks=pytest.mark.slow),
+                                                 (33, 41, torch.float16, False),
+                                                 pytest.param(40, 40, torch.float32, True, marks=pytest.mark.slow),
+                                                 (1, 1, torch.float16, True)])
 def test_one_loop_backward_matches_the_two_loops(monkeypatch, tq, tk, dtype, causal, fused):
     """BwdPlan.one_loop: the dk/dv programs' diagonal query tiles and the dq programs' diagonal and last key tiles
     masked under a branch inside the full tiles' loop give the two-loop kernels' gradients (the same sums in the

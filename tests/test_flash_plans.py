@@ -46,7 +46,7 @@ def test_plan_variants(variant):
     run_and_compare(*make_qkv(1, 2, 37, 30, 16, torch.float16), causal=True, plan=(f, b))
 
 
-@pytest.mark.parametrize("group", [2, 4, 8])
+@pytest.mark.parametrize("group", [2, pytest.param(4, marks=pytest.mark.slow), 8])  # (4: between the two)
 @pytest.mark.parametrize("tq,tk", [(37, 30), (30, 37)])
 def test_grouped_causal_program_order(group, tq, tk):
     """FwdPlan.group: the causal forward's programs remapped G heads at a time, heaviest blocks first.
@@ -83,6 +83,7 @@ def test_atomic_dq_gives_way_to_the_dq_pass_in_deterministic_mode():
         assert all(torch.equal(a, p) for a, p in zip(grads[mode], grads["pass"]))
 
 
+@pytest.mark.slow  # compiles every dq mode for sm_90 (~7 s)
 def test_dq_adds_compile_to_what_each_mode_promises():
     """Compiled for sm_90 (no GPU: harness.bench flash-compile-check in a subprocess without the
     interpreter, HARNESS_COMPILE_PYTHON's Triton where set): the atomic mode's dk/dv kernel adds dq by

@@ -143,7 +143,7 @@ def _flash_cases():
     return out
 
 
-@pytest.fixture(params=[False, True], ids=["delta-kernel", "delta-in-dq"])
+@pytest.fixture(params=[False, pytest.param(True, marks=pytest.mark.slow)], ids=["delta-kernel", "delta-in-dq"])  # (~5 s each)
 def delta_in_dq(request, monkeypatch):
     """The flash plans as they are, or every shape on the default plans with BwdPlan.delta_in_dq (no delta
     kernel: dq first; the table's entries set aside, so the GPU shapes it covers take the switch too)."""

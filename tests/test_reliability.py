@@ -42,7 +42,8 @@ class PoisonAt(Callback):
                 pl_module.model.lm_head.weight.fill_(float("nan"))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+# SIGTERM takes the same graceful path as Ctrl+C (SIGINT): in the slow set
+@pytest.mark.parametrize("sig", [pytest.param(signal.SIGTERM, marks=pytest.mark.slow), signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_interrupt_then_resume_matches_an_uninterrupted_run(tmp_path, sig):
     full = run_training(compose_cfg(*BASE, "logger=wandb"), tmp_path / "full")
     part = run_training(compose_cfg(*BASE, "logger=wandb"), tmp_path / "part", extra_callbacks=(SignalAt(13, sig),))
@@ -220,6 +221,7 @@ run_training(compose_cfg(*{base!r}, "logger=wandb"), {run!r}, extra_callbacks=(K
 """
 
 
+@pytest.mark.slow  # two training processes, one killed (~12 s)
 def test_a_killed_run_resumes_from_its_last_checkpoint_without_logging_a_step_twice(tmp_path, monkeypatch):
     import subprocess
     import sys

@@ -6,9 +6,6 @@ value is refused before any training."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -22,7 +19,8 @@ from harness.study.checks import validate_study
 from harness.study.plan import study_plan
 from harness.study.run import run_study
 from tests import study_methods as sm
-from tests.test_study import ROOT, SHORT, read_csv
+from tests.test_study import SHORT, read_csv
+from tests.test_train import run_cli
 
 WRONG_LOSS = "_test_wrong_loss"
 
@@ -160,9 +158,7 @@ def test_bad_split_keys_are_refused(override, message):
 
 
 def test_a_bad_split_fails_fast_on_the_command_line_and_help_lists_the_keys(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-m", "harness.study", "study.loss_split=[sdpa]"], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=120)
+    r = run_cli("study.loss_split=[sdpa]", cwd=tmp_path, module="harness.study")
     assert r.returncode == 2 and "study.loss_split='sdpa'" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "outputs").exists()  # refused before any directory was made
     text = help_text("study", CONF_DIR, "study")

@@ -25,13 +25,29 @@ def compose_cfg(*overrides):
         return compose(config_name="config", overrides=list(overrides))
 
 
-def run_cli(*args, cwd=None, timeout=600):
+def _cli_env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def run_cli(*args, cwd=None, timeout=600, module="harness.train"):
     return subprocess.run(
-        [sys.executable, "-m", "harness.train", *args], cwd=cwd or ROOT, env=env,
+        [sys.executable, "-m", module, *args], cwd=cwd or ROOT, env=_cli_env(),
         capture_output=True, text=True, timeout=timeout,
     )
+
+
+def run_clis(*calls, cwd=None, timeout=600, module="harness.train") -> list[subprocess.CompletedProcess]:
+    """Several command lines at once, each a list of arguments (a refusal is mostly Python's start-up and
+    imports: two cores run two of them in the time of one)."""
+    procs = [subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd or ROOT, env=_cli_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for args in calls]
+    done = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout)
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return done
 
 
 def test_train_writes_results_and_offline_wandb_run(tmp_path):
@@ -102,14 +118,12 @@ def test_out_of_range_values_are_rejected_by_validate(override, message):
 
 
 def test_cli_rejects_bad_overrides_before_any_work(tmp_path):
-    r = run_cli("trainer.max_stepz=3", cwd=tmp_path)
-    assert r.returncode == 2 and "unknown config key 'trainer.max_stepz'" in r.stderr and "max_steps" in r.stderr
-    r = run_cli("accel=fastest", cwd=tmp_path)
-    assert r.returncode != 0 and "accel/fastest" in r.stderr and "triton" in r.stderr
-    r = run_cli("trainer.max_steps=abc", cwd=tmp_path)
-    assert r.returncode != 0 and "max_steps" in r.stderr
-    r = run_cli("model=tiny", "trainer.max_steps=0", cwd=tmp_path)
-    assert r.returncode == 2 and "trainer.max_steps=0" in r.stderr
+    key, accel, typed, ranged = run_clis(["trainer.max_stepz=3"], ["accel=fastest"], ["trainer.max_steps=abc"],
+                                         ["model=tiny", "trainer.max_steps=0"], cwd=tmp_path)
+    assert key.returncode == 2 and "unknown config key 'trainer.max_stepz'" in key.stderr and "max_steps" in key.stderr
+    assert accel.returncode != 0 and "accel/fastest" in accel.stderr and "triton" in accel.stderr
+    assert typed.returncode != 0 and "max_steps" in typed.stderr
+    assert ranged.returncode == 2 and "trainer.max_steps=0" in ranged.stderr
     assert not (tmp_path / "outputs").exists()  # nothing half-written
 
 
@@ -120,6 +134,7 @@ def test_cli_help_lists_groups_and_options():
         assert word in r.stdout
 
 
+@pytest.mark.slow  # a subprocess (~6 s); test_cli checks the same refusal in-process
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="CPU-only behaviour")
 def test_gpu_only_method_fails_clearly_on_cpu(tmp_path):
     r = run_cli("model=tiny", "trainer=cpu", "accel=cuda", "logger=none", f"hydra.run.dir={tmp_path}/run")
@@ -154,6 +169,7 @@ def test_wandb_sweep_file_drives_this_entry_point(monkeypatch):
     validate(cfg)  # every swept key is a real config key with an accepted value
 
 
+@pytest.mark.slow  # two ranks in their own processes (~12 s)
 def test_ddp_two_processes_on_gloo(tmp_path):
     r = run_cli("model=tiny", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_steps=12",
                 "trainer.window=3", "trainer.warmup_steps=2", "trainer.val_every=0", "trainer.val_batches=1",

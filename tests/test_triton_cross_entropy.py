@@ -44,7 +44,8 @@ def forced_path(request, ck, monkeypatch):
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+# (float16 reads and writes as bfloat16 does, with a finer rounding: the slow set)
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.float16, marks=pytest.mark.slow), torch.bfloat16], ids=str)
 def test_every_path_matches_the_reference(forced_path, dtype, reduction):
     _, cols = forced_path
     for i, v in enumerate(cols):  # grad_output 1 (the backward's skip) and not 1, in turn

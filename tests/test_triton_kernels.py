@@ -36,7 +36,8 @@ def forced_path(request, monkeypatch):
     tp.clear_plan_cache()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.float16, marks=pytest.mark.slow), torch.bfloat16], ids=str)  # (float16: as bfloat16)
+# (float16: as bfloat16; float32: the same paths without the rounding to 16 bits: the slow set)
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float32, marks=pytest.mark.slow), pytest.param(torch.float16, marks=pytest.mark.slow), torch.bfloat16], ids=str)
 @pytest.mark.parametrize(
     "shape,causal",
     [((3, 37), False), ((2, 64), False), ((2, 20, 20), True), ((2, 9, 30), True), ((2, 30, 9), True),
@@ -98,7 +99,8 @@ def test_persistent_path_matches_reference(shape, causal, seeded):
     assert kernels.relative_error(dx, dref) <= BWD_TOL[torch.bfloat16]
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.slow), torch.float32], ids=str)  # (float16: as bfloat16)
+# (float16: as bfloat16; float32: the same paths without the rounding to 16 bits: the slow set)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.slow), pytest.param(torch.float32, marks=pytest.mark.slow)], ids=str)
 @pytest.mark.parametrize("variant", ["reload", "narrow"])
 @pytest.mark.parametrize("shape,causal,rows", [((9, 37), False, 2), ((2, 20, 20), True, 1), ((2, 9, 30), True, 4),
                                               ((2, 30, 9), True, 2)])
@@ -324,8 +326,9 @@ print(json.dumps(report(k)))
 """
 
 
-@pytest.mark.parametrize("kernel,dtype,even", [("fwd", "bf16", True), ("fwd", "fp16", False), ("bwd", "bf16", True),
-                                               ("bwd", "fp16", False)])
+@pytest.mark.parametrize("kernel,dtype,even", [  # (one compile of each kernel in the default set, ~3 s each)
+    ("fwd", "bf16", True), pytest.param("fwd", "fp16", False, marks=pytest.mark.slow),
+    pytest.param("bwd", "bf16", True, marks=pytest.mark.slow), ("bwd", "fp16", False)])
 def test_gluon_kernels_compile_for_sm90_with_their_buffer_at_the_start_of_shared_memory(kernel, dtype, even):
     """The Gluon kernels (the hybrid forward; the ring backward over program pairs) compile for Hopper
     (sm_90; ptxas ships with Triton) at the launch table's settings, spill nothing, and their buffer

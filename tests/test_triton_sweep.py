@@ -27,6 +27,7 @@ def test_sweep_candidates_cover_the_launch_tables():
     assert any(p.fill for p in causal) and any(not p.round_mask for p in causal)
 
 
+@pytest.mark.slow  # every sweep candidate through the interpreter (~5 s)
 @pytest.mark.skipif("triton" not in kernels.runnable_methods(), reason="triton cannot run here")
 def test_triton_sweep_checks_every_candidate(monkeypatch, tmp_path):
     """The sweep's plumbing at tiny sizes (on a CPU, Triton's interpreter; the timings mean nothing):
