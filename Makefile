@@ -6,7 +6,7 @@ ARGS ?=
 PYTEST_ARGS ?=
 
 # The torch to install into .venv. With a GPU (nvidia-smi runs): the default wheel, from pip's index.
-# Without one: a CPU build from PyTorch's CPU index (no CUDA libraries, a few hundred MB instead of
+# Without one: a CPU build from PyTorch's CPU index (no CUDA libraries: torch is ~750 MB instead of
 # several GB); when that index cannot be reached, pip's default index instead (said out loud).
 # TORCH_SPEC picks the version (CI pins the CPU build, torch==2.13.0: see .ci/run), TORCH_INDEX the
 # index (empty: pip's own). Changing either reinstalls torch on the next make.

@@ -47,7 +47,7 @@ for stage in "$@"; do
       timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -p no:cacheprovider ${TEST_ARGS:-} ${TEST_FILES:-tests/test_gpu_methods.py tests/test_triton_*.py \
         tests/test_cuda_cross_entropy.py tests/test_cross_entropy.py tests/test_flash_attention.py tests/test_flash_plans.py tests/test_flash_gluon.py \
         tests/test_flash_gluon_bwd.py tests/test_flash_gluon_compile.py tests/test_flash_loops.py tests/test_flex_attention.py \
-        tests/test_attention_qkv.py tests/test_linear_cross_entropy_compiled.py \
+        tests/test_attention_qkv.py tests/test_flash_gqa.py tests/test_gqa.py tests/test_linear_cross_entropy_compiled.py \
         tests/test_properties.py tests/test_kernels.py tests/test_registry.py tests/test_model.py} \
         -k "${TEST_FILTER:-triton or cuda or gpu or sdpa or compiled}" \
         2>&1 | tee "$OUT/tests.log" | tail -40

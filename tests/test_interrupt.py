@@ -103,14 +103,17 @@ def _train_until(run_dir: Path, line: str, signals: int, *extra: str) -> tuple[i
     p = subprocess.Popen([sys.executable, "-m", "harness.train", *QUICK, "trainer.max_steps=2000",
                           "trainer.ckpt_every=5", f"hydra.run.dir={run_dir}", *extra], cwd=run_dir.parent, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen = []
+    seen, sent = [], 0
     for out in p.stdout:
         seen.append(out)
-        if line in out:
+        if line in out and not sent:
             time.sleep(1.0)  # into the steps
-            for _ in range(signals):
+            p.send_signal(signal.SIGINT)
+            sent = 1
+        elif sent and "SIGINT received: stopping after this step" in out:
+            # the first one was taken: the second comes within the step it lets finish (a long one)
+            if signals == 2:
                 p.send_signal(signal.SIGINT)
-                time.sleep(0.2)
             break
     rest, _ = p.communicate(timeout=600)
     return p.returncode, "".join(seen) + rest
@@ -120,7 +123,8 @@ def _train_until(run_dir: Path, line: str, signals: int, *extra: str) -> tuple[i
 @pytest.mark.parametrize("signals", [1, 2], ids=["once", "twice"])
 def test_ctrl_c_of_the_command_exits_130_says_interrupted_and_resumes(tmp_path, signals):
     run = tmp_path / "run"
-    code, out = _train_until(run, "precision=", signals)
+    # twice: steps of 512 sequences (a second or so here), so the second SIGINT lands inside the step
+    code, out = _train_until(run, "precision=", signals, *(["data.batch_size=512"] if signals == 2 else []))
     assert code == 130, out[-2000:]
     saved = json.loads((run / "results.json").read_text())
     assert saved["status"] == "interrupted", saved["status"]
