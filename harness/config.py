@@ -46,6 +46,7 @@ class AccelConfig:
     options: dict = field(default_factory=dict)  # the method's options (sdpa: backend); not loss_method's
     loss_method: Optional[str] = None  # the method that computes the loss softmax; None: method
     qkv: bool = True  # the method's attention_qkv on the unsplit projection, where it has one; false: q, k, v views
+    compiled_loss_method: Optional[str] = None  # with compile_model=true, the loss from this method instead (harness.fallback)
 
 
 @dataclass

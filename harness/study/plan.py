@@ -11,6 +11,8 @@ rounds, behind the same gate and parity. A listed configuration that is not in t
 Such a configuration's rows are labelled by what they ask to patch (harness.study.labels), and the
 report divides each by its ``: attention`` twin (harness.study.ratios).
 
+A compiled row takes the loss fallback its configuration declares (``accel_for``, harness.fallback).
+
 ``accel_names`` and ``accel_config`` are the one place the study learns which configurations exist
 (the study's checks read them here too), so a test can add throw-away methods to a study by replacing
 these two.
@@ -27,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from harness.availability import accel_unavailable
 from harness.config import CONF_DIR, AccelConfig, accel_names, group_options, patch_words
+from harness.fallback import as_compiled, fallback_note
 
 #: what study.sweep can sweep
 SWEEPS = ("context", "model")
@@ -57,14 +60,23 @@ def accel_config(name: str) -> DictConfig:
     return OmegaConf.load(path)
 
 
-def accel_for(name: str, variant: str = "") -> DictConfig:
-    """The accel configuration ``name``, every key filled in, as its ``variant`` runs."""
-    return OmegaConf.merge(OmegaConf.structured(AccelConfig), accel_config(name), VARIANTS[variant])
+def accel_for(name: str, variant: str = "", compiled: bool = False) -> DictConfig:
+    """The accel configuration ``name``, every key filled in, as its ``variant`` runs (``compiled``: with the
+    whole model compiled, its declared loss fallback taken: harness.fallback)."""
+    a = OmegaConf.merge(OmegaConf.structured(AccelConfig), accel_config(name), VARIANTS[variant])
+    return as_compiled(a, compiled)
 
 
-def unavailable(name: str, variant: str = "") -> Optional[str]:
-    """Why the accel configuration ``name`` (as its ``variant`` runs) cannot run here (None: it can)."""
-    a = accel_for(name, variant)
+def fallback(name: str, variant: str = "", compiled: bool = False) -> str:
+    """What the row of ``name`` (``variant``, ``compiled``) runs instead of its configuration's loss method,
+    and why ('' where it runs the configuration as it is)."""
+    return fallback_note(accel_for(name, variant), compiled)
+
+
+def unavailable(name: str, variant: str = "", compiled: bool = False) -> Optional[str]:
+    """Why the accel configuration ``name`` (as its ``variant`` runs, ``compiled`` or not) cannot run here
+    (None: it can)."""
+    a = accel_for(name, variant, compiled)
     return accel_unavailable(a.method, dict(a.options or {}), a.loss_method, list(a.patch))
 
 
