@@ -152,6 +152,7 @@ class StudyConfig:
     tokens_per_step: Optional[int] = None  # sweep=context: batch = tokens / T (None: the model's batch x context)
     models: list = field(default_factory=lambda: ["small", "gpt2s", "gpt2m"])  # sweep=model
     profile: Optional[bool] = None  # where a step's time goes (eager runs); None: on when a GPU is there
+    vocab_size: Optional[int] = None  # a GPT model's vocabulary where its config leaves model.vocab_size null
 
 
 @dataclass

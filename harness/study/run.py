@@ -32,7 +32,8 @@ from harness.study.drift import calibrate, calibration_device
 from harness.study.failures import finish_wandb, free_memory, record_failure
 from harness.study.judge import finish
 from harness.study.labels import configured
-from harness.study.plan import Planned, Point, accel_for, fallback, study_plan, sweep_points, unavailable
+from harness.study.plan import (Planned, Point, accel_for, fallback, study_plan, sweep_points, unavailable,
+                                 with_study_vocab)
 from harness.study.profile import profile_on, profile_row
 from harness.study.progress import progress, progress_line, write_snapshot
 from harness.study.report import log_to_wandb, write_outputs
@@ -100,7 +101,8 @@ def open_study(cfg: DictConfig, out_dir: Path) -> StudyRun:
     repeats = int(cfg.study.repeats)
     total = len(points) * (repeats * len(order) - (repeats - 1) * (spread_seed is not None))
     console = Console(stderr=True, soft_wrap=True)  # (no mid-phrase wraps when piped)
-    study = StudyRun(cfg, out, f"study-{out.name}", console, points, order, spread_seed, total, profile_on(cfg))
+    study = StudyRun(with_study_vocab(cfg), out, f"study-{out.name}", console, points, order, spread_seed, total,
+                     profile_on(cfg))
     study.state = progress(study.labels, 0)
     return study
 
