@@ -46,6 +46,7 @@ class AccelConfig:
     options: dict = field(default_factory=dict)  # the method's options (sdpa: backend); not loss_method's
     loss_method: Optional[str] = None  # the method that computes the loss softmax; None: method
     qkv: bool = True  # the method's attention_qkv on the unsplit projection, where it has one; false: q, k, v views
+    compiled_loss_method: Optional[str] = None  # with compile_model=true, the loss from this method instead (harness.fallback)
 
 
 @dataclass
@@ -151,6 +152,7 @@ class StudyConfig:
     tokens_per_step: Optional[int] = None  # sweep=context: batch = tokens / T (None: the model's batch x context)
     models: list = field(default_factory=lambda: ["small", "gpt2s", "gpt2m"])  # sweep=model
     profile: Optional[bool] = None  # where a step's time goes (eager runs); None: on when a GPU is there
+    vocab_size: Optional[int] = None  # a GPT model's vocabulary where its config leaves model.vocab_size null
 
 
 @dataclass

@@ -29,6 +29,7 @@ from harness.cli import EXIT_INTERRUPTED, UsageError, fail, run_app, split_argv,
 from harness.config import CONF_DIR, ConfigError, validate  # also registers the structured-config schema
 from harness.console import RunConsole
 from harness.data import DataError
+from harness.fallback import as_compiled
 from harness.memory import MemoryEstimateError, check_step_memory
 from harness.resume import (ResumeError, load_resume, override_value, record_failure, resume_command_line,
                             resume_request)
@@ -41,12 +42,17 @@ def validate_with_data(cfg: DictConfig) -> None:
     validate(cfg)
     if cfg.data.name == "text" and not Path(str(cfg.data.path)).expanduser().is_file():
         raise DataError(f"data.path={cfg.data.path!r}: no such file (data=text needs an existing text file)")
-    a = cfg.accel
+    a = as_compiled(cfg.accel, bool(cfg.compile_model))  # the loss method that runs (harness.fallback)
+    took = "" if a is cfg.accel else (f"with compile_model=true the loss method is accel.compiled_loss_method="
+                                      f"{a.loss_method!r} (harness/fallback.py): ")
     msg = method_unavailable_message(str(a.name), str(a.method), dict(a.options or {}), a.get("loss_method"),
                                      list(a.patch))
     if msg:
-        raise UsageError(msg)
-    check_accel(str(a.method), list(a.patch), str(a.loss_form), a.get("loss_method"))  # AccelError: exit 2, no directory
+        raise UsageError(took + msg)
+    try:
+        check_accel(str(a.method), list(a.patch), str(a.loss_form), a.get("loss_method"))  # exit 2, no directory
+    except AccelError as exc:
+        raise AccelError(took + str(exc)) from None
     gpu = cfg.trainer.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
     check_step_memory(cfg, gpu)  # MemoryEstimateError (exit 2) when a step cannot fit; the run warns near it
 

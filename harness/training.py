@@ -25,6 +25,7 @@ from harness.config import DEFAULT_PATCH, accel_methods, patch_words, to_contain
 from harness.console import RunConsole, done_message, quiet_third_party
 from harness.progress import progress_callback
 from harness.env import environment
+from harness.fallback import with_compiled_fallback
 from harness.gate import RunShapes, run_gate
 from harness.loggers import make_logger, wandb_mode
 from harness.memory import check_step_memory
@@ -76,8 +77,11 @@ def run_training(
     its own). A second signal before the first step raises :class:`Interrupted`, the run marked so.
     """
     validate(cfg)
+    cfg, fallback = with_compiled_fallback(cfg)  # accel.compiled_loss_method under compile_model=true
     too_close = check_step_memory(cfg, on_gpu(cfg))  # MemoryEstimateError before any directory or work
     run = start_run(cfg, run_dir, previous)
+    if fallback:
+        run.console.print(f"[yellow]harness: accel={escape(str(cfg.accel.name))}: {escape(fallback)}[/]")
     if too_close:
         run.console.print(f"[yellow]harness: warning: {escape(too_close)}[/]")
     graceful = GracefulStop(run.run_dir / "checkpoints", say=run.console.print)

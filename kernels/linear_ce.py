@@ -31,7 +31,8 @@ grad_c.T @ hidden_c`` in float32 sums over all chunks. What a method supplies:
 
 What the forward keeps for the backward, how a mean's 1 / n_valid and grad_output are applied, and the
 torch ops around the loop are each method's (``kernels/methods/triton/cross_entropy/linear.py``,
-``kernels/methods/cuda/ce_driver.py``).
+``kernels/methods/cuda/ce_driver.py``). Their inputs' one dtype under autocast or not
+(:func:`compute_pair`) is every linear cross-entropy's with kernels of its own, ``cce``'s too.
 """
 
 from __future__ import annotations
@@ -47,6 +48,20 @@ CHUNK_BYTES = 350 * 2**20
 ChunkRows = Callable[[torch.Tensor, int, int, Optional[torch.Tensor]], None]
 #: accumulate(acc, a, b) -> acc + a @ b in float32 (acc None: a new buffer)
 Accumulate = Callable[[Optional[torch.Tensor], torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def compute_pair(hidden: torch.Tensor, weight: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden and weight in the one dtype a linear cross-entropy's kernels compute in: under ``torch.autocast``
+    both cast to its dtype, as ``F.linear`` would (the casts' backward carries the gradients back to the
+    inputs' dtypes; the weight is the fp32 parameter); outside it they must share one (TypeError naming
+    ``name``, the method's op)."""
+    device_type = hidden.device.type
+    if torch.is_autocast_enabled(device_type):
+        dtype = torch.get_autocast_dtype(device_type)
+        return hidden.to(dtype), weight.to(dtype)
+    if hidden.dtype != weight.dtype:
+        raise TypeError(f"{name}: hidden ({hidden.dtype}) and weight ({weight.dtype}) need one dtype outside autocast")
+    return hidden, weight
 
 
 def chunk_rows(n_rows: int, n_cols: int, elem_bytes: int, budget_bytes: int = CHUNK_BYTES) -> int:

@@ -25,7 +25,7 @@ CORRECT = "_test_exact_bf16"
 
 #: the tiny model on the study's default data (the stdlib corpus) with the study's trainer (lr 6e-4,
 #: 20 warm-up steps, windows of 5 steps), shrunk for the CPU: batch 4 x 64 tokens, byte vocabulary
-QUICK = ["model=tiny", "model.vocab_size=null", "data.batch_size=4", "data.seq_len=64", "trainer.accelerator=cpu",
+QUICK = ["model=tiny", "study.vocab_size=null", "data.batch_size=4", "data.seq_len=64", "trainer.accelerator=cpu",
          "trainer.max_steps=30", "study.compiled=[]", "logger=none"]
 
 

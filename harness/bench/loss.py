@@ -7,10 +7,11 @@ graph-replay ms of forward + backward and of the forward alone, the fraction of 
 the logits and one write of their gradient at the copy bandwidth measured in the same run), and the
 extra memory (peak allocated during forward + backward above what was allocated before, the
 gradient included). Then the linear cross-entropy (hidden (tokens, C) @ weight (V, C).T, no full
-logits for the methods that implement it natively). Every method's loss and gradient are checked
-against float64 on the first rows first; a wrong result gets no ratio. On a GPU each vocabulary's rows,
-and the linear rows, are measured in a fresh process (``_isolated``): what one row leaves on the device
-cannot starve the next; ``held_gib`` still says what each row left behind within its group.
+logits for the methods that implement it natively: the project's, Liger's and Apple's Cut
+Cross-Entropy, ``cce``, which has no cross-entropy on the logits and so appears in these rows alone).
+Every method's loss and gradient are checked against float64 on the first rows first; a wrong result
+gets no ratio. On a GPU each vocabulary's rows, and the linear rows, are measured in a fresh process
+(``_isolated``): what one row leaves on the device cannot starve the next; ``held_gib`` still says what each row left behind within its group.
 """
 
 from __future__ import annotations
@@ -169,7 +170,7 @@ def _vocab_rows(methods: Optional[list[str]], v: int, tokens: int, device: str, 
     n = ce_tokens(tokens, v)
     start = held_gib()
     rows = []
-    for m in methods or default_methods():
+    for m in [x for x in methods if kernels.get_method(x).provides("cross_entropy")] if methods else default_methods():
         rows.append(measure_ce(m, n, v, device, rep_ms))
         if m == "torch":  # what a model's loss costs under autocast
             rows.append(measure_ce(m, n, v, device, rep_ms, autocast=True))
@@ -262,5 +263,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(a: argparse.Namespace, error: Callable[[str], None]) -> list[LossRow]:
     lin = tuple(parse_ints(a.linear)) if a.linear else None
-    return run_loss_bench(runnable(parse_names(a.methods), "cross_entropy"), parse_ints(a.vocabs), a.tokens, lin,
-                          a.out, a.rep_ms)
+    # with linear rows, a method with a linear cross-entropy alone (cce) is kept for them; the others provide both
+    methods = runnable(parse_names(a.methods), "linear_cross_entropy" if lin else "cross_entropy")
+    return run_loss_bench(methods, parse_ints(a.vocabs), a.tokens, lin, a.out, a.rep_ms)

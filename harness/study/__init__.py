@@ -25,8 +25,8 @@ against float64 on the run's shapes, forward and backward (the kernel gate; ``st
 skips it, and methods registered as ``approximate`` skip it by design); then its held-out probe loss
 must track the reference run's within a tolerance derived from the reference's own spread across two
 data orders (harness.study.parity). The default data is the stdlib corpus (bytes, where the loss falls)
-with the model's vocabulary kept at the study model's size (``model.vocab_size``), so the LM head costs
-what it costs in the real model.
+with a GPT's vocabulary kept at the study model's size (``study.vocab_size``; a Llama-family model keeps
+its own), so the LM head costs what it costs in the real model.
 
 Repeats (``study.repeats=N``) run round-robin: every method once, then every method again.
 Sweeps (``study.sweep=context`` over ``study.contexts`` at a fixed number of tokens per step, or

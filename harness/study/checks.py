@@ -30,8 +30,9 @@ def _known(key: str, names, choices: list[str], where: str) -> None:
 def validate_study(cfg: DictConfig) -> None:
     """Every check of a training run (harness.train's), plus the study's keys: known methods and
     models, a parity window inside the run, probe points on window boundaries, sweep points that
-    make sense. Raises ConfigError (a ValueError) naming the key, the value and what is accepted."""
-    validate(cfg)
+    make sense (each model of a model sweep checked as it runs). Raises ConfigError (a ValueError) naming
+    the key, the value and what is accepted."""
+    validate(plan.with_study_vocab(cfg))
     if cfg.data.name == "text" and not Path(str(cfg.data.path)).expanduser().is_file():
         raise ConfigError(f"data.path={cfg.data.path!r}: no such file (data=text needs an existing text file). "
                           "No study was started.")
@@ -88,6 +89,10 @@ def validate_study(cfg: DictConfig) -> None:
         if not list(s.models):
             raise bad("study.models", list(s.models), "a non-empty list of model configs")
         _known("study.models", s.models, plan.model_names(), "conf/model/")
+        for point in plan.sweep_points(cfg):
+            validate(point.cfg)
+    if s.vocab_size is not None and s.vocab_size < 2:
+        raise bad("study.vocab_size", s.vocab_size, "null (the data's vocabulary) or an integer >= 2")
     if s.tokens_per_step is not None and s.tokens_per_step < 1:
         raise bad("study.tokens_per_step", s.tokens_per_step, "null or an integer >= 1")
     check_twins(s, names, bad)

@@ -6,13 +6,18 @@ then mixes two effects (its method and the compiler). This table holds the compi
 compiled run against the baseline's compiled run, so a study that lists both in ``study.compiled``
 says what the method buys under compile (e.g. the project's fused attention and loss against cuDNN
 attention, both compiled). Only rows that passed are compared; none when the baseline was not compiled.
+
+A compiled row whose configuration declares a loss fallback (``accel.compiled_loss_method``,
+harness.fallback: the public stack's Liger loss does not trace under torch.compile) ran another loss
+method than its eager row: its label names the method that ran, and ``fallback_lines`` say so in the report.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Mapping, Optional
 
-from harness.study.labels import patched_words
+from harness.fallback import fallback_note
+from harness.study.labels import own_accel, patched_words
 from harness.study.ratios import COMPARED, ratio_cell, set_ratios
 
 
@@ -56,3 +61,19 @@ def compiled_lines(rows: list, base_name: str) -> list[str]:
             speed = memory = f"- ({r.label}: {r.status}; {b.label}: {b.status})"
         lines.append(f"| {where}{r.label} | {patched_words(r.patched) or '-'} | {tps} | {speed} | {mem} | {memory} |")
     return lines
+
+
+def fallback_lines(rows: list) -> list[str]:
+    """The report's note of every row that ran a declared loss fallback ([] when none did)."""
+    notes = dict.fromkeys(f"{r.point + ': ' if r.point else ''}`{r.label}`: {r.fallback}" for r in rows if r.fallback)
+    return [f"**Loss fallback** (declared by the configuration, harness/fallback.py): {n}." for n in notes]
+
+
+def recorded_fallback(res: Mapping) -> str:
+    """The loss fallback a run's results record (``harness.report``'s rows): its configuration's note, as
+    the conf/accel file of that name sets it, where the run's loss method was its compiled_loss_method."""
+    a = (res.get("config") or {}).get("accel") or {}
+    took = a.get("compiled_loss_method")
+    if not res.get("compile_model") or not took or a.get("loss_method") != took:
+        return ""
+    return fallback_note(dict(a, loss_method=own_accel(str(res.get("method") or "")).get("loss_method")), True)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
+from rich.markup import escape
 
 from harness.gate import GateError
 from harness.reliability import NonFiniteLossError
@@ -45,7 +46,8 @@ def record_failure(row: StudyRow, exc: BaseException, run_dir: Path, rnd: int, p
         row.status, row.reason = "CRASH", rep + first
         atomic_write_text(Path(run_dir) / "error.txt", traceback.format_exc())
     _close_record(Path(run_dir) / "results.json", row)
-    console.print(f"[red]study: {point.label + ': ' if point.label else ''}{row.label} {row.status}: {row.reason}[/]")
+    where = f"{point.label}: " if point.label else ""  # (escaped: a label's [setting] is not markup)
+    console.print(f"[red]study: {escape(where + row.label)} {row.status}: {escape(row.reason)}[/]")
 
 
 def _close_record(path: Path, row: StudyRow) -> None:

@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness.config import StudyConfig
 from harness.study.collect import (UNPLACED, Groups, collect, comparable_groups, context_of, data_seed,
                                    runs_environment, study_files, study_rows, study_settings)
+from harness.study.compiled import recorded_fallback
 from harness.study.groups import SETTINGS_ANCHOR, SETTINGS_HEADING, settings_lines, short_labels
 from harness.study.judge import finish
 from harness.study.labels import configured, mark_split, own_setting, own_words, requested, split_rank
@@ -129,6 +130,7 @@ def _rows_of_groups(found: Groups, reference: str, baseline: str) -> tuple[list[
                 row.point_values, row.patch = dict(values), requested(res)
                 if configured(res) != own_setting(res.get("method") or ""):  # set on the command line
                     row.setting = configured(res)
+                row.fallback = recorded_fallback(res)
                 rows.append(row)
             elif STATUS.get(res.get("status", "crashed"), "CRASH") != "PASS" and row.status == "PASS":
                 row.status, row.reason = _row_from(res).status, _row_from(res).reason

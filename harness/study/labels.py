@@ -43,7 +43,7 @@ def requested(res: Mapping) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _own_accel(name: str) -> dict:
+def own_accel(name: str) -> dict:
     """The accel configuration ``name`` as its conf/accel file sets it ({} without one here)."""
     path = Path(CONF_DIR) / "accel" / f"{name}.yaml"
     return OmegaConf.to_container(OmegaConf.load(path)) if name and path.is_file() else {}
@@ -52,7 +52,7 @@ def _own_accel(name: str) -> dict:
 def own_words(name: str) -> str:
     """What the accel configuration ``name`` patches as it is (its conf/accel file's patch and loss_form,
     e.g. 'attention + linear loss' for flash_linear); DEFAULT_PATCH when there is no such file here."""
-    a = _own_accel(name)
+    a = own_accel(name)
     return patch_words(list(a.get("patch") or ["attention", "loss"]), str(a.get("loss_form") or "logits"))
 
 
@@ -68,7 +68,7 @@ def configured(res: Mapping) -> str:
 
 def own_setting(name: str) -> str:
     """``configured`` of the accel configuration ``name`` as its conf/accel file sets it ('' without one)."""
-    return configured({"config": {"accel": _own_accel(name)}})
+    return configured({"config": {"accel": own_accel(name)}})
 
 
 def split_rank(words: str, own: str = DEFAULT_PATCH) -> int:

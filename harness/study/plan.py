@@ -11,6 +11,10 @@ rounds, behind the same gate and parity. A listed configuration that is not in t
 Such a configuration's rows are labelled by what they ask to patch (harness.study.labels), and the
 report divides each by its ``: attention`` twin (harness.study.ratios).
 
+Each point's config: a model sweep's composed as ``model=<name>`` would compose it (``with_model``), and a
+GPT given the study's vocabulary where its config leaves none (``with_study_vocab``, ``study.vocab_size``).
+A compiled row takes the loss fallback its configuration declares (``accel_for``, harness.fallback).
+
 ``accel_names`` and ``accel_config`` are the one place the study learns which configurations exist
 (the study's checks read them here too), so a test can add throw-away methods to a study by replacing
 these two.
@@ -26,7 +30,8 @@ from typing import Iterable, Mapping, NamedTuple, Optional
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from harness.availability import accel_unavailable
-from harness.config import CONF_DIR, AccelConfig, accel_names, group_options, patch_words
+from harness.config import CONF_DIR, AccelConfig, DataConfig, ModelConfig, accel_names, group_options, patch_words
+from harness.fallback import as_compiled, fallback_note
 
 #: what study.sweep can sweep
 SWEEPS = ("context", "model")
@@ -57,14 +62,23 @@ def accel_config(name: str) -> DictConfig:
     return OmegaConf.load(path)
 
 
-def accel_for(name: str, variant: str = "") -> DictConfig:
-    """The accel configuration ``name``, every key filled in, as its ``variant`` runs."""
-    return OmegaConf.merge(OmegaConf.structured(AccelConfig), accel_config(name), VARIANTS[variant])
+def accel_for(name: str, variant: str = "", compiled: bool = False) -> DictConfig:
+    """The accel configuration ``name``, every key filled in, as its ``variant`` runs (``compiled``: with the
+    whole model compiled, its declared loss fallback taken: harness.fallback)."""
+    a = OmegaConf.merge(OmegaConf.structured(AccelConfig), accel_config(name), VARIANTS[variant])
+    return as_compiled(a, compiled)
 
 
-def unavailable(name: str, variant: str = "") -> Optional[str]:
-    """Why the accel configuration ``name`` (as its ``variant`` runs) cannot run here (None: it can)."""
-    a = accel_for(name, variant)
+def fallback(name: str, variant: str = "", compiled: bool = False) -> str:
+    """What the row of ``name`` (``variant``, ``compiled``) runs instead of its configuration's loss method,
+    and why ('' where it runs the configuration as it is)."""
+    return fallback_note(accel_for(name, variant), compiled)
+
+
+def unavailable(name: str, variant: str = "", compiled: bool = False) -> Optional[str]:
+    """Why the accel configuration ``name`` (as its ``variant`` runs, ``compiled`` or not) cannot run here
+    (None: it can)."""
+    a = accel_for(name, variant, compiled)
     return accel_unavailable(a.method, dict(a.options or {}), a.loss_method, list(a.patch))
 
 
@@ -111,10 +125,11 @@ class Point:
 
 
 def sweep_points(cfg: DictConfig) -> list[Point]:
-    """The configurations a study runs: one, or one per swept context / model."""
+    """The configurations a study runs: one, or one per swept context / model, each with the study's
+    vocabulary where its model takes it (:func:`with_study_vocab`)."""
     s = cfg.study
     if s.sweep is None:
-        return [Point("", "", {}, cfg)]
+        return [Point("", "", {}, with_study_vocab(cfg))]
     points = []
     if s.sweep == "context":
         tokens = s.tokens_per_step or int(cfg.data.batch_size) * int(cfg.data.seq_len or cfg.model.context)
@@ -126,12 +141,47 @@ def sweep_points(cfg: DictConfig) -> list[Point]:
                                                                       "batch_size": int(tokens // T)}, c))
     else:
         for name in s.models:
-            loaded = OmegaConf.load(Path(CONF_DIR) / "model" / f"{name}.yaml")
-            c = copy.deepcopy(cfg)
-            with open_dict(c):
-                c.model = OmegaConf.merge(c.model, loaded.model)
-                if "data" in loaded and "batch_size" in loaded.data:
-                    c.data.batch_size = loaded.data.batch_size
+            c = with_model(cfg, name)
             points.append(Point(name, name, {"model": name, "context": int(c.model.context),
                                              "batch_size": int(c.data.batch_size)}, c))
+    for p in points:
+        p.cfg = with_study_vocab(p.cfg)
     return points
+
+
+def _model_file(name: str) -> DictConfig:
+    path = Path(CONF_DIR) / "model" / f"{name}.yaml"
+    return OmegaConf.load(path) if path.is_file() else OmegaConf.create({})
+
+
+def with_model(cfg: DictConfig, name: str) -> DictConfig:
+    """``cfg`` with the model config ``name`` (conf/model/) in place of its own, as ``model=<name>`` composes
+    it: its model and data keys merged in, and the keys that the file of ``cfg``'s own model set and this
+    one does not put back to the schema's (a Llama's family, key/value heads, vocabulary and tokenizer do
+    not carry over to a GPT); a key set otherwise (on the command line) is kept."""
+    old, new = _model_file(str(cfg.model.name)), _model_file(name)
+    c = copy.deepcopy(cfg)
+    with open_dict(c):
+        for group, schema in (("model", ModelConfig), ("data", DataConfig)):
+            default = OmegaConf.structured(schema)
+            given_old = OmegaConf.to_container(old.get(group) or OmegaConf.create({}), resolve=False)
+            given_new = OmegaConf.to_container(new.get(group) or OmegaConf.create({}), resolve=False)
+            here = OmegaConf.to_container(c[group], resolve=False)
+            for key, value in given_old.items():
+                if key not in given_new and here.get(key) == value:
+                    c[group][key] = default[key]
+            c[group] = OmegaConf.merge(c[group], new.get(group) or OmegaConf.create({}))
+    return c
+
+
+def with_study_vocab(cfg: DictConfig) -> DictConfig:
+    """``cfg`` with ``study.vocab_size`` as the vocabulary of a GPT whose config leaves ``model.vocab_size``
+    null (the GPT configs on byte data: the LM head and the loss cost what they cost in the real model);
+    ``cfg`` itself otherwise: a Llama-family config's vocabulary is its own, and its tokenizer's."""
+    vocab = cfg.study.get("vocab_size") if "study" in cfg else None
+    if vocab is None or cfg.model.vocab_size is not None or cfg.model.family != "gpt":
+        return cfg
+    c = copy.deepcopy(cfg)
+    with open_dict(c):
+        c.model.vocab_size = int(vocab)
+    return c

@@ -18,7 +18,7 @@ from harness.env import environment
 from harness.loggers import wandb_mode
 from harness.results import atomic_write_text, write_json
 from harness.study.charts import plot_study
-from harness.study.compiled import compiled_lines
+from harness.study.compiled import compiled_lines, fallback_lines
 from harness.study.drift import DRIFT_LIMIT, drift_sentence
 from harness.study.labels import patched_words
 from harness.study.ratios import ratio_lines
@@ -180,6 +180,7 @@ def write_outputs(rows: list[StudyRow], cfg: DictConfig, out: Path, partial: boo
         "Speedups only for methods that passed the gate and parity; timing-only methods are timed, never compared "
         "(docs/studies.md).",
         *notes,
+        *fallback_lines(rows),
     ]
     if d.name == "synthetic":
         lines.append("**Warning**: data `synthetic` (uniform random tokens): nothing can be learned, so parity "

@@ -32,6 +32,7 @@ class StudyRow:
     variant: str = ""  # "" (the accel config as it is) | a twin of harness.study.plan: attention | linear
     patch: str = ""  # what it asked to patch, in words, shown in the label ("": its configuration is not split)
     setting: str = ""  # accel keys a run set beyond its configuration's own (harness.report: 'loss_method=naive')
+    fallback: str = ""  # what a compiled row ran instead of its configuration's loss method, and why (harness.fallback)
     data_seed: Optional[int] = None  # the batch order's seed, when it is not the run's seed
     tokens_per_s: Optional[float] = None  # median over repeats
     tokens_per_s_lo: Optional[float] = None  # 95% interval (repeats >= stats.MIN_INTERVAL_RUNS)

@@ -31,7 +31,9 @@ from harness.study.checks import validate_study
 from harness.study.drift import calibrate, calibration_device
 from harness.study.failures import finish_wandb, free_memory, record_failure
 from harness.study.judge import finish
-from harness.study.plan import Planned, Point, accel_for, study_plan, sweep_points, unavailable
+from harness.study.labels import configured
+from harness.study.plan import (Planned, Point, accel_for, fallback, study_plan, sweep_points, unavailable,
+                                 with_study_vocab)
 from harness.study.profile import profile_on, profile_row
 from harness.study.progress import progress, progress_line, write_snapshot
 from harness.study.report import log_to_wandb, write_outputs
@@ -99,7 +101,8 @@ def open_study(cfg: DictConfig, out_dir: Path) -> StudyRun:
     repeats = int(cfg.study.repeats)
     total = len(points) * (repeats * len(order) - (repeats - 1) * (spread_seed is not None))
     console = Console(stderr=True, soft_wrap=True)  # (no mid-phrase wraps when piped)
-    study = StudyRun(cfg, out, f"study-{out.name}", console, points, order, spread_seed, total, profile_on(cfg))
+    study = StudyRun(with_study_vocab(cfg), out, f"study-{out.name}", console, points, order, spread_seed, total,
+                     profile_on(cfg))
     study.state = progress(study.labels, 0)
     return study
 
@@ -155,9 +158,13 @@ def point_row(study: StudyRun, rows: dict, point: Point, planned: Planned, role:
     """The row of ``planned`` (in ``role``) at ``point``: made, and added to the study, on its first run."""
     key = (planned.method, planned.compiled, planned.variant, role)
     if key not in rows:
+        note = fallback(planned.method, planned.variant, planned.compiled)
+        ran = accel_for(planned.method, planned.variant, planned.compiled)
+        setting = configured({"config": {"accel": ran}}) if note else ""  # labelled by the loss method that ran
         rows[key] = StudyRow(planned.method, planned.compiled, "PASS", point=point.label,
                              point_values=dict(point.values), role=role, variant=planned.variant,
-                             patch=planned.patch, data_seed=study.spread_seed if role else None)
+                             patch=planned.patch, setting=setting, fallback=note,
+                             data_seed=study.spread_seed if role else None)
         study.rows.append(rows[key])
     return rows[key]
 
@@ -168,18 +175,18 @@ def _where(point: Point) -> str:
 
 def announce(study: StudyRun, point: Point, row: StudyRow, rnd: int) -> None:
     rep = f" (repeat {rnd}/{study.repeats})" if study.repeats > 1 else ""
-    study.console.rule(f"[bold]study {study.started}/{study.total}: {_where(point)}{row.label}{rep}")
+    study.console.rule(f"[bold]study {study.started}/{study.total}: {escape(_where(point) + row.label)}{rep}")
 
 
 def admitted(study: StudyRun, point: Point, row: StudyRow, planned: Planned) -> bool:
     """Before a row's first run: SKIPPED (False) when its methods cannot run here; else it learns how it
     is judged (timing only, parity only, gate + parity) from its methods' registry flags."""
-    why = unavailable(planned.method, planned.variant)
+    why = unavailable(planned.method, planned.variant, planned.compiled)
     if why:
         row.status, row.reason = "SKIPPED", why
-        study.console.print(f"[yellow]study: {_where(point)}{row.label} SKIPPED: {why}[/]")
+        study.console.print(f"[yellow]study: {escape(_where(point) + row.label)} SKIPPED: {escape(why)}[/]")
         return False
-    a = accel_for(planned.method, planned.variant)
+    a = accel_for(planned.method, planned.variant, planned.compiled)
     ms = [kernels.get_method(x) for x, _ in accel_methods(a.method, a.loss_method, patch=a.patch)]
     row.exact, row.approximate = all(m.exact for m in ms), any(m.approximate for m in ms)
     row.judged = _judged(study.cfg, row)
@@ -252,7 +259,7 @@ def run_one(cfg: DictConfig, method: str, compiled: bool, run_dir: Path, group: 
     study's settings, through harness.train."""
     c = copy.deepcopy(cfg)
     with open_dict(c):
-        c.accel = accel_for(method, variant)
+        c.accel = accel_for(method, variant, compiled)
         c.compile_model = compiled
         c.check_kernel = bool(cfg.study.kernel_gate)
         c.logger.group = group

@@ -281,13 +281,7 @@ def make_linear_cross_entropy(name: str, ce_rows: CeRows, scale_grad_: ScaleGrad
 
     def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int,
                              reduction: str, chunk_rows: Optional[int] = None) -> torch.Tensor:
-        device_type = hidden.device.type
-        if torch.is_autocast_enabled(device_type):
-            dt = torch.get_autocast_dtype(device_type)
-            hidden, weight = hidden.to(dt), weight.to(dt)
-        elif hidden.dtype != weight.dtype:
-            raise TypeError(
-                f"{name}: hidden ({hidden.dtype}) and weight ({weight.dtype}) need one dtype outside autocast")
+        hidden, weight = linear_ce.compute_pair(hidden, weight, name)  # (the autocast dtype)
         if chunk_rows is None:
             chunk_rows = linear_ce.chunk_rows(hidden.shape[0], weight.shape[0], hidden.element_size())
         return LinearCrossEntropy.apply(hidden, weight, targets, int(ignore_index), reduction, int(chunk_rows))

@@ -259,13 +259,7 @@ triton_linear_cross_entropy_loss.register_autograd(_loss_backward, setup_context
 def triton_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int,
                                 reduction: str) -> Tensor:
     """The method's op function (hidden (N, C), weight (V, C), int64 targets (N,), already checked)."""
-    device_type = hidden.device.type
-    if torch.is_autocast_enabled(device_type):  # compute in the autocast dtype, as F.linear would
-        dtype = torch.get_autocast_dtype(device_type)
-        hidden, weight = hidden.to(dtype), weight.to(dtype)
-    elif hidden.dtype != weight.dtype:
-        raise TypeError(f"linear_cross_entropy: hidden ({hidden.dtype}) and weight ({weight.dtype}) need one "
-                        "dtype outside autocast")
+    hidden, weight = linear_ce.compute_pair(hidden, weight, "linear_cross_entropy")  # (the autocast dtype)
     grad_on = torch.is_grad_enabled()
     need_h, need_w = grad_on and hidden.requires_grad, grad_on and weight.requires_grad
     rows, count, gh, gw = triton_linear_cross_entropy_fwd(hidden.detach(), weight.detach(), targets, ignore_index,
