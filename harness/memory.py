@@ -63,8 +63,8 @@ def step_memory(cfg: DictConfig, gpu: bool) -> StepMemory:
     m = cfg.model
     b, t, d, layers, heads = int(cfg.data.batch_size), seq_len(cfg), int(m.n_embd), int(m.n_layer), int(m.n_head)
     a = torch.finfo(compute_dtype(resolve_precision(str(cfg.trainer.precision), gpu))).bits // 8
-    if m.family == "llama":
-        f = int(m.mlp_hidden)
+    if m.family == "llama" or (m.family == "hf" and m.mlp_hidden):
+        f = int(m.mlp_hidden)  # (a Hugging Face model's counted as a SwiGLU's: its 2-matrix MLP keeps less)
         mlp = b * t * d + 3 * b * t * f
     else:
         f = 4 * d

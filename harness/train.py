@@ -43,7 +43,7 @@ def validate_with_data(cfg: DictConfig) -> None:
         raise DataError(f"data.path={cfg.data.path!r}: no such file (data=text needs an existing text file)")
     a = cfg.accel
     msg = method_unavailable_message(str(a.name), str(a.method), dict(a.options or {}), a.get("loss_method"),
-                                     list(a.patch))
+                                     list(a.patch), a.get("model_patch"))
     if msg:
         raise UsageError(msg)
     check_accel(str(a.method), list(a.patch), str(a.loss_form), a.get("loss_method"))  # AccelError: exit 2, no directory

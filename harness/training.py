@@ -180,7 +180,7 @@ def _gate(cfg: DictConfig, built, gpu: bool, precision: str, console) -> dict:
         return {"checked": False, "reason": "switched off (check_kernel=false)"}
     c = built.model.config
     shapes = RunShapes(heads=c.n_head, kv_heads=getattr(c, "n_kv_head", 0) or 0, seq_len=seq_len(cfg),
-                       head_dim=c.n_embd // c.n_head, vocab=c.vocab_size,
+                       head_dim=getattr(c, "head_dim", c.n_embd // c.n_head), vocab=c.vocab_size,
                        n_embd=c.n_embd, tokens=int(cfg.data.batch_size) * seq_len(cfg),
                        dtype=compute_dtype(precision), device="cuda" if gpu else "cpu")
     info = run_gate(built.applied, shapes)
