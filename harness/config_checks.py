@@ -1,12 +1,12 @@
-"""Config checks of the model family (``model.family`` and the Llama-family keys) and of the tokenizer
-(``data.tokenizer``): each finds the first value that is not accepted and returns it as (key, value,
-what is accepted), for harness.config.validate to raise in its one format; None when all is well."""
+"""Config checks of the model family (``model.family``, the Llama-family keys, a Hugging Face model's
+``model.hf``: harness.hf) and of the tokenizer (``data.tokenizer``): each finds the first value that is
+not accepted and returns it as (key, value, what is accepted), for harness.config.validate to raise in
+its one format; None when all is well."""
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
-from harness.hf import hf_problem
 from harness.tokenizer import BPE, BYTE_VOCAB, BYTES, TokenizerError, tokenizer_file_vocab
 
 MODEL_FAMILIES = ("gpt", "llama", "hf")  # models.GPT, models.Llama, a transformers causal LM (harness.hf)
@@ -32,6 +32,9 @@ def model_problem(c) -> Problem:
         for key in ("bias", "qkv_bias"):
             if getattr(m, key):
                 return f"model.{key}", True, "false with model.family=hf (the HF config holds it: model.hf.config)"
+        # here: harness.hf imports torch and transformers, which only model.family=hf needs (the config stays light)
+        from harness.hf import hf_problem
+
         return hf_problem(c)
     if m.family == "gpt":
         for key in LLAMA_KEYS:

@@ -203,7 +203,7 @@ def announce(run: Run) -> None:
         f"({model.matmul_params() / 1e6:.1f}M matmul params) data={cfg.data.name} on [green]{run.device}[/] "
         f"precision={run.precision} -> {escape(str(run.run_dir))}"
     )
-    if not run.gpu and cfg.model.name not in ("tiny", "llama_tiny"):
+    if not run.gpu and not str(cfg.model.name).endswith("tiny"):  # tiny, llama_tiny, hf_*_tiny
         run.console.print("[yellow]no CUDA GPU here: this model will train slowly on the CPU; for a quick CPU run "
                           "use model=tiny (or llama_tiny) trainer=cpu[/]")
 
