@@ -46,7 +46,7 @@ class AccelConfig:
     options: dict = field(default_factory=dict)  # the method's options (sdpa: backend); not loss_method's
     loss_method: Optional[str] = None  # the method that computes the loss softmax; None: method
     qkv: bool = True  # the method's attention_qkv on the unsplit projection, where it has one; false: q, k, v views
-    model_patch: Optional[str] = None  # a whole-model patch of a Hugging Face model (liger: Liger's own), after the method
+    model_patch: Optional[str] = None  # a Hugging Face model's whole-model patch (liger: Liger's own), after the method
     model_patch_options: dict = field(default_factory=dict)  # its keywords (liger: apply_liger_kernel_to_<type>'s)
 
 
@@ -317,7 +317,7 @@ def to_container(cfg: DictConfig) -> dict:
 
 
 #: config prefix of each schema dataclass (for field_comments)
-_PREFIXES = {"AccelConfig": "accel", "ModelConfig": "model", "DataConfig": "data", "TrainerConfig": "trainer",
+_PREFIXES = {"AccelConfig": "accel", "HFModelConfig": "model.hf", "ModelConfig": "model", "DataConfig": "data", "TrainerConfig": "trainer",
              "LoggerConfig": "logger", "TrainConfig": "", "StudyConfig": "study"}
 
 

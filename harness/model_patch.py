@@ -80,7 +80,8 @@ def apply_liger(model: nn.Module, options: dict) -> dict:
     model_type = model.config.model_type
     fn = getattr(liger, f"apply_liger_kernel_to_{model_type}", None)
     if fn is None:
-        have = sorted(n.removeprefix("apply_liger_kernel_to_") for n in dir(liger) if n.startswith("apply_liger_kernel_to_"))
+        prefix = "apply_liger_kernel_to_"
+        have = sorted(n.removeprefix(prefix) for n in dir(liger) if n.startswith(prefix))
         raise ModelPatchError(f"accel.model_patch=liger: Liger-Kernel has no patch for model_type {model_type!r}; "
                               f"it patches: {', '.join(have)}")
     _contained(model, lambda: fn(model=model.hf, **options))

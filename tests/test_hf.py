@@ -20,6 +20,7 @@ import kernels
 from harness.accel import apply_accel
 from harness.build import build_model
 from harness.config import ConfigError, validate
+from harness.gate import RunShapes, run_gate
 from harness.memory import step_memory
 from harness.train import run_training
 from models import attention_cores, set_attention
@@ -145,6 +146,36 @@ def test_a_padding_mask_is_refused_and_an_all_ones_mask_accepted():
         model.hf(input_ids=idx, attention_mask=torch.ones(2, 1, 7, 7, dtype=torch.bool), use_cache=False)
 
 
+def test_packed_sequences_are_refused_outside_the_harnesss_own_batch():
+    model = HFCausalLM(transformers_model("qwen2"), context=32)
+    idx = torch.randint(0, VOCAB, (1, 8))
+    packed = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]])  # two sequences in one row
+    with pytest.raises(UnsupportedMaskError, match="a mask other than the causal one"):
+        model.hf(input_ids=idx, position_ids=packed, use_cache=False)
+    model.hf(input_ids=idx, position_ids=torch.arange(8)[None], use_cache=False)  # one sequence: causal
+
+
+def test_a_sliding_window_shorter_than_the_sequence_is_refused():
+    torch.manual_seed(0)
+    config = tf.AutoConfig.for_model("qwen2", vocab_size=VOCAB, **TYPES["qwen2"], use_sliding_window=True,
+                                     sliding_window=4, layer_types=["sliding_attention"] * 2)
+    model = HFCausalLM(tf.AutoModelForCausalLM.from_config(config), context=32)
+    model(torch.randint(0, VOCAB, (1, 4)))  # a window as long as the sequence: causal
+    with pytest.raises(UnsupportedMaskError, match="sliding window shorter than the sequence"):
+        model(torch.randint(0, VOCAB, (1, 8)))
+
+
+@pytest.mark.slow  # a whole-model compile: a minute on two CPU cores
+def test_the_whole_hf_model_compiles_with_the_seams_patched():
+    model = HFCausalLM(transformers_model("qwen2"), context=32)
+    apply_accel(model, "torch", loss_form="linear")
+    idx = torch.randint(0, VOCAB, (2, 13))
+    eager = model(idx, idx)[1]
+    compiled = torch.compile(model)(idx, idx)[1]  # transformers cannot tell our positions from packed ones here
+    compiled.backward()
+    torch.testing.assert_close(compiled, eager)
+
+
 def test_matmul_params_and_flops_from_the_configs_shapes():
     for model_type, per_layer in [("llama", 32 * (4 + 2 + 2) * 8 + 4 * 8 * 32 + 3 * 32 * 48),
                                   ("qwen2", 32 * (4 + 2 + 2) * 8 + 4 * 8 * 32 + 3 * 32 * 40),
@@ -225,9 +256,9 @@ def test_the_refusals_name_what_was_wrong_and_what_is_accepted(tmp_path):
 
 
 def test_a_config_json_builds_the_model_it_describes(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 160,
-                                                     "num_hidden_layers": 2, "num_attention_heads": 4,
-                                                     "num_key_value_heads": 2, "vocab_size": 512}))
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512}))
     cfg = compose_cfg(*HF, "model=hf_qwen2_tiny", f"model.hf.config={tmp_path / 'config.json'}")
     validate(cfg)
     model = build_model(cfg)
@@ -279,7 +310,8 @@ def test_liger_is_reported_unavailable_here_with_the_reason():
         pytest.skip("liger-kernel is installed here")
     for choice in accel_choices():
         if choice["name"] in ("liger_hf", "liger_hf_flce"):
-            assert not choice["available"] and "its model_patch 'liger': liger-kernel is not installed" in choice["reason"]
+            assert not choice["available"]
+            assert "its model_patch 'liger': liger-kernel is not installed" in choice["reason"]
 
 
 def test_a_whole_model_patch_stays_on_its_model(monkeypatch):
@@ -317,6 +349,10 @@ def test_a_whole_model_patch_stays_on_its_model(monkeypatch):
     idx = torch.randint(0, VOCAB, (2, 5))
     assert model(idx, idx)[1].item() == 42.0 and calls  # the patched loss and RoPE, on this model
     assert modeling.apply_rotary_pos_emb is original_rope and modeling.LlamaForCausalLM.forward is original_forward
+    gate = run_gate(applied, RunShapes(heads=4, kv_heads=2, seq_len=8, head_dim=8, vocab=VOCAB, n_embd=32, tokens=16,
+                                       dtype=torch.float32, device="cpu"))
+    assert gate["checked"] and gate["unchecked"] == {
+        "model_patch": "apply_liger_kernel_to_llama as shipped: judged by loss parity only"}  # sdpa's attention checked
     calls.clear()
     other = HFCausalLM(transformers_model("llama"), context=32)
     assert other(idx, idx)[1].item() != 42.0 and not calls  # the next model is transformers' own

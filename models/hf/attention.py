@@ -9,10 +9,10 @@ repeated (grouped-query attention reaches the core as the ``kernels.attention`` 
 no ``repeat_kv`` copy), the mask, the dropout (0 outside training), the layer's ``scaling``. It returns
 (output (B, T, H, d), None): no attention weights.
 
-Masks: the seam computes plain causal attention. The mask function builds transformers' own SDPA
-mask with its causal skip allowed: None exactly when the batch needs nothing but the causal mask (no
-padding, no packed sequences, no sliding window shorter than the sequence, no extra mask function);
-anything else is refused (:class:`UnsupportedMaskError`, saying what was passed and what is accepted),
+Masks: the seam computes plain causal attention. The mask function returns None exactly when the
+batch needs nothing but the causal mask (no padding, no packed sequences, no sliding window shorter
+than the sequence, no extra mask function, no cache: :func:`harness_mask` says how it tells); anything
+else is refused (:class:`UnsupportedMaskError`, saying what was passed and what is accepted),
 and so is any mask that reaches the attention function, never ignored. Other arguments the seam cannot
 honour (a logit softcap, attention sinks, a position bias, non-causal attention) are refused the same
 way.
@@ -31,6 +31,11 @@ from models.llama import eager_gqa_attention
 
 #: the name the harness's attention and mask functions are registered under in transformers
 ATTENTION_NAME = "harness"
+#: set on the HF config while HFCausalLM.forward runs the model on its own batch: token ids only, positions
+#: the model's own 0..T-1, no cache. Under torch.compile transformers cannot tell those positions from
+#: packed sequences (it would have to read them) and hands over a packed-sequence mask function; the
+#: harness knows its batch is one plain causal sequence a row.
+PLAIN_CAUSAL = "harness_plain_causal"
 #: keyword arguments transformers may pass that change the attention beyond causal softmax(q k^T s) v
 _UNSUPPORTED = ("softcap", "s_aux", "sinks", "position_bias")
 ACCEPTED = ("a causal batch with no attention_mask (or one of all ones), no packed sequences, no sliding window "
@@ -71,8 +76,8 @@ def harness_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     seam = getattr(module, "harness_seam", None)
     if seam is None:
         raise UnsupportedMaskError(
-            f"attention_implementation={ATTENTION_NAME!r} is set on a {type(module).__name__} that has no harness seam: "
-            "build the model through models.hf.HFCausalLM")
+            f"attention_implementation={ATTENTION_NAME!r} is set on a {type(module).__name__} that has no harness "
+            "seam: build the model through models.hf.HFCausalLM")
     if attention_mask is not None:
         raise UnsupportedMaskError(
             f"the harness's attention seam was handed an attention mask of shape {tuple(attention_mask.shape)}: it "
@@ -92,22 +97,33 @@ def harness_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     return out.transpose(1, 2), None  # (B, T, H, d), as transformers' SDPA integration returns it
 
 
-def harness_mask(batch_size: int, q_length: int, kv_length: int, **kwargs: Any) -> None:
-    """transformers' mask interface: None for a plain causal batch (transformers' SDPA mask, with its
-    causal skip, would be None), else the mask is refused."""
-    from transformers.masking_utils import sdpa_mask  # here: transformers is imported through models.hf.library
+def harness_mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0, kv_offset: Any = 0,
+                 mask_function: Any = None, attention_mask: Optional[torch.Tensor] = None,
+                 local_size: Optional[int] = None, allow_is_causal_skip: bool = True, **kwargs: Any) -> None:
+    """transformers' mask interface: None for a plain causal batch, else the mask is refused.
 
-    kwargs.pop("dtype", None)
-    kwargs.pop("config", None)
-    mask = sdpa_mask(batch_size, q_length, kv_length, **kwargs)
-    if mask is None:
+    Plain causal is read from what transformers asks for, never from a built mask (under torch.compile
+    transformers' own SDPA mask builds the causal mask rather than skip it, and reading a mask's values
+    would break the graph): its causal mask function (or the harness's own batch, :data:`PLAIN_CAUSAL`,
+    whose positions transformers cannot tell from packed sequences under compile), a sliding window or
+    chunk no shorter than the keys, no extra mask (transformers clears ``allow_is_causal_skip`` for
+    packed sequences, block and extra mask functions), as many keys as queries from position 0, and no
+    attention_mask or one of all ones."""
+    from transformers.masking_utils import causal_mask_function  # here: transformers is imported via models.hf.library
+
+    own = bool(getattr(kwargs.get("config"), PLAIN_CAUSAL, False)) and attention_mask is None
+    causal = own or (mask_function is causal_mask_function and allow_is_causal_skip)
+    window = local_size is None or kv_length <= local_size
+    aligned = q_length == kv_length and isinstance(q_offset, int) and q_offset == 0 and kv_offset == 0
+    padded = attention_mask is not None and not bool(attention_mask.all())
+    if causal and window and aligned and not padded:
         return None
-    padded = kwargs.get("attention_mask")
-    what = ("an attention_mask with padding (zeros)" if padded is not None and not bool(padded.all())
-            else "a mask other than the causal one (packed sequences, a sliding window shorter than the sequence, "
-                 "or another mask function)")
-    raise UnsupportedMaskError(f"the model asked for {what} over {q_length} queries and {kv_length} keys: the "
-                               f"harness's attention seam computes plain causal attention only. Accepted: {ACCEPTED}")
+    what = ("an attention_mask with padding (zeros)" if padded else
+            f"{q_length} queries at offset {q_offset} over {kv_length} keys (a cache)" if not aligned else
+            "a mask other than the causal one (packed sequences, a sliding window shorter than the sequence, "
+            "or another mask function)")
+    raise UnsupportedMaskError(f"the model asked for {what}: the harness's attention seam computes plain causal "
+                               f"attention only. Accepted: {ACCEPTED}")
 
 
 def register_attention() -> None:

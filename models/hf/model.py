@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.gpt import LossFn, head_and_loss
-from models.hf.attention import ATTENTION_NAME, HFAttentionSeam, register_attention
+from models.hf.attention import ATTENTION_NAME, PLAIN_CAUSAL, HFAttentionSeam, register_attention
 
 
 class HFModelError(ValueError):
@@ -81,8 +81,8 @@ class HFCausalLM(nn.Module):
         self.config = hf_shapes(hf.config, context)
         head = hf.get_output_embeddings()
         if not isinstance(head, nn.Linear) or head.bias is not None:
-            raise HFModelError(f"{type(hf).__name__}'s output layer is {head!r}: the loss seam takes an LM head that is "
-                               "one bias-free linear layer (hidden @ weight.T)")
+            raise HFModelError(f"{type(hf).__name__}'s output layer is {head!r}: the loss seam takes an LM head "
+                               "that is one bias-free linear layer (hidden @ weight.T)")
         for key in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
             if getattr(hf.config, key, None) not in (None, 1, 1.0):
                 raise HFModelError(f"{type(hf).__name__} transforms its logits ({key}={getattr(hf.config, key)}): the "
@@ -117,12 +117,23 @@ class HFCausalLM(nn.Module):
         T = idx.shape[1]
         if T > self.config.context:
             raise ValueError(f"sequence length {T} exceeds the model's context {self.config.context}")
-        with self._patched_globals():
+        with self._patched_globals(), self._plain_causal():
             if self.native_loss and targets is not None:  # targets are already the next tokens: no second shift
                 out = self.hf(input_ids=idx, labels=targets, shift_labels=targets, use_cache=False)
+                if out.loss is None:
+                    raise HFModelError(f"{type(self.hf).__name__}'s patched forward computed no loss from shift_labels")
                 return out.logits, out.loss
             h = self.hf.base_model(input_ids=idx, use_cache=False).last_hidden_state  # (B, T, C), final norm applied
             return head_and_loss(self, h, targets)
+
+    @contextmanager
+    def _plain_causal(self) -> Iterator[None]:
+        """The HF config marked (models.hf.attention.PLAIN_CAUSAL) while the model runs this batch."""
+        setattr(self.hf.config, PLAIN_CAUSAL, True)
+        try:
+            yield
+        finally:
+            setattr(self.hf.config, PLAIN_CAUSAL, False)
 
     @contextmanager
     def _patched_globals(self) -> Iterator[None]:
