@@ -117,8 +117,9 @@ def build_hf_model(cfg: DictConfig) -> HFCausalLM:
     m = cfg.model
     config = hf_config(m, data_vocab_size(cfg.data))
     if m.hf.path is not None:
+        # use_kernels=False: from_pretrained would otherwise swap layers for Hugging Face hub kernels (downloads)
         hf = tf.AutoModelForCausalLM.from_pretrained(str(Path(str(m.hf.path)).expanduser()), local_files_only=True,
-                                                     dtype=torch.float32)
+                                                     dtype=torch.float32, use_kernels=False)
     else:
         hf = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return HFCausalLM(hf, int(m.context))

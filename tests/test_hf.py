@@ -236,7 +236,7 @@ def refused(*overrides) -> str:
 
 
 def test_the_refusals_name_what_was_wrong_and_what_is_accepted(tmp_path):
-    msg = refused("model=hf_llama_tiny", "model.hf.config=null", f"+model.hf.path={tmp_path / 'nowhere'}")
+    msg = refused("model=hf_llama_tiny", "model.hf.config=null", f"model.hf.path={tmp_path / 'nowhere'}")
     assert "model.hf.path=" in msg and "local checkpoint directory holding a config.json" in msg
     msg = refused("model=hf_llama_tiny", "model.hf.config.model_type=nope")
     assert "model.hf.config.model_type='nope'" in msg and "qwen2" in msg and "llama" in msg
@@ -263,6 +263,21 @@ def test_a_config_json_builds_the_model_it_describes(tmp_path):
     validate(cfg)
     model = build_model(cfg)
     assert model.config.model_type == "qwen2" and model.config.vocab_size == 512 and model.config.context == 128
+
+
+def test_a_local_checkpoint_is_loaded_with_its_weights(tmp_path):
+    torch.manual_seed(0)
+    config = tf.AutoConfig.for_model("llama", vocab_size=512, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    saved = tf.AutoModelForCausalLM.from_config(config)
+    saved.save_pretrained(tmp_path)
+    cfg = compose_cfg(*HF, "model=hf_llama_tiny", "model.hf.config=null", f"model.hf.path={tmp_path}")
+    validate(cfg)
+    model = build_model(cfg)
+    for (name, p), q in zip(saved.named_parameters(), model.hf.parameters()):
+        assert torch.equal(p, q), name
+    assert "null or 512" in refused("model=hf_llama_tiny", "model.hf.config=null", f"model.hf.path={tmp_path}",
+                                    "model.vocab_size=600")
 
 
 def test_without_transformers_model_hf_says_how_to_install_it(monkeypatch):
