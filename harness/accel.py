@@ -14,6 +14,9 @@ attention with Triton's fused linear cross-entropy: ``accel=flash_linear``). It 
 op, and the loss must be in ``accel.patch``; ``accel.options`` are ``method``'s, so a different loss
 method runs with its defaults.
 
+``accel.model_patch`` applies a library's own whole-model patch to a Hugging Face model as shipped
+(harness.model_patch: Liger's ``apply_liger_kernel_to_<type>``), after the softmaxes above.
+
 Which op computes which softmax is the op table's (``kernels.ops``: each entry's ``seam`` and, for a
 loss, its ``form``); :func:`mark_ops` wraps what the model's seams call for a measurement
 (harness.breakdown's marks).
@@ -29,6 +32,7 @@ import torch.nn as nn
 
 import kernels
 from kernels import ops
+from harness.model_patch import apply_model_patch
 from models import attention_cores, set_attention, set_loss
 
 _ATTENTION = [e for e in ops.TABLE.values() if e.seam == "attention"]
@@ -56,6 +60,7 @@ class Applied:
     loss_form: str = "logits"
     options: dict = field(default_factory=dict)
     loss_method: Optional[str] = None  # the method that computes the loss; None: ``method``
+    model_patch: Optional[dict] = None  # a whole-model patch's record (harness.model_patch), applied after
     _undo: list = field(default_factory=list, repr=False)
 
     @property
@@ -87,14 +92,15 @@ class Applied:
         return {"method": self.method, "attention": self.attention, "attention_qkv": self.attention_qkv,
                 "loss": self.loss,
                 "loss_form": self.loss_form, "options": dict(self.options),
-                "loss_method": self.loss_from if self.loss else None}
+                "loss_method": self.loss_from if self.loss else None, "model_patch": self.model_patch}
 
     def describe(self) -> str:
         att = f"attention={self.attention or 'eager torch (not patched)'}{' (qkv)' if self.attention_qkv else ''}"
         loss = f"loss={self.loss + ' ' + self.loss_form if self.loss else 'eager F.cross_entropy (not patched)'}"
         if self.loss and self.loss_from != self.method:
             att, loss = f"{att} ({self.method})", f"{loss} ({self.loss_from})"
-        return f"{att}, {loss}"
+        whole = f", then {self.model_patch['function']}" if self.model_patch else ""
+        return f"{att}, {loss}{whole}"
 
 
 def check_accel(method: str, patch: Iterable[str] = ("attention", "loss"), loss_form: str = "logits",
@@ -135,17 +141,20 @@ def check_accel(method: str, patch: Iterable[str] = ("attention", "loss"), loss_
 
 def apply_accel(model: nn.Module, method: str, patch: Iterable[str] = ("attention", "loss"),
                 loss_form: str = "logits", options: Optional[Mapping[str, Any]] = None,
-                loss_method: Optional[str] = None, qkv: bool = True) -> Applied:
+                loss_method: Optional[str] = None, qkv: bool = True, model_patch: Optional[str] = None,
+                model_patch_options: Optional[Mapping[str, Any]] = None) -> Applied:
     """Patch the softmaxes ``patch`` names that ``method`` provides (the loss from ``loss_method`` when
     given; ``options`` go to ``method`` alone; ``qkv``: the method's native ``attention_qkv``, where it has
-    one, on the unsplit projection); every error of ``check_accel`` comes before anything is changed."""
+    one, on the unsplit projection), then the whole-model patch ``model_patch`` with its options; every
+    error of ``check_accel`` comes before anything is changed."""
     patch = list(patch)
     m, lm, op = check_accel(method, patch, loss_form, loss_method)
     applied = Applied(method, loss_form=loss_form, options=dict(options or {}),
                       loss_method=lm.name if lm is not m else None)
     if "attention" in patch and m.provides(ATTENTION_OP):
         fn = kernels.bind(method, ATTENTION_OP, **applied.options)
-        applied.attention_qkv = qkv and m.provides(QKV_OP) == "native"
+        # (a model with no fused q/k/v projection, a Hugging Face model's, has nothing for attention_qkv to take)
+        applied.attention_qkv = qkv and m.provides(QKV_OP) == "native" and getattr(model, "fused_qkv", True)
         qkv_fn = kernels.bind(method, QKV_OP, **applied.options) if applied.attention_qkv else None
         applied._undo.append(set_attention(model, fn, qkv_fn))
         applied.attention = m.provides(ATTENTION_OP)
@@ -153,6 +162,8 @@ def apply_accel(model: nn.Module, method: str, patch: Iterable[str] = ("attentio
         fn = kernels.bind(lm.name, op, **applied.loss_options)
         applied._undo.append(set_loss(model, functools.partial(fn, ignore_index=-100, reduction="mean"), loss_form))
         applied.loss = lm.provides(op)
+    if model_patch is not None:
+        applied.model_patch = apply_model_patch(model, model_patch, dict(model_patch_options or {}))
     return applied
 
 

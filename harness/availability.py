@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 import kernels
 from harness.config import CONF_DIR, PATCHABLE, accel_methods, group_options
+from harness.model_patch import model_patch_unavailable
 
 
 def leading_comment(path: Path) -> str:
@@ -40,7 +41,7 @@ def accel_choices(conf_dir: Optional[str] = None) -> list[dict]:
         method, options = str(raw.get("method")), dict(raw.get("options") or {})
         loss_method = raw.get("loss_method")
         a = known.get(method)
-        reason = accel_unavailable(method, options, loss_method, raw.get("patch", PATCHABLE))
+        reason = accel_unavailable(method, options, loss_method, raw.get("patch", PATCHABLE), raw.get("model_patch"))
         # the plain config says what its method is; a variant (sdpa_flash) says what it changes
         summary = a.summary if (a and (name == method or not leading_comment(path))) else leading_comment(path)
         exact = all(known[m].exact for m in (method, loss_method) if m in known)
@@ -55,9 +56,10 @@ def runnable_accel_names(conf_dir: Optional[str] = None) -> list[str]:
     return [c["name"] for c in accel_choices(conf_dir) if c["available"]]
 
 
-def accel_unavailable(method: str, options: dict, loss_method: Optional[str] = None, patch=PATCHABLE) -> Optional[str]:
-    """Why an accel configuration's methods (``method``, and ``loss_method`` for the loss) cannot run
-    here (None: they can)."""
+def accel_unavailable(method: str, options: dict, loss_method: Optional[str] = None, patch=PATCHABLE,
+                      model_patch: Optional[str] = None) -> Optional[str]:
+    """Why an accel configuration's methods (``method``, and ``loss_method`` for the loss) or its
+    whole-model patch cannot run here (None: they can)."""
     for name, opts in accel_methods(method, loss_method, options, patch):
         try:
             reason = kernels.unavailable_reason(name, **opts)
@@ -65,13 +67,14 @@ def accel_unavailable(method: str, options: dict, loss_method: Optional[str] = N
             reason = str(exc)
         if reason:
             return reason if name == method else f"its loss_method {name!r}: {reason}"
-    return None
+    why = model_patch_unavailable(model_patch)
+    return f"its model_patch {model_patch!r}: {why}" if why else None
 
 
 def method_unavailable_message(accel_name: str, method: str, options: dict, loss_method: Optional[str] = None,
-                               patch=PATCHABLE) -> Optional[str]:
+                               patch=PATCHABLE, model_patch: Optional[str] = None) -> Optional[str]:
     """None when accel=``accel_name`` can run here; else why not and which accel options can."""
-    reason = accel_unavailable(method, options, loss_method, patch)
+    reason = accel_unavailable(method, options, loss_method, patch, model_patch)
     if not reason:
         return None
     which = f"accel={accel_name}" + (f" (method {method!r})" if method != accel_name else "")

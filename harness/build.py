@@ -12,7 +12,9 @@ from omegaconf import DictConfig
 
 from harness.accel import Applied, apply_accel
 from harness.data import Corpus, data_vocab_size, make_corpus
+from harness.hf import build_hf_model
 from models import GPT, GPTConfig, Llama, LlamaConfig
+from models.hf import HFCausalLM
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16}
 
@@ -56,11 +58,13 @@ def compute_dtype(precision: str) -> torch.dtype:
     return AUTOCAST_DTYPES.get(precision.split("-")[0], torch.float32)
 
 
-def build_model(cfg: DictConfig) -> GPT | Llama:
+def build_model(cfg: DictConfig) -> GPT | Llama | HFCausalLM:
     """The model a config describes, of its ``model.family`` (vocabulary from the data unless
-    model.vocab_size is set)."""
+    model.vocab_size is set; a Hugging Face model's: harness.hf)."""
     if cfg.model.family == "llama":
         return build_llama(cfg)
+    if cfg.model.family == "hf":
+        return build_hf_model(cfg)
     return GPT(GPTConfig(
         vocab_size=int(cfg.model.vocab_size or data_vocab_size(cfg.data)),
         context=int(cfg.model.context),
@@ -83,16 +87,17 @@ def build_llama(cfg: DictConfig) -> Llama:
     ))
 
 
-def accel_applied(model: GPT | Llama, cfg: DictConfig) -> Applied:
+def accel_applied(model: GPT | Llama | HFCausalLM, cfg: DictConfig) -> Applied:
     """The configured method applied to ``model`` (see harness.accel)."""
     a = cfg.accel
     return apply_accel(model, a.method, list(a.patch), a.loss_form, dict(a.options or {}),
-                       loss_method=a.get("loss_method"), qkv=bool(a.get("qkv", True)))
+                       loss_method=a.get("loss_method"), qkv=bool(a.get("qkv", True)),
+                       model_patch=a.get("model_patch"), model_patch_options=dict(a.get("model_patch_options") or {}))
 
 
 @dataclass
 class Built:
-    model: GPT | Llama
+    model: GPT | Llama | HFCausalLM
     applied: Applied
     corpus: Optional[Corpus]
 

@@ -47,12 +47,20 @@ class AccelConfig:
     loss_method: Optional[str] = None  # the method that computes the loss softmax; None: method
     qkv: bool = True  # the method's attention_qkv on the unsplit projection, where it has one; false: q, k, v views
     compiled_loss_method: Optional[str] = None  # with compile_model=true, the loss from this method instead (harness.fallback)
+    model_patch: Optional[str] = None  # a Hugging Face model's whole-model patch (liger: Liger's own), after the method
+    model_patch_options: dict = field(default_factory=dict)  # its keywords (liger: apply_liger_kernel_to_<type>'s)
+
+
+@dataclass
+class HFModelConfig:
+    config: Any = None  # hf: a model_type plus the config's keys (a mapping), or a config.json (or its directory)
+    path: Optional[str] = None  # hf: a local checkpoint directory (its weights; local files only)
 
 
 @dataclass
 class ModelConfig:
     name: str = MISSING  # tiny | small | gpt2s (one file in conf/model/)
-    family: str = "gpt"  # gpt | llama: the model class (models.GPT, models.Llama)
+    family: str = "gpt"  # gpt | llama | hf: the model class (models.GPT, models.Llama, a transformers causal LM)
     n_layer: int = 2  # transformer blocks
     n_head: int = 2  # attention heads
     n_embd: int = 64  # model width
@@ -66,6 +74,7 @@ class ModelConfig:
     norm_eps: Optional[float] = None  # llama: the RMSNorm epsilon; None: 1e-5
     tied: Optional[bool] = None  # llama: the LM head is the token embedding (the GPT's always is); None: true
     qkv_bias: bool = False  # llama: biases on the q/k/v projection (Qwen2)
+    hf: HFModelConfig = field(default_factory=HFModelConfig)  # hf: the transformers model (harness.hf)
 
 
 @dataclass
@@ -257,6 +266,9 @@ def validate(cfg: DictConfig | TrainConfig) -> None:
             raise _bad("accel.patch", list(c.accel.patch), f"a list of {', '.join(PATCHABLE)} (the softmaxes to patch)")
     if c.accel.loss_form not in LOSS_FORMS:
         raise _bad("accel.loss_form", c.accel.loss_form, f"one of {', '.join(LOSS_FORMS)}")
+    if c.accel.get("model_patch") is not None and c.model.family != "hf":
+        raise _bad("accel.model_patch", c.accel.model_patch, f"null with model.family={c.model.family}: a whole-model "
+                   "patch applies to a Hugging Face model (model=hf_*)")
     if c.data.name not in DATA_KINDS:
         raise _bad("data.name", c.data.name, f"one of {', '.join(DATA_KINDS)}")
     if c.data.name == "text" and not c.data.path:
@@ -307,7 +319,7 @@ def to_container(cfg: DictConfig) -> dict:
 
 
 #: config prefix of each schema dataclass (for field_comments)
-_PREFIXES = {"AccelConfig": "accel", "ModelConfig": "model", "DataConfig": "data", "TrainerConfig": "trainer",
+_PREFIXES = {"AccelConfig": "accel", "HFModelConfig": "model.hf", "ModelConfig": "model", "DataConfig": "data", "TrainerConfig": "trainer",
              "LoggerConfig": "logger", "TrainConfig": "", "StudyConfig": "study"}
 
 

@@ -1,6 +1,7 @@
-"""Config checks of the model family (``model.family`` and the Llama-family keys) and of the tokenizer
-(``data.tokenizer``): each finds the first value that is not accepted and returns it as (key, value,
-what is accepted), for harness.config.validate to raise in its one format; None when all is well."""
+"""Config checks of the model family (``model.family``, the Llama-family keys, a Hugging Face model's
+``model.hf``: harness.hf) and of the tokenizer (``data.tokenizer``): each finds the first value that is
+not accepted and returns it as (key, value, what is accepted), for harness.config.validate to raise in
+its one format; None when all is well."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any, Optional
 
 from harness.tokenizer import BPE, BYTE_VOCAB, BYTES, TokenizerError, tokenizer_file_vocab
 
-MODEL_FAMILIES = ("gpt", "llama")  # models.GPT, models.Llama
+MODEL_FAMILIES = ("gpt", "llama", "hf")  # models.GPT, models.Llama, a transformers causal LM (harness.hf)
 #: the Llama family's keys that a GPT leaves null (None: the family's default)
 LLAMA_KEYS = ("n_kv_head", "mlp_hidden", "rope_theta", "norm_eps", "tied")
 
@@ -21,6 +22,20 @@ def model_problem(c) -> Problem:
     m = c.model
     if m.family not in MODEL_FAMILIES:
         return "model.family", m.family, f"one of {', '.join(MODEL_FAMILIES)}"
+    if m.family != "hf" and (m.hf.config is not None or m.hf.path is not None):
+        return "model.hf", {"config": m.hf.config, "path": m.hf.path}, f"null with model.family={m.family} (a Hugging Face model: model.family=hf)"
+    if m.family == "hf":
+        for key in ("rope_theta", "norm_eps", "tied"):
+            if getattr(m, key) is not None:
+                return (f"model.{key}", getattr(m, key), "null with model.family=hf (the HF config holds it: "
+                        "model.hf.config)")
+        for key in ("bias", "qkv_bias"):
+            if getattr(m, key):
+                return f"model.{key}", True, "false with model.family=hf (the HF config holds it: model.hf.config)"
+        # here: harness.hf imports torch and transformers, which only model.family=hf needs (the config stays light)
+        from harness.hf import hf_problem
+
+        return hf_problem(c)
     if m.family == "gpt":
         for key in LLAMA_KEYS:
             value = getattr(m, key)

@@ -27,7 +27,6 @@ import torch
 from omegaconf import DictConfig
 
 from harness.build import build_model, compute_dtype, resolve_precision, seq_len
-from harness.data import data_vocab_size
 
 #: above this fraction of the available memory the run is warned that it may not fit
 WARN_FRACTION = 0.8
@@ -52,10 +51,12 @@ class StepMemory:
         return self.states + self.activations + self.logits
 
 
-def param_count(cfg: DictConfig) -> int:
-    """The model's parameters, built on the meta device (no memory, no initialisation)."""
+def param_count(cfg: DictConfig) -> tuple[int, int]:
+    """The model's parameters and its vocabulary, built on the meta device (no memory, no initialisation;
+    the vocabulary as build_model chooses it: a Hugging Face config may state its own)."""
     with torch.device("meta"):
-        return sum(p.numel() for p in build_model(cfg).parameters())
+        model = build_model(cfg)
+    return sum(p.numel() for p in model.parameters()), int(model.config.vocab_size)
 
 
 def step_memory(cfg: DictConfig, gpu: bool) -> StepMemory:
@@ -63,15 +64,14 @@ def step_memory(cfg: DictConfig, gpu: bool) -> StepMemory:
     m = cfg.model
     b, t, d, layers, heads = int(cfg.data.batch_size), seq_len(cfg), int(m.n_embd), int(m.n_layer), int(m.n_head)
     a = torch.finfo(compute_dtype(resolve_precision(str(cfg.trainer.precision), gpu))).bits // 8
-    if m.family == "llama":
-        f = int(m.mlp_hidden)
+    if m.family == "llama" or (m.family == "hf" and m.mlp_hidden):
+        f = int(m.mlp_hidden)  # (a Hugging Face model's counted as a SwiGLU's: its 2-matrix MLP keeps less)
         mlp = b * t * d + 3 * b * t * f
     else:
         f = 4 * d
         mlp = 1.5 * b * t * d + 2 * b * t * f
     per_layer = 5.5 * b * t * d + 2.5 * heads * b * t * t + 2 * b * t * d + mlp
-    p = param_count(cfg)
-    vocab = int(m.vocab_size or data_vocab_size(cfg.data))  # as build_model chooses it
+    p, vocab = param_count(cfg)
     logits = b * t * vocab * (a + 8) if cfg.accel.loss_form == "logits" else 0
     return StepMemory(params=p, states=16 * p, activations=int(layers * per_layer * a), logits=int(logits))
 

@@ -46,7 +46,7 @@ def validate_with_data(cfg: DictConfig) -> None:
     took = "" if a is cfg.accel else (f"with compile_model=true the loss method is accel.compiled_loss_method="
                                       f"{a.loss_method!r} (harness/fallback.py): ")
     msg = method_unavailable_message(str(a.name), str(a.method), dict(a.options or {}), a.get("loss_method"),
-                                     list(a.patch))
+                                     list(a.patch), a.get("model_patch"))
     if msg:
         raise UsageError(took + msg)
     try:

@@ -184,7 +184,7 @@ def _gate(cfg: DictConfig, built, gpu: bool, precision: str, console) -> dict:
         return {"checked": False, "reason": "switched off (check_kernel=false)"}
     c = built.model.config
     shapes = RunShapes(heads=c.n_head, kv_heads=getattr(c, "n_kv_head", 0) or 0, seq_len=seq_len(cfg),
-                       head_dim=c.n_embd // c.n_head, vocab=c.vocab_size,
+                       head_dim=getattr(c, "head_dim", c.n_embd // c.n_head), vocab=c.vocab_size,
                        n_embd=c.n_embd, tokens=int(cfg.data.batch_size) * seq_len(cfg),
                        dtype=compute_dtype(precision), device="cuda" if gpu else "cpu")
     info = run_gate(built.applied, shapes)
@@ -207,7 +207,7 @@ def announce(run: Run) -> None:
         f"({model.matmul_params() / 1e6:.1f}M matmul params) data={cfg.data.name} on [green]{run.device}[/] "
         f"precision={run.precision} -> {escape(str(run.run_dir))}"
     )
-    if not run.gpu and cfg.model.name not in ("tiny", "llama_tiny"):
+    if not run.gpu and not str(cfg.model.name).endswith("tiny"):  # tiny, llama_tiny, hf_*_tiny
         run.console.print("[yellow]no CUDA GPU here: this model will train slowly on the CPU; for a quick CPU run "
                           "use model=tiny (or llama_tiny) trainer=cpu[/]")
 

@@ -79,12 +79,13 @@ def unavailable(name: str, variant: str = "", compiled: bool = False) -> Optiona
     """Why the accel configuration ``name`` (as its ``variant`` runs, ``compiled`` or not) cannot run here
     (None: it can)."""
     a = accel_for(name, variant, compiled)
-    return accel_unavailable(a.method, dict(a.options or {}), a.loss_method, list(a.patch))
+    return accel_unavailable(a.method, dict(a.options or {}), a.loss_method, list(a.patch), a.model_patch)
 
 
-def default_methods() -> list[str]:
-    """The default study: every accel configuration, the reference and baseline first."""
-    return accel_names()
+def default_methods(family: str = "hf") -> list[str]:
+    """The default study: every accel configuration, the reference and baseline first; a whole-model
+    patch's (accel.model_patch: a Hugging Face model's) only on a ``model.family=hf`` model."""
+    return [n for n in accel_names() if family == "hf" or accel_config(n).get("model_patch") is None]
 
 
 def variants(study: Mapping, name: str) -> list[tuple[str, str]]:
@@ -109,7 +110,7 @@ def study_plan(cfg: DictConfig) -> list[Planned]:
     """(accel config, compiled, variant, patch) in run order: the reference first (every other run is
     compared with it), the baseline next, then the rest, then the compiled runs (the slow compiles
     last); each configuration of study.loss_split / study.linear_loss followed by its twins."""
-    names = list(cfg.study.methods) if cfg.study.methods is not None else default_methods()
+    names = list(cfg.study.methods) if cfg.study.methods is not None else default_methods(cfg.model.family)
     first = [n for n in (cfg.study.reference, cfg.study.baseline) if n]
     order = list(dict.fromkeys([n for n in first if n in names or n == cfg.study.reference] + names))
     plan = [(m, False) for m in order] + [(m, True) for m in cfg.study.compiled]
