@@ -21,7 +21,7 @@ import importlib
 import sys
 from types import ModuleType
 
-INSTALL_HINT = "pip install -e '.[hf]' (transformers>=5.0,<6)"
+INSTALL_HINT = "pip install -e '.[hf]' (transformers>=5.0,<5.25)"
 
 
 class TransformersMissingError(ImportError):
