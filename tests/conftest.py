@@ -11,6 +11,9 @@ import tempfile
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
+if os.environ.get("PYTEST_XDIST_WORKER") and not HAS_CUDA:
+    # one of several test processes (pytest-xdist, `make test`): one CPU thread each, not one per core each
+    torch.set_num_threads(1)
 #: the reason every gpu-marked test skips for without a GPU; the summary counts them in one line
 GPU_SKIP = "needs a CUDA GPU"
 if not HAS_CUDA:
