@@ -47,14 +47,19 @@ train: setup
 	  $(BIN)/python -m harness.train model=tiny trainer=cpu $(ARGS); \
 	fi
 
-# `make test`: the default set, every behaviour with at least one fast case (a few minutes on 2 CPU
+# `make test`: the default set, every behaviour with at least one fast case (about 5 minutes on 2 CPU
 # cores); the tests marked slow (the other sizes and dtypes of a kernel test, whole training runs) are
 # run by `make test-slow` alone, and by `make test-all` with the rest. CI runs test.
+# TEST_WORKERS: test processes (pytest-xdist; each test file runs whole in one of them, so a file's
+# shared fixtures are built once); 0 runs the tests in this process alone.
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+
 test: setup
-	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PYTEST) -m "not slow" $(PYTEST_ARGS)
 
 test-slow: setup
-	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
+	$(PYTEST) -m slow $(PYTEST_ARGS)
 
 test-all: setup
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)

@@ -96,12 +96,14 @@ def test_makefile_falls_back_to_the_default_index_and_uses_it_on_a_gpu(fake_make
 
 def test_make_test_leaves_the_slow_tests_to_test_slow_and_test_all_runs_every_one(fake_make):
     fake_make()  # set up once
-    _, calls = fake_make(target="test")
-    assert calls == ["-m pytest -q -m not slow"]
+    _, calls = fake_make(target="test")  # two test processes, a file's tests together (pytest-xdist)
+    assert calls == ["-m pytest -q -n 2 --dist loadfile -m not slow"]
     _, calls = fake_make(target="test-slow")
-    assert calls == ["-m pytest -q -m slow"]
+    assert calls == ["-m pytest -q -n 2 --dist loadfile -m slow"]
     _, calls = fake_make(target="test-all")
-    assert calls == ["-m pytest -q"]
+    assert calls == ["-m pytest -q -n 2 --dist loadfile"]
+    _, calls = fake_make("TEST_WORKERS=0", target="test")  # in this process alone
+    assert calls == ["-m pytest -q -m not slow"]
 
 
 def test_ci_runs_the_readmes_test_command():
