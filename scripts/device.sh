@@ -7,6 +7,8 @@
 #   kernels  python -m harness.bench kernels (full table; extra args in KERNEL_ARGS)
 #   loss     python -m harness.bench loss (cross-entropy table; LOSS_ARGS)
 #   attention  python -m harness.bench attention (attention table; ATTENTION_ARGS)
+#            at the Llama-family models' shapes (grouped-query attention; the loss at their V and C too):
+#            ATTENTION_ARGS="--models smollm2_135m,qwen25_05b,llama32_1b" LOSS_ARGS="--models smollm2_135m,qwen25_05b,llama32_1b"
 #   launch   python -m harness.bench launch (host microseconds per call; LAUNCH_ARGS)
 #   host-profile  python -m harness.bench host-profile (where the host time of a call goes, at benchmark
 #            sizes; HOST_PROFILE_ARGS, e.g. "--methods flash,sdpa --shapes 16,12,1024,64")

@@ -6,9 +6,11 @@ Tables (one module each, in this package):
 * ``kernels``: the softmax table (``softmax``): GB/s vs N, forward and backward, eager and graph replay,
   against the copy ceiling and the baselines, every softmax method by default;
 * ``loss``: the cross-entropy table (``loss``): ms and fraction of the one-read-one-write ideal at
-  V = 32768 .. 262144, extra memory, and the linear cross-entropy (no full logits);
-* ``attention``: the attention table (``attention``): TFLOP/s forward and forward + backward at the
-  model's shapes, every method that provides attention (materialized and fused);
+  V = 32768 .. 262144, extra memory, and the linear cross-entropy (no full logits); ``--models``: at
+  model configs' vocabularies, hidden sizes and step tokens instead (``model_shapes``, ``loss_shapes``);
+* ``attention``: the attention table (``attention``): TFLOP/s forward and forward + backward at
+  (B, H, T, d) or grouped-query (B, H, Hkv, T, d) shapes, or ``--models``' (each config's heads, key/value
+  heads, head size, context and batch), every method that provides attention (materialized and fused);
 * ``launch``: host microseconds per call (``launch``);
 * ``host-profile``: where those microseconds go at benchmark sizes (``host_profile``);
 * ``overhead``: the harness vs a bare PyTorch loop (``overhead``).

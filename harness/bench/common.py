@@ -12,7 +12,7 @@ import statistics
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -34,11 +34,17 @@ def parse_names(s: str) -> Optional[list[str]]:
     return out or None
 
 
-def parse_shapes(error: Callable[[str], None], flag: str, s: str, arity: int) -> list[tuple]:
-    """'1,2,3;4,5,6' -> [(1, 2, 3), (4, 5, 6)]; ``error`` (the parser's) where one has not ``arity`` numbers."""
-    out = [tuple(parse_ints(c)) for c in s.split(";") if c.strip()]
-    if any(len(c) != arity for c in out):
-        error(f"{flag} takes shapes of {arity} integers separated by ';' (got {s!r})")
+def parse_shapes(error: Callable[[str], None], flag: str, s: str, arity: Union[int, tuple[int, ...]]) -> list[tuple]:
+    """'1,2,3;4,5,6' -> [(1, 2, 3), (4, 5, 6)]; ``error`` (the parser's) where one has not ``arity`` numbers
+    (one of them, for a tuple of arities) or one is not an integer."""
+    arities = (arity,) if isinstance(arity, int) else tuple(arity)
+    try:
+        out = [tuple(parse_ints(c)) for c in s.split(";") if c.strip()]
+    except ValueError:
+        out = [()]
+    if not out or any(len(c) not in arities for c in out):
+        count = " or ".join(map(str, arities))
+        error(f"{flag} takes shapes of {count} integers separated by ';' (got {s!r})")
     return out
 
 

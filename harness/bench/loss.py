@@ -10,8 +10,11 @@ gradient included). Then the linear cross-entropy (hidden (tokens, C) @ weight (
 logits for the methods that implement it natively: the project's, Liger's and Apple's Cut
 Cross-Entropy, ``cce``, which has no cross-entropy on the logits and so appears in these rows alone).
 Every method's loss and gradient are checked against float64 on the first rows first; a wrong result
-gets no ratio. On a GPU each vocabulary's rows, and the linear rows, are measured in a fresh process
+gets no ratio. On a GPU each vocabulary's rows, and each linear shape's, are measured in a fresh process
 (``_isolated``): what one row leaves on the device cannot starve the next; ``held_gib`` still says what each row left behind within its group.
+
+The shapes (vocabularies at a token count and linear (tokens, C, V) shapes, or each model config's:
+its vocabulary, hidden size and one step's tokens, the rows named after it): :mod:`harness.bench.loss_shapes`.
 """
 
 from __future__ import annotations
@@ -20,13 +23,15 @@ import argparse
 import contextlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional, Union
 
 import torch
 
 import kernels
-from harness.bench.common import (eager_and_graph_ms, error_text, fmt, free_memory, issue_us, parse_ints, parse_names,
-                                  peak_extra_gib, runnable, write_rows_csv)
+from harness.bench.common import (eager_and_graph_ms, error_text, fmt, free_memory, issue_us, parse_names, peak_extra_gib,
+                                  runnable, write_rows_csv)
+from harness.bench.loss_shapes import add_shape_arguments, loss_shapes, shapes_of
+from harness.bench.model_shapes import ModelShape
 from harness.bench.timing import copy_bandwidth
 from harness.env import environment
 from harness.results import atomic_write_text, write_json
@@ -52,6 +57,7 @@ class LossRow:
     held_gib: Optional[float] = None  # GPU memory in use after the row, its inputs freed, beyond its group's start
     correct: Optional[bool] = None
     error: str = ""
+    model: str = ""  # the model config(s) whose shape this is (--models), else ''
 
 
 def default_methods(op: str = "cross_entropy") -> list[str]:
@@ -71,8 +77,9 @@ def _check(loss_rows: torch.Tensor, grad: Optional[torch.Tensor], logits: torch.
     return ok
 
 
-def measure_ce(method: str, tokens: int, vocab: int, device: str, rep_ms: int, autocast: bool = False) -> LossRow:
-    row = LossRow(method, "cross_entropy", tokens, vocab, autocast=autocast)
+def measure_ce(method: str, tokens: int, vocab: int, device: str, rep_ms: int, autocast: bool = False,
+               model: str = "") -> LossRow:
+    row = LossRow(method, "cross_entropy", tokens, vocab, autocast=autocast, model=model)
     ctx = (lambda: torch.autocast("cuda", torch.bfloat16)) if autocast else contextlib.nullcontext
     logits = t = None
     try:
@@ -118,8 +125,9 @@ def held_gib() -> Optional[float]:
     return (total - free) / 2**30
 
 
-def measure_linear(method: str, tokens: int, hidden: int, vocab: int, device: str, rep_ms: int) -> LossRow:
-    row = LossRow(method, "linear_cross_entropy", tokens, vocab, hidden=hidden)
+def measure_linear(method: str, tokens: int, hidden: int, vocab: int, device: str, rep_ms: int,
+                   model: str = "") -> LossRow:
+    row = LossRow(method, "linear_cross_entropy", tokens, vocab, hidden=hidden, model=model)
     h = w = t = None
     try:
         fn = kernels.bind(method, "linear_cross_entropy")
@@ -150,11 +158,6 @@ def measure_linear(method: str, tokens: int, hidden: int, vocab: int, device: st
     return row
 
 
-def ce_tokens(tokens: int, v: int) -> int:
-    """The rows a vocabulary's table rows take: at most 4 GiB of bf16 logits."""
-    return max(1, min(tokens, (2**32 // 2) // v))
-
-
 def _held_since(rows: list[LossRow], start: Optional[float]) -> list[LossRow]:
     """held_gib relative to what the device had in use when the group began (this process's context
     and, under isolation, the parent's): what each row left behind."""
@@ -165,24 +168,26 @@ def _held_since(rows: list[LossRow], start: Optional[float]) -> list[LossRow]:
     return rows
 
 
-def _vocab_rows(methods: Optional[list[str]], v: int, tokens: int, device: str, rep_ms: int) -> list[LossRow]:
-    """Every method's cross-entropy at one vocabulary (``torch`` also under autocast)."""
-    n = ce_tokens(tokens, v)
+def _vocab_rows(methods: Optional[list[str]], tokens: int, v: int, model: str, device: str,
+                rep_ms: int) -> list[LossRow]:
+    """Every method's cross-entropy on (tokens, v) logits (``torch`` also under autocast)."""
     start = held_gib()
     rows = []
     for m in [x for x in methods if kernels.get_method(x).provides("cross_entropy")] if methods else default_methods():
-        rows.append(measure_ce(m, n, v, device, rep_ms))
+        rows.append(measure_ce(m, tokens, v, device, rep_ms, model=model))
         if m == "torch":  # what a model's loss costs under autocast
-            rows.append(measure_ce(m, n, v, device, rep_ms, autocast=True))
+            rows.append(measure_ce(m, tokens, v, device, rep_ms, autocast=True, model=model))
     return _held_since(rows, start)
 
 
-def _linear_rows(methods: Optional[list[str]], linear: tuple, device: str, rep_ms: int) -> list[LossRow]:
-    tok, c, v = linear
+def _linear_rows(methods: Optional[list[str]], tok: int, c: int, v: int, model: str, device: str,
+                 rep_ms: int) -> list[LossRow]:
+    """Every method's linear cross-entropy at (tokens, C, V): by default every one that can run here,
+    the peers (liger, cce) included."""
     lin_methods = ([x for x in methods if kernels.get_method(x).provides("linear_cross_entropy")] if methods
                    else default_methods("linear_cross_entropy"))
     start = held_gib()
-    return _held_since([measure_linear(m, tok, c, v, device, rep_ms) for m in lin_methods], start)
+    return _held_since([measure_linear(m, tok, c, v, device, rep_ms, model) for m in lin_methods], start)
 
 
 def _isolated(isolate: bool, fn, *args) -> list[LossRow]:
@@ -199,26 +204,28 @@ def _isolated(isolate: bool, fn, *args) -> list[LossRow]:
         return pool.submit(fn, *args).result()
 
 
-def run_loss_bench(methods: Optional[list[str]], vocabs: list[int], tokens: int, linear: Optional[tuple], out: Path,
-                   rep_ms: int = 100, isolate: Optional[bool] = None) -> list[LossRow]:
-    """The table; each vocabulary's rows and the linear rows measured in a process of their own when
-    ``isolate`` (None: on a GPU)."""
+def run_loss_bench(methods: Optional[list[str]], vocabs: list[int], tokens: int, linear: Union[None, tuple, list[tuple]],
+                   out: Path, rep_ms: int = 100, isolate: Optional[bool] = None,
+                   models: Iterable[ModelShape] = ()) -> list[LossRow]:
+    """The table (shapes: :func:`loss_shapes`); each vocabulary's rows and each linear shape's measured in
+    a process of their own when ``isolate`` (None: on a GPU)."""
+    ce, lin = loss_shapes(vocabs, tokens, linear, models)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     isolate = device == "cuda" if isolate is None else isolate
     copy_gbs = copy_bandwidth(device, nbytes=2**30 if device == "cuda" else 2**22)
     free_memory()
     rows: list[LossRow] = []
-    for v in sorted(vocabs, reverse=True):
+    for (n, v), model in sorted(ce.items(), key=lambda item: -item[0][1]):
         try:
-            rows += _isolated(isolate, _vocab_rows, methods, v, tokens, device, rep_ms)
+            rows += _isolated(isolate, _vocab_rows, methods, n, v, model, device, rep_ms)
         except Exception as exc:  # the child died: its group gets one row that says how
-            rows.append(LossRow("(all)", "cross_entropy", ce_tokens(tokens, v), v,
+            rows.append(LossRow("(all)", "cross_entropy", n, v, model=model,
                                 error=f"the measuring process failed: {error_text(exc)}"))
-    if linear:
+    for (n, c, v), model in lin.items():
         try:
-            rows += _isolated(isolate, _linear_rows, methods, linear, device, rep_ms)
+            rows += _isolated(isolate, _linear_rows, methods, n, c, v, model, device, rep_ms)
         except Exception as exc:
-            rows.append(LossRow("(all)", "linear_cross_entropy", linear[0], linear[2], hidden=linear[1],
+            rows.append(LossRow("(all)", "linear_cross_entropy", n, v, hidden=c, model=model,
                                 error=f"the measuring process failed: {error_text(exc)}"))
     rows.sort(key=lambda r: (r.op != "cross_entropy", r.vocab if r.op == "cross_entropy" else 0))  # (stable)
     for r in rows:
@@ -226,7 +233,8 @@ def run_loss_bench(methods: Optional[list[str]], vocabs: list[int], tokens: int,
             r.ideal_ms = 2 * r.tokens * r.vocab * 2 / (copy_gbs * 1e9) * 1e3
             if r.fwd_bwd_ms and r.correct:
                 r.frac_ideal = r.ideal_ms / r.fwd_bwd_ms
-        print(f"  {r.method:8s}{'+autocast' if r.autocast else '':9s} {r.op:21s} {r.tokens}x{r.vocab}: fwd+bwd "
+        print(f"  {r.method:8s}{'+autocast' if r.autocast else '':9s} {r.op:21s} {r.tokens}x{r.vocab}"
+              f"{f' ({r.hidden})' if r.hidden else ''}{f' {r.model}' if r.model else ''}: fwd+bwd "
               f"{fmt(r.fwd_bwd_ms, '.3f')} ms (graph {fmt(r.fwd_bwd_graph_ms, '.3f')}), ideal {fmt(r.ideal_ms, '.3f')}, "
               f"extra {fmt(r.extra_gib, '.2f')} GiB, left on the GPU {fmt(r.held_gib, '.2f')} GiB "
               f"{r.error or ('ok' if r.correct else 'WRONG')}", flush=True)
@@ -235,10 +243,10 @@ def run_loss_bench(methods: Optional[list[str]], vocabs: list[int], tokens: int,
              f"Copy ceiling {copy_gbs:.0f} GB/s; ideal = one read of the logits + one write of their gradient at it. "
              "Host us: the host's time to issue one forward + backward; where it nears the eager ms, the GPU waited "
              "on the host.", "",
-             "| method | op | tokens x V (C) | fwd+bwd ms eager | fwd+bwd ms graph | fwd ms | ideal ms | ideal / eager "
+             "| method | op | tokens x V (C) [model] | fwd+bwd ms eager | fwd+bwd ms graph | fwd ms | ideal ms | ideal / eager "
              "| host us | extra GiB | left on the GPU GiB | correct |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        shape = f"{r.tokens} x {r.vocab}" + (f" ({r.hidden})" if r.hidden else "")
+        shape = f"{r.tokens} x {r.vocab}" + (f" ({r.hidden})" if r.hidden else "") + (f" [{r.model}]" if r.model else "")
         ok = f"error: {r.error}" if r.error else ("yes" if r.correct else "**NO**")
         lines.append(f"| {r.method}{' (autocast)' if r.autocast else ''} | {r.op} | {shape} | {fmt(r.fwd_bwd_ms, '.3f')} "
                      f"| {fmt(r.fwd_bwd_graph_ms, '.3f')} | {fmt(r.fwd_ms, '.3f')} | {fmt(r.ideal_ms, '.3f')} "
@@ -253,16 +261,15 @@ def run_loss_bench(methods: Optional[list[str]], vocabs: list[int], tokens: int,
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--methods", default="", help="comma-separated methods (default: every cross-entropy method)")
-    p.add_argument("--vocabs", default="32768,50304,128256,262144")
-    p.add_argument("--tokens", type=int, default=16384)
-    p.add_argument("--linear", default="16384,768,50304", help="tokens,C,V of the linear cross-entropy ('' to skip)")
+    p.add_argument("--methods", default="", help="comma-separated methods (default: every cross-entropy method, and "
+                   "in the linear rows every linear cross-entropy method: liger, cce where they run)")
+    add_shape_arguments(p)
     p.add_argument("--rep-ms", type=int, default=100)
     p.add_argument("--out", default="outputs/bench", type=Path)
 
 
 def run(a: argparse.Namespace, error: Callable[[str], None]) -> list[LossRow]:
-    lin = tuple(parse_ints(a.linear)) if a.linear else None
+    vocabs, tokens, lin, models = shapes_of(a, error)
     # with linear rows, a method with a linear cross-entropy alone (cce) is kept for them; the others provide both
-    methods = runnable(parse_names(a.methods), "linear_cross_entropy" if lin else "cross_entropy")
-    return run_loss_bench(methods, parse_ints(a.vocabs), a.tokens, lin, a.out, a.rep_ms)
+    methods = runnable(parse_names(a.methods), "linear_cross_entropy" if lin or models else "cross_entropy")
+    return run_loss_bench(methods, vocabs, tokens, lin, a.out, a.rep_ms, models=models)
