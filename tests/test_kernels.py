@@ -69,7 +69,9 @@ COMPILE_CASES = [((3, 7), False, "contiguous"), ((2, 12, 5), True, "contiguous")
 
 
 @pytest.mark.skipif("compile" not in RUNNABLE, reason="torch.compile unavailable")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+# (bfloat16: the same compiled graphs with a cast; each new graph compiles cold in CI: the slow set)
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow)],
+                         ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("case", COMPILE_CASES, ids=_id)
 def test_compile_matches_float64_reference(case, dtype, seeded):
     shape, causal, layout = case

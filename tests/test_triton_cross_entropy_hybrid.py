@@ -51,6 +51,7 @@ for case in sys.argv[1:]:
 """
 
 
+@pytest.mark.slow  # a cold sm_90 compile: ~17 s on two cores (CI starts cold)
 def test_hybrid_kernel_compiles_for_sm90_with_its_buffer_at_the_start_of_shared_memory(cg):
     """bf16 and fp16, with and without the gradient, a whole and a partial shared part, 16 and 8 warps (the
     default):

@@ -59,6 +59,7 @@ for case in sys.argv[1:]:
 _SMEM_OFFSET = r"ld\.shared\.b32\s+%r\d+, \[global_smem(?:\+(\d+))?\]"
 
 
+@pytest.mark.slow  # a cold sm_90 compile of the slices kernel: ~35 s on two cores (CI starts cold)
 def test_slices_kernel_compiles_for_sm90(cs):
     """bf16 and fp16, with and without the gradient, even and uneven slices (65544: a shorter last
     slice), 2 to 16 slices, 8 and 16 warps: compiled for Hopper (sm_90) in a subprocess without
