@@ -55,6 +55,7 @@ class AccelConfig:
 class HFModelConfig:
     config: Any = None  # hf: a model_type plus the config's keys (a mapping), or a config.json (or its directory)
     path: Optional[str] = None  # hf: a local checkpoint directory (its weights; local files only)
+    shapes_from_config: bool = False  # hf: take model.n_layer, n_head, n_kv_head, n_embd, mlp_hidden from it (model=hf)
 
 
 @dataclass

@@ -69,7 +69,7 @@ def help_text(app: str, conf_dir: str, config_name: str) -> str:
         lines.append(f"  {c['name']:<{width}}  {mark}  {summary}")
         if not c["available"]:
             lines.append(f"  {'':<{width}}       not here: {c['reason']}")
-    for group, title in (("model", "the GPT's shape"), ("data", "what it trains on"), ("trainer", "how it trains"),
+    for group, title in (("model", "the model's shape"), ("data", "what it trains on"), ("trainer", "how it trains"),
                          ("logger", "where metrics go")):
         lines += ["", f"{group}= ({title}; default: {defaults.get(group, 'default')})"]
         opts = group_options(group, conf_dir)
@@ -80,10 +80,12 @@ def help_text(app: str, conf_dir: str, config_name: str) -> str:
             if group == "model":
                 m = OmegaConf.load(path)
                 mm = m.model
-                extra = (f"{mm.n_layer} layers, {mm.n_embd} wide, {mm.n_head} heads, context {mm.context}, "
-                         f"batch {m.data.batch_size}")
-                if leading_comment(path):
-                    extra += f" ({leading_comment(path)})"
+                if "n_layer" in mm:
+                    extra = (f"{mm.n_layer} layers, {mm.n_embd} wide, {mm.n_head} heads, context {mm.context}, "
+                             f"batch {m.data.batch_size}")
+                    if leading_comment(path):
+                        extra += f" ({leading_comment(path)})"
+                # (else a file whose shape comes from elsewhere, model=hf: its comment says what it is)
             lines.append(f"  {o:<{w}}  {extra or leading_comment(path)}")
     lines += ["", "keys people change most (key=default  meaning):"]
     lines += _keys_help(cfg, STUDY_KEYS if app == "study" else TRAIN_KEYS)

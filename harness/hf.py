@@ -144,6 +144,12 @@ def hf_problem(c) -> Problem:
     shapes = hf_shapes(config, int(m.context))
     want = {"n_layer": shapes.n_layer, "n_head": shapes.n_head, "n_embd": shapes.n_embd,
             "n_kv_head": shapes.n_kv_head, "mlp_hidden": shapes.mlp_hidden, "dropout": shapes.dropout}
+    if m.hf.shapes_from_config:  # (model=hf) the harness's shape keys are the HF config's, whatever they held
+        for key, value in want.items():
+            setattr(m, key, float(value) if key == "dropout" else int(value))
+        if m.vocab_size is None:  # (the config's, as the build takes it: the report and the estimate read it)
+            m.vocab_size = int(config.vocab_size)
+        return None
     for key, value in want.items():
         have = getattr(m, key)
         if key in ("n_kv_head", "mlp_hidden") and have is None:

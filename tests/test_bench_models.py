@@ -187,3 +187,10 @@ def test_loss_shapes_measure_one_shape_once():
 ])
 def test_loss_bad_input_is_refused(argv, message, capsys):
     assert message in refused(loss, argv, capsys, shapes=False), argv
+
+
+def test_a_model_config_without_a_shape_is_refused_by_name():
+    from harness.bench.model_shapes import model_shape
+
+    with pytest.raises(ValueError, match=r"model 'hf' takes its shape from a Hugging Face config.*llama_tiny"):
+        model_shape("hf")

@@ -418,3 +418,18 @@ def test_an_interrupted_hf_run_resumes_to_the_uninterrupted_runs_losses(tmp_path
     assert saved["status"] == "completed" and saved["steps_done"] == 8 and saved["segments"] == 2
     assert max(abs(a - b) for a, b in zip(saved["loss_curve"], full["loss_curve"])) < 1e-4
     assert list((tmp_path / "full").rglob("metrics.csv"))  # the CSV logger wrote its rows
+
+
+def test_model_hf_takes_its_shapes_from_a_checkpoint_or_a_config(tmp_path):
+    config = tf.AutoConfig.for_model("qwen2", vocab_size=600, hidden_size=96, intermediate_size=200, num_hidden_layers=3,
+                                     num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256)
+    saved = tf.AutoModelForCausalLM.from_config(config)
+    saved.save_pretrained(tmp_path / "ckpt")
+    for source in (f"model.hf.path={tmp_path / 'ckpt'}", f"model.hf.config={tmp_path / 'ckpt' / 'config.json'}"):
+        cfg = compose_cfg(*HF, "model=hf", source, "model.context=64")
+        validate(cfg)  # the harness's shape keys are filled from the HF config, not compared
+        m = cfg.model
+        assert (m.n_layer, m.n_head, m.n_kv_head, m.n_embd, m.mlp_hidden, m.vocab_size) == (3, 6, 2, 96, 200, 600), source
+        model = build_model(cfg)
+        assert model.config.vocab_size == 600 and model.config.n_kv_head == 2
+    assert "exactly one of model.hf.config" in refused("model=hf")

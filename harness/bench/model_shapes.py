@@ -55,6 +55,10 @@ def model_shape(name: str, conf_dir: Optional[str] = None) -> ModelShape:
     schema = OmegaConf.create({"model": OmegaConf.structured(ModelConfig), "data": OmegaConf.structured(DataConfig)})
     cfg = OmegaConf.merge(schema, OmegaConf.load(path))
     m, batch = cfg.model, int(cfg.data.batch_size)
+    if m.hf.shapes_from_config:
+        raise ValueError(f"model {name!r} takes its shape from a Hugging Face config given on the command line; "
+                         "the benchmarks take the configs that state a shape: " +
+                         ", ".join(n for n in known if n != name))
     kv = m.n_head if m.n_kv_head is None else m.n_kv_head
     if m.n_head < 1 or kv < 1 or m.n_head % kv or m.n_embd % m.n_head:
         raise ValueError(f"model {name!r} ({path}): n_head={m.n_head}, n_kv_head={kv}, n_embd={m.n_embd} give no "
