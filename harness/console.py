@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from harness.throughput import NOISY_SPREAD
+from harness.outcomes import NOISY_SPREAD
 
 #: Lightning's INFO lines (logger lightning.pytorch.utilities.rank_zero) that say nothing about this run
 #: (limit_val_batches: the harness sets it on purpose, from trainer.val_batches, on every run)

@@ -15,19 +15,7 @@ import torch
 from lightning.pytorch import Callback
 from rich.markup import escape
 
-
-class NonFiniteLossError(RuntimeError):
-    """The training loss became NaN or infinite (the message names the step, method, last finite loss)."""
-
-
-class StopNow(BaseException):
-    """A second SIGINT/SIGTERM: stop at once. Not a KeyboardInterrupt, which Lightning answers with
-    ``sys.exit(1)`` before the run can record itself; not an Exception, which code on the way out could
-    take for an error of the run."""
-
-
-class Interrupted(KeyboardInterrupt):
-    """A run (or a study) stopped by a signal, with what it finished recorded: the command lines exit 130."""
+from harness.outcomes import NonFiniteLossError, StopNow
 
 
 class GracefulStop(Callback):

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness.cli import fail, is_multirun, split_argv
 from harness.config import TrainConfig, validate
 from harness.gate import GateError
-from harness.reliability import NonFiniteLossError
+from harness.outcomes import NonFiniteLossError
 from harness.results import read_json, write_json
 
 #: statuses of a run that has done all its steps

@@ -26,8 +26,8 @@ from typing import Any, Optional
 import torch
 from lightning.pytorch import Callback
 
-#: p90 / p50 of a run's step times above which it is flagged noisy.
-NOISY_SPREAD = 1.10
+from harness.outcomes import NOISY_SPREAD
+
 
 #: Dense (no sparsity) bf16 tensor-core peak FLOP/s by device-name fragment, first match wins.
 #: Datasheet figures; H200 SXM has the H100 SXM's compute (989.4 TFLOP/s).

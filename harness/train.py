@@ -33,7 +33,7 @@ from harness.fallback import as_compiled
 from harness.memory import MemoryEstimateError, check_step_memory
 from harness.resume import (ResumeError, load_resume, override_value, record_failure, resume_command_line,
                             resume_request)
-from harness.training import OutputDirError, run_training
+from harness.outcomes import OutputDirError
 
 
 def validate_with_data(cfg: DictConfig) -> None:
@@ -93,6 +93,9 @@ def hydra_main(cfg: DictConfig) -> None:
         # would re-run the whole sweep: run each job as its own single run in its own job directory
         _run_job_in_subprocess(list(hc.overrides.task), run_dir, group)
         return
+    # here, once the config is accepted: Lightning takes seconds to import, which a refusal need not wait for
+    from harness.training import run_training
+
     try:
         results = run_training(cfg, run_dir, group=group, previous=previous)
     except Exception as exc:

@@ -29,16 +29,12 @@ from harness.fallback import with_compiled_fallback
 from harness.gate import RunShapes, run_gate
 from harness.loggers import make_logger, wandb_mode
 from harness.memory import check_step_memory
-from harness.reliability import (GracefulStop, Interrupted, NonFiniteLossError, NonFiniteLossGuard, StopNow,
-                                 stopped_message)
+from harness.outcomes import Interrupted, NonFiniteLossError, OutputDirError, StopNow
+from harness.reliability import GracefulStop, NonFiniteLossGuard, stopped_message
 from harness.results import final_record, running_record, write_json
 from harness.resume import record_failure
 from harness.task import LanguageModelTask, TokenDataModule
 from harness.throughput import ThroughputMonitor, peak_bf16_flops
-
-
-class OutputDirError(OSError):
-    """The run directory cannot be created or written."""
 
 
 @dataclass

@@ -22,7 +22,7 @@ from harness.build import build_model
 from harness.config import ConfigError, validate
 from harness.gate import RunShapes, run_gate
 from harness.memory import step_memory
-from harness.train import run_training
+from harness.training import run_training
 from models import attention_cores, set_attention
 from models.hf import HFCausalLM, UnsupportedMaskError, load_transformers
 from models.llama import eager_gqa_attention

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ast
 import io
+import subprocess
+import sys
 import tokenize
 from pathlib import Path
 
@@ -197,3 +199,10 @@ def test_the_layering_rule_reads_what_it_should():
     assert crosses("models", "kernels.registry") and crosses("models", "kernels") and crosses("models", "harness.env")
     assert not crosses("models", "kernels.layouts") and not crosses("kernels", "torch")
     assert not crosses("harness", "lightning") and not crosses("harness", "kernels.registry")
+
+
+def test_the_command_lines_refuse_a_bad_config_without_loading_lightning():
+    """Lightning takes seconds to import: train and study load it only once a config is accepted."""
+    code = "import sys, harness.train, harness.study; sys.exit('lightning' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:] or "harness.train or harness.study imported lightning at import"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from lightning.pytorch import Callback
 
-from harness.reliability import Interrupted
+from harness.outcomes import Interrupted
 from harness.study import run as study_mod
 from harness.study.run import run_study
 from harness.training import run_training

@@ -14,7 +14,7 @@ from harness.accel import apply_accel
 from harness.build import build_model
 from harness.config import ConfigError, validate
 from harness.task import make_optimizer
-from harness.train import run_training
+from harness.training import run_training
 from models import Llama, LlamaConfig, attention_cores, eager_attention, eager_gqa_attention, set_attention
 from models.llama import apply_rope, rope_tables
 from tests.test_train import compose_cfg

@@ -10,9 +10,10 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
-from harness.reliability import GracefulStop, NonFiniteLossError
+from harness.outcomes import NonFiniteLossError, OutputDirError
+from harness.reliability import GracefulStop
 from harness.resume import load_resume
-from harness.training import OutputDirError, run_training
+from harness.training import run_training
 from tests.test_train import compose_cfg, run_cli
 
 BASE = ["model=tiny", "trainer=cpu", "trainer.max_steps=30", "trainer.window=5", "trainer.val_every=0",

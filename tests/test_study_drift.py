@@ -123,6 +123,6 @@ def test_the_chart_marks_untrusted_and_noisy_rows(tmp_path):
 
 
 def test_the_limit_is_the_noisy_runs_limit():
-    from harness.throughput import NOISY_SPREAD
+    from harness.outcomes import NOISY_SPREAD
 
     assert drift.DRIFT_LIMIT == NOISY_SPREAD

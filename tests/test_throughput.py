@@ -29,7 +29,8 @@ def test_percentile():
 
 
 def test_spread_flags_noisy_runs():
-    from harness.throughput import NOISY_SPREAD, spread
+    from harness.outcomes import NOISY_SPREAD
+    from harness.throughput import spread
 
     assert spread(10.0, 10.5) == (1.05, False)
     s, noisy = spread(10.0, 12.0)

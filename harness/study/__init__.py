@@ -57,12 +57,14 @@ from omegaconf import DictConfig
 from harness.cli import run_app
 from harness.config import CONF_DIR
 from harness.study.checks import validate_study
-from harness.study.run import run_study
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="study")
 def hydra_main(cfg: DictConfig) -> None:
     # defined here, in harness.study: Hydra names the job (and its log file, study.log) after this module
+    # (the study imported here, once the config is accepted: it loads Lightning, seconds a refusal need not wait)
+    from harness.study.run import run_study
+
     run_study(cfg, Path(HydraConfig.get().runtime.output_dir))
 
 

@@ -7,7 +7,7 @@ float32 matmul and a GELU), timed CALIBRATION_REPS times after one warm-up, the 
 run's device, just before and just after the run (a few ms on a GPU, tens of ms on a CPU). A point's
 drift is its slowest calibration over its fastest; above DRIFT_LIMIT every comparison at the point
 (speedups, ratios) is marked UNTRUSTED (harness.study.judge). The limit is that of a noisy run's step
-spread (harness.throughput.NOISY_SPREAD): a machine whose speed changed by more than 10% cannot
+spread (harness.outcomes.NOISY_SPREAD): a machine whose speed changed by more than 10% cannot
 support a comparison finer than that. The calibrations are kept in ``parity_probe.json`` beside each
 run, so the report over a runs folder (harness.report) judges them the same way.
 """
@@ -21,7 +21,7 @@ from typing import Callable, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from harness.throughput import NOISY_SPREAD
+from harness.outcomes import NOISY_SPREAD
 
 #: the largest slowest/fastest calibration ratio at which a point's comparisons are trusted
 DRIFT_LIMIT = NOISY_SPREAD

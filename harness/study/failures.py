@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from rich.markup import escape
 
 from harness.gate import GateError
-from harness.reliability import NonFiniteLossError
+from harness.outcomes import NonFiniteLossError
 from harness.results import atomic_write_text, write_json
 from harness.study.plan import Point
 from harness.study.rows import StudyRow

@@ -24,7 +24,7 @@ from harness.study.labels import patched_words
 from harness.study.ratios import ratio_lines
 from harness.study.rows import StudyRow
 from harness.study.stats import MIN_INTERVAL_RUNS
-from harness.throughput import NOISY_SPREAD
+from harness.outcomes import NOISY_SPREAD
 
 COLUMNS = [
     ("point", "point"), ("method", "method"), ("compiled", "compiled"), ("patch", "patch"), ("patched", "patched"),

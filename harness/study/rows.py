@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from harness.study.stats import log_interval
-from harness.throughput import NOISY_SPREAD
+from harness.outcomes import NOISY_SPREAD
 
 #: Statuses that leave a row without any number to compare.
 NO_NUMBERS = ("SKIPPED", "CRASH", "FAIL", "OOM")

@@ -25,7 +25,7 @@ from harness.build import seq_len
 from harness.config import accel_methods
 from harness.data import data_vocab_size, make_corpus
 from harness.probe import ParityProbe, probe_batches
-from harness.reliability import Interrupted
+from harness.outcomes import Interrupted
 from harness.results import write_json
 from harness.study.checks import validate_study
 from harness.study.drift import calibrate, calibration_device
@@ -38,7 +38,7 @@ from harness.study.profile import profile_on, profile_row
 from harness.study.progress import progress, progress_line, write_snapshot
 from harness.study.report import log_to_wandb, write_outputs
 from harness.study.rows import NO_NUMBERS, StudyRow, add_run
-from harness.train import run_training
+from harness.training import run_training
 
 
 @dataclass
