@@ -49,13 +49,14 @@ class RunConsole(Console):
         self._log_files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
 
     def print(self, *objects: Any, **kwargs: Any) -> None:  # noqa: A003 (Console's own name)
+        # the log file first: what the user has seen is already in it (a second Ctrl+C, sent on seeing the
+        # first one's line, stops the run at once, possibly before this method returns)
+        if not self.quiet and self._log_files:
+            text = " ".join(Text.from_markup(o).plain if isinstance(o, str) else str(o) for o in objects)
+            record = logging.LogRecord("harness", logging.INFO, __file__, 0, text, None, None)
+            for handler in self._log_files:
+                handler.handle(record)
         super().print(*objects, **kwargs)
-        if self.quiet or not self._log_files:
-            return
-        text = " ".join(Text.from_markup(o).plain if isinstance(o, str) else str(o) for o in objects)
-        record = logging.LogRecord("harness", logging.INFO, __file__, 0, text, None, None)
-        for handler in self._log_files:
-            handler.handle(record)
 
 
 def quiet_third_party(resuming: bool = False) -> None:
