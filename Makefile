@@ -47,7 +47,7 @@ train: setup
 	  $(BIN)/python -m harness.train model=tiny trainer=cpu $(ARGS); \
 	fi
 
-# `make test`: the default set, every behaviour with at least one fast case (about 6 minutes on 2 CPU
+# `make test`: the default set, every behaviour with at least one fast case (4-8 minutes on 2 CPU
 # cores); the tests marked slow (the other sizes and dtypes of a kernel test, whole training runs) are
 # run by `make test-slow` alone, and by `make test-all` with the rest. CI runs test.
 # TEST_WORKERS: test processes (pytest-xdist; each test file runs whole in one of them, so a file's
