@@ -27,6 +27,10 @@ DTYPES_FAST_BF16 = [pytest.param(d, marks=pytest.mark.slow) if d == torch.float1
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy inside Triton's interpreter
 
 
+#: a loss near zero: the absolute error a row may carry, in nats (8 units of fp32 rounding at 1)
+LOSS_ABS = 8 * 2.0**-24
+
+
 def loss_tol(method: str, dtype: torch.dtype) -> float:
     """Every method computes the loss in fp32 except `torch` outside autocast, which computes
     F.cross_entropy in the logits' 16-bit dtype (as its users get it)."""
@@ -98,8 +102,15 @@ def assert_matches(method, x, t, ignore_index=-100, reduction="mean", go="random
     loss, grad, ref, ref_grad = run(method, x, t, ignore_index, reduction, go)
     lerr = kernels.relative_error(loss, ref)
     gerr = kernels.relative_error(grad, ref_grad)
-    assert lerr <= loss_tol(method, x.dtype), f"loss error {lerr:.2e}"
-    assert gerr <= grad_tol(method, x.dtype, ref_grad), f"gradient error {gerr:.2e}"
+    # A row's loss is log(sum of exps) - its target's logit: near zero (the target far above the rest) its fp32
+    # log of a sum near 1 is exact only to a few units of 2^-24 in nats, which is no relative bound (hypothesis:
+    # naive at 2.1e-4 nats, 3e-5 relative). So: relative, or within LOSS_ABS nats a row (summed for 'sum').
+    rows = 1 if reduction != "sum" else max(1, int((t != ignore_index).sum()))
+    abs_err = (loss.detach().double() - ref.detach()).abs().max().item() if loss.numel() else 0.0
+    assert lerr <= loss_tol(method, x.dtype) or abs_err <= LOSS_ABS * rows, f"loss error {lerr:.2e} ({abs_err:.2e} nats)"
+    # the gradient p - onehot of such a row cancels likewise (p near 1): within 2 LOSS_ABS an element (grad_output < 1.5)
+    gabs = (grad.detach().double() - ref_grad.detach()).abs().max().item() if grad.numel() else 0.0
+    assert gerr <= grad_tol(method, x.dtype, ref_grad) or gabs <= 2 * LOSS_ABS, f"gradient error {gerr:.2e} ({gabs:.2e})"
     return loss, grad
 
 
