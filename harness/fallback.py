@@ -59,10 +59,10 @@ def fallback_note(accel: Mapping[str, Any], compile_model: bool) -> str:
 def with_compiled_fallback(cfg: DictConfig) -> tuple[DictConfig, str]:
     """A run's config with its accel as it runs (:func:`as_compiled` at ``cfg.compile_model``), and the note
     ('' and ``cfg`` itself where nothing changes)."""
-    note = fallback_note(cfg.accel, bool(cfg.compile_model))
-    if not note:
+    swap = compiled_loss_swap(cfg.accel, bool(cfg.compile_model))
+    if swap is None:
         return cfg, ""
-    out = copy.deepcopy(cfg)
-    with open_dict(out):
-        out.accel = as_compiled(cfg.accel, True)
-    return out, note
+    out = copy.deepcopy(cfg)  # (one copy: the accel node is replaced in it, not copied again)
+    with open_dict(out.accel):
+        out.accel.loss_method = swap[1]
+    return out, fallback_note(cfg.accel, True)
