@@ -93,6 +93,31 @@ def test_every_method_matches_the_unpatched_transformers_model(method, model_typ
         assert rel(g, w) <= 20 * rel(g32, w) + 2e-5, name
 
 
+@pytest.mark.parametrize("method", ["sdpa", "torch"])
+def test_under_autocast_the_seam_takes_ropes_float32_q_k_beside_a_16_bit_v(method):
+    """Under bf16 autocast a transformers model hands its attention q and k in float32 (RoPE's float32
+    cos and sin) and v in bf16; the seam casts them to autocast's dtype as SDPA does, and the patched
+    model's loss and gradients match the unpatched one's under the same autocast."""
+    ref = transformers_model("qwen2")
+    idx, tgt = torch.randint(0, VOCAB, (2, 13)), torch.randint(0, VOCAB, (2, 13))
+    model = HFCausalLM(copy.deepcopy(ref), context=32)
+    apply_accel(model, method, patch=["attention"])
+    seen = []
+
+    def recording(q, k, v, scale, causal, dropout_p):
+        seen.append((q.dtype, k.dtype, v.dtype))
+        return kernels.attention(q, k, v, scale=scale, causal=causal, method=method)
+
+    set_attention(model, recording)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want, want_grads = reference(ref, idx, tgt)
+        loss, grads = loss_and_grads(lambda: model(idx, tgt)[1], list(model.hf.parameters()))
+    assert seen == [(torch.bfloat16,) * 3] * 2
+    assert abs(loss - want) <= 2e-2 * abs(want)
+    for (name, _), g, w in zip(ref.named_parameters(), grads, want_grads):
+        assert rel(g, w) <= 5e-2, name
+
+
 def test_the_linear_form_never_builds_the_logits_and_reads_the_untied_head():
     model = HFCausalLM(transformers_model("qwen2"), context=32)
     seen = {}

@@ -93,8 +93,22 @@ def harness_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
         raise UnsupportedMaskError(f"{type(module).__name__} passed {', '.join(given)} to its attention: the "
                                    f"harness's attention seam computes causal softmax(q k^T * scaling) v only")
     scale = scaling if scaling is not None else 1.0 / math.sqrt(query.size(-1))
+    query, key, value = autocast_dtypes(query, key, value)
     out = seam(query, key, value, float(scale), float(dropout))  # (B, H, T, d)
     return out.transpose(1, 2), None  # (B, T, H, d), as transformers' SDPA integration returns it
+
+
+def autocast_dtypes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """q, k, v in autocast's dtype where autocast is on and they differ, as SDPA (on autocast's lower-precision
+    list) takes them. Under autocast a transformers model hands its attention mixed dtypes: q and k leave
+    RoPE in float32 (the 16-bit projection times the float32 cos and sin of the float32 residual stream),
+    v is the projection's 16-bit output. Outside autocast they pass as they are (the kernels' contract
+    refuses mixed dtypes, as SDPA does)."""
+    device = q.device.type
+    if q.dtype == k.dtype == v.dtype or not torch.is_autocast_enabled(device):
+        return q, k, v
+    dtype = torch.get_autocast_dtype(device)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
 def harness_mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0, kv_offset: Any = 0,
