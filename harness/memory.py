@@ -7,11 +7,14 @@ f, vocabulary V, activations of ``a`` bytes an element (4 in fp32, 2 under 16-bi
 * weights, gradients and AdamW's two moments, all fp32 (mixed precision keeps fp32 weights): 16 P;
 * per layer, the activations autograd keeps for the backward (Korthikanti et al. 2022, "Reducing
   Activation Recomputation in Large Transformer Models", counted in elements): attention
-  5.5 B T d + 2.5 h B T^2 (scores, softmax output and its dropout mask), the two norms 2 B T d, the
-  MLP 1.5 B T d + 2 B T f (GELU) or B T d + 3 B T f (SwiGLU: gate, up and their product); times a;
+  5.5 B T d + 2.5 h B T^2 (scores, softmax output and its dropout mask; the T^2 term only where the
+  attention keeps its scores: the model's own attention or one composed from a softmax, not a fused
+  one, :func:`keeps_scores`), the two norms 2 B T d, the MLP 1.5 B T d + 2 B T f (GELU) or
+  B T d + 3 B T f (SwiGLU: gate, up and their product); times a;
 * the logits of the loss, for ``accel.loss_form=logits`` only: B T V in the compute dtype, an fp32
   copy (the loss upcasts) and its fp32 gradient, a + 8 bytes an element; ``linear`` computes them in
-  chunks and keeps none of that size.
+  chunks and keeps none of that size, nor does a model patch whose loss is a fused linear
+  cross-entropy (Liger's, by its default).
 
 Allocator slack, the optimizer's temporaries and the framework's own memory are not counted: hence
 the warning at 80% of what is available rather than 100%.
@@ -26,7 +29,9 @@ from typing import Optional
 import torch
 from omegaconf import DictConfig
 
+import kernels
 from harness.build import build_model, compute_dtype, resolve_precision, seq_len
+from harness.model_patch import patch_fuses_loss
 
 #: above this fraction of the available memory the run is warned that it may not fit
 WARN_FRACTION = 0.8
@@ -59,6 +64,18 @@ def param_count(cfg: DictConfig) -> tuple[int, int]:
     return sum(p.numel() for p in model.parameters()), int(model.config.vocab_size)
 
 
+def keeps_scores(accel: DictConfig) -> bool:
+    """Whether the run's attention keeps the T x T scores for the backward: the model's own attention (not
+    patched), one composed from a softmax, or SDPA's math backend do; a fused attention (a method's native
+    ``attention``: sdpa, flash, flex) does not. An unknown method counts as keeping them."""
+    if "attention" not in list(accel.patch):
+        return True
+    found = kernels.available_methods(include_timing_only=True).get(str(accel.method))
+    if found is None or found.ops.get("attention") != "native":
+        return True
+    return dict(accel.options or {}).get("backend") == "math"
+
+
 def step_memory(cfg: DictConfig, gpu: bool) -> StepMemory:
     """The estimate of one training step's peak memory (the formula: this module's docstring)."""
     m = cfg.model
@@ -70,9 +87,12 @@ def step_memory(cfg: DictConfig, gpu: bool) -> StepMemory:
     else:
         f = 4 * d
         mlp = 1.5 * b * t * d + 2 * b * t * f
-    per_layer = 5.5 * b * t * d + 2.5 * heads * b * t * t + 2 * b * t * d + mlp
+    scores = 2.5 * heads * b * t * t if keeps_scores(cfg.accel) else 0
+    per_layer = 5.5 * b * t * d + scores + 2 * b * t * d + mlp
     p, vocab = param_count(cfg)
-    logits = b * t * vocab * (a + 8) if cfg.accel.loss_form == "logits" else 0
+    fused = cfg.accel.loss_form != "logits" or patch_fuses_loss(cfg.accel.get("model_patch"),
+                                                               dict(cfg.accel.get("model_patch_options") or {}))
+    logits = 0 if fused else b * t * vocab * (a + 8)
     return StepMemory(params=p, states=16 * p, activations=int(layers * per_layer * a), logits=int(logits))
 
 

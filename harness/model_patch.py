@@ -94,6 +94,12 @@ def apply_liger(model: nn.Module, options: dict) -> dict:
 MODEL_PATCHES["liger"] = (liger_unavailable, apply_liger)
 
 
+def patch_fuses_loss(name: Optional[str], options: dict) -> bool:
+    """Whether the model patch ``name`` with ``options`` computes the loss as a fused linear cross-entropy
+    (never the whole logits): Liger's ``fused_linear_cross_entropy``, on by its default."""
+    return name == "liger" and bool(options.get("fused_linear_cross_entropy", True))
+
+
 def model_patch_unavailable(name: Optional[str]) -> Optional[str]:
     """Why the model patch ``name`` cannot run here (None: it can, or there is none)."""
     if name is None:

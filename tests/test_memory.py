@@ -4,10 +4,10 @@ directory), warned above 80% of it; the estimate's parts follow its documented f
 from __future__ import annotations
 
 import pytest
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from harness import memory
-from harness.build import build_model
+from harness.build import build_model, seq_len
 from harness.cli import precheck_overrides
 from harness.config import CONF_DIR
 from harness.memory import GIB, MemoryEstimateError, check_step_memory, step_memory
@@ -25,8 +25,9 @@ def tiny():
 def _with(cfg, **changes):
     """A copy of ``cfg`` with dotted keys changed (composing afresh costs seconds on a loaded CPU)."""
     out = cfg.copy()
-    for key, value in changes.items():
-        OmegaConf.update(out, key.replace("__", "."), value)
+    with open_dict(out):  # (new keys too: accel.options' backend)
+        for key, value in changes.items():
+            OmegaConf.update(out, key.replace("__", "."), value)
     return out
 
 
@@ -47,6 +48,24 @@ def test_the_estimate_follows_batch_precision_and_loss_form(tiny):
     # quadratic in the context: the attention scores
     short = step_memory(_with(tiny, data__seq_len=64), gpu=False)
     assert 2 * short.activations < base.activations < 4 * short.activations
+
+
+def test_a_fused_attention_keeps_no_scores_and_a_fused_model_patch_no_logits(tiny):
+    b, t, h, layers = tiny.data.batch_size, seq_len(tiny), tiny.model.n_head, tiny.model.n_layer
+    scores = layers * 2.5 * h * b * t * t * 4  # fp32 (trainer=cpu)
+    composed = step_memory(tiny, gpu=False)  # accel=torch: attention composed from its softmax
+    for method in ("sdpa", "flex", "flash"):  # native (fused) attention, available here or not
+        fused = step_memory(_with(tiny, accel__method=method), gpu=False)
+        assert composed.activations - fused.activations == pytest.approx(scores, abs=1)
+    math = _with(tiny, accel__method="sdpa", accel__options={"backend": "math"})
+    assert step_memory(math, gpu=False).activations == composed.activations  # SDPA's math path keeps them
+    assert step_memory(_with(tiny, accel__method="flash", accel__patch=["loss"]), gpu=False).activations == \
+        composed.activations  # attention not patched: the model's own keeps them
+    assert composed.logits > 0
+    liger = _with(tiny, accel__model_patch="liger")
+    assert step_memory(liger, gpu=False).logits == 0  # Liger's fused linear cross-entropy, by its default
+    no_flce = _with(tiny, accel__model_patch="liger", accel__model_patch_options={"fused_linear_cross_entropy": False})
+    assert step_memory(no_flce, gpu=False).logits == composed.logits
 
 
 def test_gpt2s_on_a_machine_with_16_gib_is_refused_with_what_to_change():
