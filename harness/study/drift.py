@@ -2,9 +2,12 @@
 times, and a machine that is uniformly slower for one run than for the next (other work on its cores,
 a GPU that clocked down) invents one that no step-time spread within a run can see.
 
-Every study run is bracketed by a calibration: a fixed small workload (a CALIBRATION_SIZE-square
-float32 matmul and a GELU), timed CALIBRATION_REPS times after one warm-up, the median in ms, on the
-run's device, just before and just after the run (a few ms on a GPU, tens of ms on a CPU). A point's
+Every study run is bracketed by a calibration: a fixed workload (a square matmul and a GELU of the
+device's :data:`CALIBRATION` size and dtype), timed CALIBRATION_REPS times after CALIBRATION_WARMUP
+calls, the median in ms, on the run's device, just before and just after the run (about 2 ms on an
+H100, tens of ms on a CPU). On a GPU the workload must be long against a launch: a 256-square matmul
+(0.04 ms) timed the host's launch latency and an idle GPU's clock ramp, and read 2x apart between
+runs on a quiet H100. A point's
 drift is its slowest calibration over its fastest; above DRIFT_LIMIT every comparison at the point
 (speedups, ratios) is marked UNTRUSTED (harness.study.judge). The limit is that of a noisy run's step
 spread (harness.outcomes.NOISY_SPREAD): a machine whose speed changed by more than 10% cannot
@@ -25,8 +28,11 @@ from harness.outcomes import NOISY_SPREAD
 
 #: the largest slowest/fastest calibration ratio at which a point's comparisons are trusted
 DRIFT_LIMIT = NOISY_SPREAD
-CALIBRATION_SIZE = 256
+#: device type -> (size, dtype) of the calibration's matmul: compute-bound where it runs (bf16 on a GPU: 1.1
+#: TFLOP, some 2 ms on an H100, whatever the float32 matmul precision a run set)
+CALIBRATION = {"cpu": (256, torch.float32), "cuda": (8192, torch.bfloat16)}
 CALIBRATION_REPS = 5
+CALIBRATION_WARMUP = 3  # (the first pays for allocation and kernel choice; the next let a GPU's clock ramp up)
 
 
 def calibration_device(cfg: DictConfig) -> str:
@@ -41,8 +47,10 @@ def calibrate(device: str = "cpu", clock: Optional[Callable[[], float]] = None,
     time.perf_counter; read after a device sync)."""
     clock = clock or time.perf_counter
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    a = torch.randn(CALIBRATION_SIZE, CALIBRATION_SIZE, generator=torch.Generator().manual_seed(0)).to(device)
-    torch.nn.functional.gelu(a @ a)  # warm-up: the first call pays for allocation and kernel choice
+    size, dtype = CALIBRATION["cuda" if device.startswith("cuda") else "cpu"]
+    a = torch.randn(size, size, generator=torch.Generator().manual_seed(0)).to(device=device, dtype=dtype)
+    for _ in range(CALIBRATION_WARMUP):
+        torch.nn.functional.gelu(a @ a)
     sync()
     times = []
     for _ in range(reps):
