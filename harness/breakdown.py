@@ -107,8 +107,9 @@ def marked_attention(fn: Callable, marks: _Marks) -> Callable:
 
 
 def marked_attention_qkv(fn: Callable, marks: _Marks) -> Callable:
-    def attention_qkv_with_marks(qkv, n_head, scale, causal, dropout_p):
-        return _close(marks, "attention", fn(_open(marks, "attention", qkv), n_head, scale, causal, dropout_p))
+    def attention_qkv_with_marks(qkv, n_head, scale, causal, dropout_p, n_kv_head=None):  # (n_kv_head: grouped)
+        return _close(marks, "attention", fn(_open(marks, "attention", qkv), n_head, scale, causal, dropout_p,
+                                             n_kv_head))
 
     return attention_qkv_with_marks
 

@@ -373,3 +373,34 @@ def test_run_gate_checks_the_attention_op_the_run_calls():
         split = gate.run_gate(Applied("flash", attention="native"), shapes)
     assert [c["op"] for c in packed["checks"]] == ["attention_qkv"] and packed["shape"] == (1, 16, 96)
     assert [c["op"] for c in split["checks"]] == ["attention"]
+
+
+def test_breakdown_brackets_a_grouped_qkv_op_with_its_kv_heads():
+    """The breakdown's marks pass n_kv_head on: a Llama-family model with Hkv < H calls the qkv op with it
+    (a flash_linear study row on qwen25_05b once went unprofiled for want of it)."""
+    from harness.accel import apply_accel
+    from harness.breakdown import measure
+    from models.llama import Llama, LlamaConfig
+
+    calls = []
+
+    def grouped_qkv(qkv, n_head, scale, causal, dropout_p, n_kv_head=None):
+        calls.append((tuple(qkv.shape), n_head, n_kv_head))
+        return kernels.attention_qkv(qkv, n_head, n_kv_head=n_kv_head, scale=scale, causal=causal, method="torch")
+
+    fake = Method(name="_test_grouped_qkv", summary="test", attention=kernels.bind("torch", "attention"),
+                  attention_qkv=grouped_qkv)
+    kernels.register(fake)
+    try:
+        torch.manual_seed(0)
+        model = Llama(LlamaConfig(vocab_size=64, context=24, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
+                                  mlp_hidden=48))
+        applied = apply_accel(model, fake.name, patch=["attention"])
+        assert applied.attention_qkv
+        idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+        b = measure(model, [(idx, idx.roll(-1, dims=1))], applied, steps=2, warmup=1)
+    finally:
+        kernels.unregister(fake.name)
+    assert calls and set(calls) == {((2, 16, (4 + 2 * 2) * 8), 4, 2)}  # every call with its 2 kv heads
+    att = b.parts["attention"]
+    assert att.fwd_ms > 0 and att.bwd_ms > 0
