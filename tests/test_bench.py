@@ -249,6 +249,26 @@ def test_loss_table_shows_a_measurement_error_even_after_a_correct_check(tmp_pat
     assert "error: RuntimeError: CUDA out of memory" in (tmp_path / "loss.md").read_text()
 
 
+def test_a_loss_bench_stopped_midway_leaves_the_rows_it_measured(tmp_path, monkeypatch, capsys):
+    """Each vocabulary's rows are printed and the table written as soon as they are measured: a bench killed
+    at a time limit (SIGTERM, a device call's timeout) leaves them."""
+    from harness.bench import loss
+
+    real = loss._vocab_rows
+
+    def stop_at_the_second(methods, tokens, v, *rest):
+        if v == 17:
+            raise KeyboardInterrupt  # (the second vocabulary: the largest come first)
+        return real(methods, tokens, v, *rest)
+
+    monkeypatch.setattr(loss, "_vocab_rows", stop_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        loss.run_loss_bench(["torch"], [33, 17], 16, None, tmp_path, rep_ms=5, isolate=False)
+    assert "torch" in capsys.readouterr().out
+    table = (tmp_path / "loss.md").read_text()
+    assert "| torch | cross_entropy | 16 x 33 |" in table and "16 x 17" not in table
+
+
 def test_launch_table_measures_both_triton_launch_paths():
     """The triton method is measured once per launch path (direct, plain); where the direct path cannot
     run (the interpreter) its label says why; other methods once."""

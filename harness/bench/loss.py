@@ -215,30 +215,47 @@ def run_loss_bench(methods: Optional[list[str]], vocabs: list[int], tokens: int,
     copy_gbs = copy_bandwidth(device, nbytes=2**30 if device == "cuda" else 2**22)
     free_memory()
     rows: list[LossRow] = []
+    env = environment()
+
+    def done(group: list[LossRow]) -> None:
+        """A group's rows printed as soon as they are measured, and the table so far written (a bench stopped
+        at a time limit leaves what it measured)."""
+        for r in group:
+            if r.op == "cross_entropy":
+                r.ideal_ms = 2 * r.tokens * r.vocab * 2 / (copy_gbs * 1e9) * 1e3
+                if r.fwd_bwd_ms and r.correct:
+                    r.frac_ideal = r.ideal_ms / r.fwd_bwd_ms
+            print_row(r)
+        rows.extend(group)
+        rows.sort(key=lambda r: (r.op != "cross_entropy", r.vocab if r.op == "cross_entropy" else 0))  # (stable)
+        write_loss_table(rows, env, copy_gbs, out)
+
     for (n, v), model in sorted(ce.items(), key=lambda item: -item[0][1]):
         try:
-            rows += _isolated(isolate, _vocab_rows, methods, n, v, model, device, rep_ms)
+            done(_isolated(isolate, _vocab_rows, methods, n, v, model, device, rep_ms))
         except Exception as exc:  # the child died: its group gets one row that says how
-            rows.append(LossRow("(all)", "cross_entropy", n, v, model=model,
-                                error=f"the measuring process failed: {error_text(exc)}"))
+            done([LossRow("(all)", "cross_entropy", n, v, model=model,
+                          error=f"the measuring process failed: {error_text(exc)}")])
     for (n, c, v), model in lin.items():
         try:
-            rows += _isolated(isolate, _linear_rows, methods, n, c, v, model, device, rep_ms)
+            done(_isolated(isolate, _linear_rows, methods, n, c, v, model, device, rep_ms))
         except Exception as exc:
-            rows.append(LossRow("(all)", "linear_cross_entropy", n, v, hidden=c, model=model,
-                                error=f"the measuring process failed: {error_text(exc)}"))
-    rows.sort(key=lambda r: (r.op != "cross_entropy", r.vocab if r.op == "cross_entropy" else 0))  # (stable)
-    for r in rows:
-        if r.op == "cross_entropy":
-            r.ideal_ms = 2 * r.tokens * r.vocab * 2 / (copy_gbs * 1e9) * 1e3
-            if r.fwd_bwd_ms and r.correct:
-                r.frac_ideal = r.ideal_ms / r.fwd_bwd_ms
-        print(f"  {r.method:8s}{'+autocast' if r.autocast else '':9s} {r.op:21s} {r.tokens}x{r.vocab}"
-              f"{f' ({r.hidden})' if r.hidden else ''}{f' {r.model}' if r.model else ''}: fwd+bwd "
-              f"{fmt(r.fwd_bwd_ms, '.3f')} ms (graph {fmt(r.fwd_bwd_graph_ms, '.3f')}), ideal {fmt(r.ideal_ms, '.3f')}, "
-              f"extra {fmt(r.extra_gib, '.2f')} GiB, left on the GPU {fmt(r.held_gib, '.2f')} GiB "
-              f"{r.error or ('ok' if r.correct else 'WRONG')}", flush=True)
-    env = environment()
+            done([LossRow("(all)", "linear_cross_entropy", n, v, hidden=c, model=model,
+                          error=f"the measuring process failed: {error_text(exc)}")])
+    print(write_loss_table(rows, env, copy_gbs, out))
+    return rows
+
+
+def print_row(r: LossRow) -> None:
+    print(f"  {r.method:8s}{'+autocast' if r.autocast else '':9s} {r.op:21s} {r.tokens}x{r.vocab}"
+          f"{f' ({r.hidden})' if r.hidden else ''}{f' {r.model}' if r.model else ''}: fwd+bwd "
+          f"{fmt(r.fwd_bwd_ms, '.3f')} ms (graph {fmt(r.fwd_bwd_graph_ms, '.3f')}), ideal {fmt(r.ideal_ms, '.3f')}, "
+          f"extra {fmt(r.extra_gib, '.2f')} GiB, left on the GPU {fmt(r.held_gib, '.2f')} GiB "
+          f"{r.error or ('ok' if r.correct else 'WRONG')}", flush=True)
+
+
+def write_loss_table(rows: list[LossRow], env: dict, copy_gbs: float, out: Path) -> str:
+    """loss.md, loss.csv and loss.json of ``rows`` in ``out``; the markdown table returned."""
     lines = [f"## Cross-entropy on {env['device_name']} (torch {env['torch']}, triton {env['triton']}), bf16 logits", "",
              f"Copy ceiling {copy_gbs:.0f} GB/s; ideal = one read of the logits + one write of their gradient at it. "
              "Host us: the host's time to issue one forward + backward; where it nears the eager ms, the GPU waited "
@@ -256,8 +273,7 @@ def run_loss_bench(methods: Optional[list[str]], vocabs: list[int], tokens: int,
     atomic_write_text(out / "loss.md", md)
     write_rows_csv(rows, out / "loss.csv")
     write_json(out / "loss.json", {"env": env, "copy_gbs": copy_gbs, "rows": [asdict(r) for r in rows]})
-    print(md)
-    return rows
+    return md
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
