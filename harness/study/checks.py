@@ -7,14 +7,17 @@ configuration can have (harness.study.plan).
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Callable, Mapping, Optional
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 import kernels
 from harness.accel import LOSS_OPS
+from harness.build import on_gpu
 from harness.config import ConfigError, patch_words, validate
+from harness.memory import MemoryEstimateError, check_step_memory
 from harness.study import plan
 
 
@@ -96,6 +99,26 @@ def validate_study(cfg: DictConfig) -> None:
     if s.tokens_per_step is not None and s.tokens_per_step < 1:
         raise bad("study.tokens_per_step", s.tokens_per_step, "null or an integer >= 1")
     check_twins(s, names, bad)
+    if s.sweep is None:
+        reference_fits(cfg)
+
+
+def reference_fits(cfg: DictConfig) -> None:
+    """The reference's training step fits the device (harness.memory's estimate, the one its run would be
+    refused by): without its reference a study judges nothing (no parity, no speedups), so it is refused
+    before any run. (A sweep's points may outgrow it on purpose: there its rows say so.)"""
+    ref = str(cfg.study.reference)
+    c = copy.deepcopy(plan.with_study_vocab(cfg))
+    with open_dict(c):
+        c.accel = plan.accel_for(ref)
+    try:
+        check_step_memory(c, on_gpu(c))
+    except MemoryEstimateError as exc:
+        raise ConfigError(
+            f"study.reference={ref!r} cannot run here: {exc} A study without its reference run judges nothing (no "
+            "parity, no speedups). Choose a reference whose step fits: a fused attention keeps no T x T scores and a "
+            "linear loss no logits (study.reference=sdpa: PyTorch's fused attention and cross-entropy; public: SDPA "
+            "and Liger's fused linear cross-entropy), or a smaller data.batch_size. No study was started.") from None
 
 
 # -- the loss split's twins --------------------------------------------------------------------
