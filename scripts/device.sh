@@ -19,7 +19,8 @@
 #   flash-sweep  python -m harness.bench flash-sweep (flash attention plans per shape, SDPA flash and cuDNN
 #            beside them; FLASH_SHAPES, FLASH_FWD_PHASES, FLASH_BWD_PHASES, FLASH_MODE (fwd, bwd, both) override
 #            its --shapes, phases and --mode,
-#            e.g. FLASH_SHAPES="4,12,4096,64" FLASH_BWD_PHASES="fused=0 dq_mode=pass,atomic,tma_add")
+#            e.g. FLASH_SHAPES="4,12,4096,64" FLASH_BWD_PHASES="fused=0 dq_mode=pass,atomic,tma_add";
+#            grouped heads as H:Hkv, e.g. FLASH_SHAPES="8,14:2,2048,64" FLASH_MODE=bwd FLASH_BWD_PHASES="one_loop=0,1")
 #   overhead python -m harness.bench overhead model=gpt2s
 #   study    python -m harness.study (STUDY_ARGS)
 #   profile  Nsight Compute on scripts/profile_softmax.py (PROFILE_ARGS: method, N, direction; NCU_KERNEL:

@@ -316,3 +316,18 @@ def test_gluon_backward_overlap_compiles_for_sm90_waiting_for_what_comes_next():
         assert "1" in waits and "0" in waits, (case, sorted(set(waits)))
         # (a thread's share of a 64-key x block_m tile: block_m / 2)
         assert _exponentials_between_waits(k) >= block_m // 2, (case, _exponentials_between_waits(k))
+
+
+def test_compile_check_of_grouped_heads_compiles_the_triton_kernels_they_run():
+    """``--heads 14:2`` (Qwen2.5's grouped heads): the plans the launchers fall back to there (the Triton
+    forward, the unfused dk/dv and dq passes; the Gluon kernels take Hkv = H only), each compiled for sm_90 and
+    its registers reported; a bad --heads is refused saying what is accepted."""
+    from tests.compiled_report import compile_run
+
+    run = compile_run(["-m", "harness.bench", "flash-compile-check", "--d", "64", "--heads", "14:2"], 600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "14 query heads on 2 key/value heads" in run.stdout
+    parts = [ln.split()[0] for ln in run.stdout.splitlines() if "registers" in ln]
+    assert parts == ["forward", "dk/dv", "dq"] and "Gluon" not in run.stdout and "FAILED" not in run.stdout, run.stdout
+    bad = compile_run(["-m", "harness.bench", "flash-compile-check", "--d", "64", "--heads", "14:3"], 120)
+    assert bad.returncode == 2 and "Hkv dividing H" in bad.stderr

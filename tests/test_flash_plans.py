@@ -221,6 +221,30 @@ def test_sweep_tries_the_program_order_only_where_causal(tmp_path):
     assert all(r["status"] == "ok" for r in recs)
 
 
+def test_sweep_shapes_take_grouped_heads_and_refuse_what_is_not_a_shape():
+    from harness.bench.tuning.flash_sweep import parse_shapes
+
+    assert parse_shapes("4,12,4096,64;8,14:2,2048,64;1,4:4,16,32,16") == [
+        (4, 12, 12, 4096, 4096, 64), (8, 14, 2, 2048, 2048, 64), (1, 4, 4, 16, 32, 16)]
+    for bad in ("8,14:3,2048,64", "8,14:0,2048,64", "8,a,2048,64", "8,14,2048", "8,14:2:1,2048,64"):
+        with pytest.raises(SystemExit, match="H:Hkv"):
+            parse_shapes(bad)
+
+
+def test_sweep_checks_every_query_head_of_a_kv_heads_group(tmp_path):
+    """A grouped shape starts from the plans the launchers fall back to there (the Triton kernels') and each
+    candidate is checked against float64 on every query head of kv head 0's group (in bwd mode its dk and dv,
+    which sum over them)."""
+    import json
+
+    from harness.bench import main
+
+    main(["flash-sweep", "--shapes", "1,4:2,24,16", "--device", DEVICE, "--no-baselines", "--rep-ms", "1", "--out",
+          str(tmp_path), "--mode", "fwd", "--fwd-phases", "block_m=16 block_n=16"])
+    recs = json.loads((tmp_path / "flash_sweep.json").read_text())["results"]
+    assert [(r["shape"], r["status"], r["plan"]["gluon"]) for r in recs] == [("1,4:2,24,24,16/causal/bfloat16", "ok", 0)]
+
+
 def test_tma_falls_back_to_pointers_where_it_cannot_read():
     q, k, v = make_qkv(1, 1, 16, 16, 16, torch.float16)
     assert resolve_tma("host", q.device, q, k, v) == ("host" if tma_supported(q.device) else "off")

@@ -17,6 +17,7 @@ fit shared memory shows here before any GPU time is spent; timings come from ``f
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import subprocess
@@ -111,16 +112,22 @@ def compile_call(fn, args, kw, target: GPUTarget) -> dict:
             "global_loads": len(re.findall(r"\bld\.global", k.asm["ptx"]))}
 
 
+def _gluon_takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """gluon_common.supported as on a Hopper GPU for these shapes: the Gluon kernels take Hkv = H only."""
+    return None if k.shape[1] == q.shape[1] else "grouped-query attention runs the Triton kernels"
+
+
 def record(d: int, dtype: torch.dtype, causal: bool, fplan: plans.FwdPlan, bplan: plans.BwdPlan,
-           B: int = 4, H: int = 12, T: int = 1024) -> list:
-    """The launches the launchers would make for (B, H, T, d) inputs in the model's layout."""
+           B: int = 4, H: int = 12, T: int = 1024, kv_heads: int = 0) -> list:
+    """The launches the launchers would make for (B, H, T, d) inputs in the model's layout; ``kv_heads``
+    (Hkv dividing H; 0: H) key/value heads (grouped-query attention)."""
     calls: list = []
     kernels = [(fwd, "_fwd_kernel"), (bwd, "_bwd_kernel")]
     stubs = [(bwd, "_delta_kernel", _Recorder(bwd._delta_kernel, [])),
              (fwd, "tma_supported", lambda device: True)]  # compiling for sm_90: TMA exists there
     if fwd_gluon.GLUON_ERROR is None:  # (the Gluon kernels' checks of the tensors are for the GPU they run on)
         kernels += [(fwd_gluon, "_fwd_ws_kernel"), (bwd_gluon, "_dkdv_ws_kernel"), (bwd_gluon, "_dq_ws_kernel")]
-        stubs += [(gluon_common, "supported", lambda *tensors: None), (bwd, "tma_eligible", lambda *tensors: True),
+        stubs += [(gluon_common, "supported", _gluon_takes), (bwd, "tma_eligible", lambda *tensors: True),
                   # persistent plans: programs as on an H100 / H200 (132 SMs), asked of no GPU here
                   (fwd_gluon, "device_props", lambda device: types.SimpleNamespace(multi_processor_count=132)),
                   (torch.cuda, "current_device", lambda: 0)]
@@ -129,7 +136,8 @@ def record(d: int, dtype: torch.dtype, causal: bool, fplan: plans.FwdPlan, bplan
     for m, n, stub in stubs:
         setattr(m, n, stub)
     try:
-        q, k, v = (torch.empty((B, T, H, d), dtype=dtype).transpose(1, 2) for _ in range(3))
+        kv = kv_heads or H
+        q, k, v = (torch.empty((B, T, h, d), dtype=dtype).transpose(1, 2) for h in (H, kv, kv))
         out, lse = fwd.launch_fwd(q, k, v, d ** -0.5, causal, fplan)
         bwd.launch_bwd(torch.empty_like(out), q, k, v, out, lse, d ** -0.5, causal, bplan)
     finally:
@@ -159,20 +167,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fwd", default="", help="knob=value ... over the default / table plan")
     p.add_argument("--bwd", default="")
     p.add_argument("--arch", type=int, default=90, help="compute capability (90: H100/H200)")
+    p.add_argument("--heads", default="12", help="query heads H, or H:Hkv with Hkv key/value heads dividing H "
+                   "(grouped-query attention; the table's plans fall back to the Triton kernels there), e.g. 14:2")
 
 
 def run(a: argparse.Namespace, error: Callable[[str], None]) -> None:
     dtype, causal, target = getattr(torch, a.dtype), a.causal == "1", GPUTarget("cuda", a.arch, 32)
-    print(f"triton {triton.__version__}, target sm_{a.arch}")
+    try:
+        heads, kv_heads = (int(x) for x in (a.heads.split(":") + [a.heads.split(":")[0]])[:2])
+    except ValueError:
+        heads = kv_heads = 0
+    if heads < 1 or kv_heads < 1 or heads % kv_heads:
+        error(f"--heads {a.heads!r}: H or H:Hkv, positive integers with Hkv dividing H (e.g. 12, 14:2)")
+    print(f"triton {triton.__version__}, target sm_{a.arch}, {heads} query heads on {kv_heads} key/value heads")
     for d in (int(x) for x in a.d.split(",")):
-        f0, b0 = plans.plans_for(d, d, dtype, causal, 4096, 4096)
+        f0, b0 = (plans.plans_for if kv_heads == heads else plans.triton_plans)(d, d, dtype, causal, 4096, 4096)
+        if kv_heads != heads:  # (as the launchers' fallback for grouped heads: the Triton kernels, two passes)
+            b0 = dataclasses.replace(b0, fused=False)
         try:
             fp, bp = knobs_over(f0, a.fwd), knobs_over(b0, a.bwd)
         except ValueError as exc:  # (knobs that make no plan over d's table plan)
             error(f"d={d}: {exc}")
         print(f"d={d}: {fp}\n      {bp}")
         try:
-            calls = record(d, dtype, causal, fp, bp)
+            calls = record(d, dtype, causal, fp, bp, H=heads, kv_heads=kv_heads)
         except ValueError as exc:  # (a plan this head dim cannot take: three consumers at d = 128, 128-key tiles)
             print(f"  not compiled: {exc}")
             continue

@@ -13,6 +13,12 @@ reference (``--no-baselines`` skips them). Knows nothing of Lightning, Hydra or 
         --causal 1 --dtype bfloat16 --out flash-sweep.json
     python -m harness.bench flash-sweep --shapes 16,12,1024,64 --mode fwd \\
         --fwd-phases "block_m=64,128 block_n=64,128 | tma=off,host,device | warp_specialize=0,1"
+    python -m harness.bench flash-sweep --shapes "8,14:2,2048,64" --mode bwd --bwd-phases "one_loop=0,1"
+
+A shape's H may be ``H:Hkv`` (grouped-query attention: Hkv key/value heads dividing H): the sweep then
+starts from the plans the launchers fall back to there (the Triton kernels', two backward passes), checks
+every query head of kv head 0's group (its dk and dv sum over them), and times SDPA's flash backend with
+``enable_gqa`` beside it (cuDNN refuses grouped heads on torch 2.11: its line says so).
 
 About 2 s a candidate while Triton compiles it (plans of one head dim share compiles across
 shapes), then about 0.5 s.
@@ -119,15 +125,16 @@ def flops(B: int, H: int, tq: int, tk: int, d: int, dv: int, causal: bool) -> fl
     return 2.0 * B * H * pairs * (d + dv)
 
 
-def make_inputs(B, H, tq, tk, d, dtype, layout, device):
-    """q, k, v (B, H, T, d); layout 'bthd' = the model's (B, T, H, d) views (strided, not copied)."""
+def make_inputs(B, H, tq, tk, d, dtype, layout, device, kv: int = 0):
+    """q (B, H, Tq, d), k and v (B, kv or H, Tk, d); layout 'bthd' = the model's (B, T, H, d) views
+    (strided, not copied)."""
     g = torch.Generator(device="cpu").manual_seed(0)
 
-    def one(t):
-        x = torch.randn((B, t, H, d) if layout == "bthd" else (B, H, t, d), generator=g).to(device, dtype)
+    def one(t, h):
+        x = torch.randn((B, t, h, d) if layout == "bthd" else (B, h, t, d), generator=g).to(device, dtype)
         return x.transpose(1, 2) if layout == "bthd" else x
 
-    return one(tq), one(tk), one(tk)
+    return one(tq, H), one(tk, kv or H), one(tk, kv or H)
 
 
 class Sweep:
@@ -157,32 +164,40 @@ class Sweep:
 
     def run_shape(self, shape: tuple, causal: bool) -> None:
         a = self.args
-        B, H, tq, tk, d = shape
+        B, H, kv, tq, tk, d = shape
         dtype = getattr(torch, a.dtype)
-        q, k, v = make_inputs(B, H, tq, tk, d, dtype, a.layout, a.device)
+        q, k, v = make_inputs(B, H, tq, tk, d, dtype, a.layout, a.device, kv)
         scale = d ** -0.5
         do = torch.randn(q.shape[:-1] + (v.shape[-1],), device=a.device).to(dtype)
-        # float64 reference on batch 0, heads 0-1 (their outputs and gradients depend on them alone)
-        sub = [t[:1, :2].detach().double().requires_grad_(True) for t in (q, k, v)]
+        # float64 reference on batch 0, query heads 0-1 and every other query head of kv head 0's group (the
+        # outputs and gradients of those heads and of the kv heads they read depend on them alone)
+        nq = max(2, H // kv)
+        nk = -(-nq // (H // kv))
+        sub = [t[:1, :n].detach().double().requires_grad_(True) for t, n in ((q, nq), (k, nk), (v, nk))]
         ref = reference_attention(*sub, scale=scale, causal=causal)
-        ref.backward(do[:1, :2].double())
+        ref.backward(do[:1, :nq].double())
         refs = [ref.detach()] + [t.grad for t in sub]
+        heads = (nq, nq, nk, nk)  # (the output's and the gradients' heads the check reads)
         fl = flops(B, H, tq, tk, d, v.shape[-1], causal)
-        tag = f"{B},{H},{tq},{tk},{d}/{'causal' if causal else 'full'}/{a.dtype}"
-        fplan, bplan = plans.plans_for(d, v.shape[-1], dtype, causal, tq, tk)
+        tag = f"{B},{H if kv == H else f'{H}:{kv}'},{tq},{tk},{d}/{'causal' if causal else 'full'}/{a.dtype}"
+        if kv == H:
+            fplan, bplan = plans.plans_for(d, v.shape[-1], dtype, causal, tq, tk)
+        else:  # (what the launchers fall back to for grouped heads: the Triton kernels, two backward passes)
+            fplan, bplan = plans.triton_plans(d, v.shape[-1], dtype, causal, tq, tk)
+            bplan = dataclasses.replace(bplan, fused=False)
         print(f"\n== {tag}: {fl / 1e9:.1f} GFLOP forward; start {fplan} / {bplan}")
         if not a.no_baselines:
             self.baselines(tag, q, k, v, do, scale, causal, fl)
 
         def check_fwd(fp):
             out, _ = launch_fwd(q, k, v, scale, causal, fp)
-            err = error_on_device(out[:1, :2], refs[0])
+            err = error_on_device(out[:1, :heads[0]], refs[0])
             return err, err <= ATTN_FWD_TOL[dtype]
 
         def check_bwd(bp):
             out, lse = launch_fwd(q, k, v, scale, causal, fplan)
             grads = launch_bwd(do, q, k, v, out, lse, scale, causal, bp)
-            errs = [error_on_device(g[:1, :2], r) for g, r in zip(grads, refs[1:])]
+            errs = [error_on_device(g[:1, :n], r) for g, r, n in zip(grads, refs[1:], heads[1:])]
             return max(errs), max(errs) <= ATTN_BWD_TOL[dtype]
 
         if a.mode in ("fwd", "both"):
@@ -197,7 +212,8 @@ class Sweep:
             bplan = self.phases(tag, "fwd+bwd", bplan, parse_phases(a.bwd_phases, plans.BwdPlan), check_bwd,
                                 fwd_bwd, 3.5 * fl)
         d_pad = plans.head_pad(max(d, v.shape[-1]))
-        print(f"table entry: ({d_pad}, {a.dtype!r}, {causal}): (({max(tq, tk)}, {fplan}, {bplan}),),")
+        grouped = "" if kv == H else "  (grouped heads: the table has no grouped entries; the launchers take plan.triton_plans')"
+        print(f"table entry: ({d_pad}, {a.dtype!r}, {causal}): (({max(tq, tk)}, {fplan}, {bplan}),),{grouped}")
         self.best[tag] = {"fwd": dataclasses.asdict(fplan), "bwd": dataclasses.asdict(bplan),
                           "table_key": [d_pad, a.dtype, causal], "max_t": max(tq, tk)}
         self.save()
@@ -249,7 +265,8 @@ class Sweep:
 
             def fwd():
                 with sdpa_kernel(backend):
-                    return F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, scale=scale)
+                    return F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, scale=scale,
+                                                          enable_gqa=kk.shape[1] != qq.shape[1])
 
             def fwd_bwd():
                 torch.autograd.grad(fwd(), (qq, kk, vv), do)
@@ -269,22 +286,29 @@ def _triton_version() -> str:
 
 
 def parse_shapes(text: str) -> list[tuple]:
+    """(B, H, Hkv, Tq, Tk, d) of each ';'-separated B,H,T,d or B,H,Tq,Tk,d, H optionally H:Hkv."""
     out = []
+    usage = ("--shapes takes B,H,T,d or B,H,Tq,Tk,d separated by ';', H optionally H:Hkv (Hkv key/value heads "
+             "dividing H), e.g. 4,12,4096,64;8,14:2,2048,64")
     for part in text.split(";"):
-        nums = [int(x) for x in part.split(",") if x.strip()]
-        if len(nums) == 4:
-            B, H, T, d = nums
-            out.append((B, H, T, T, d))
-        elif len(nums) == 5:
-            out.append(tuple(nums))
-        else:
-            raise SystemExit(f"--shapes takes B,H,T,d or B,H,Tq,Tk,d separated by ';' (got {part!r})")
+        fields = [x.strip() for x in part.split(",") if x.strip()]
+        try:
+            heads = [int(x) for x in fields[1].split(":")] if len(fields) > 1 else []
+            nums = [int(x) for i, x in enumerate(fields) if i != 1]
+        except ValueError:
+            raise SystemExit(f"{usage} (got {part!r})") from None
+        H, kv = (heads + heads)[:2] if len(heads) in (1, 2) else (0, 0)
+        if len(nums) not in (3, 4) or min(nums + [H, kv]) < 1 or H % kv:
+            raise SystemExit(f"{usage} (got {part!r})")
+        B, *rest = nums
+        tq, tk, d = (rest[0], rest[0], rest[1]) if len(rest) == 2 else rest
+        out.append((B, H, kv, tq, tk, d))
     return out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shapes", default="16,12,1024,64;4,12,4096,64;8,16,2048,128",
-                   help="B,H,T,d or B,H,Tq,Tk,d, separated by ';'")
+                   help="B,H,T,d or B,H,Tq,Tk,d, separated by ';'; H may be H:Hkv (grouped-query attention)")
     p.add_argument("--causal", default="1", choices=("0", "1", "both"))
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     p.add_argument("--layout", default="bthd", choices=("bthd", "bhtd"),
