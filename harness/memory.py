@@ -11,10 +11,10 @@ f, vocabulary V, activations of ``a`` bytes an element (4 in fp32, 2 under 16-bi
   attention keeps its scores: the model's own attention or one composed from a softmax, not a fused
   one, :func:`keeps_scores`), the two norms 2 B T d, the MLP 1.5 B T d + 2 B T f (GELU) or
   B T d + 3 B T f (SwiGLU: gate, up and their product); times a;
-* the logits of the loss, for ``accel.loss_form=logits`` only: B T V in the compute dtype, an fp32
-  copy (the loss upcasts) and its fp32 gradient, a + 8 bytes an element; ``linear`` computes them in
-  chunks and keeps none of that size, nor does a model patch whose loss is a fused linear
-  cross-entropy (Liger's, by its default).
+* the logits of the loss, unless the patched loss takes ``accel.loss_form=linear``: B T V in the
+  compute dtype, an fp32 copy (the loss upcasts) and its fp32 gradient, a + 8 bytes an element; the
+  linear form computes them in chunks and keeps none of that size, nor does a model patch whose loss
+  is a fused linear cross-entropy (Liger's, by its default).
 
 Allocator slack, the optimizer's temporaries and the framework's own memory are not counted: hence
 the warning at 80% of what is available rather than 100%.
@@ -64,16 +64,27 @@ def param_count(cfg: DictConfig) -> tuple[int, int]:
     return sum(p.numel() for p in model.parameters()), int(model.config.vocab_size)
 
 
-def keeps_scores(accel: DictConfig) -> bool:
+def keeps_scores(cfg: DictConfig, gpu: bool) -> bool:
     """Whether the run's attention keeps the T x T scores for the backward: the model's own attention (not
-    patched), one composed from a softmax, or SDPA's math backend do; a fused attention (a method's native
-    ``attention``: sdpa, flash, flex) does not. An unknown method counts as keeping them."""
+    patched), one composed from a softmax, or SDPA's math path do; a fused attention (a method's native
+    ``attention``: sdpa, flash, flex) does not. SDPA's ``auto`` takes the math path where no fused backend
+    takes the call: on a CPU with dropout; on a GPU in float32 with grouped heads (its flash backend needs 16
+    bits, the others refuse grouped heads). An unknown method keeps them."""
+    accel = cfg.accel
     if "attention" not in list(accel.patch):
         return True
     found = kernels.available_methods(include_timing_only=True).get(str(accel.method))
     if found is None or found.ops.get("attention") != "native":
         return True
-    return dict(accel.options or {}).get("backend") == "math"
+    backend = dict(accel.options or {}).get("backend")
+    if backend == "math":
+        return True
+    if str(accel.method) == "sdpa" and backend in (None, "auto"):
+        m = cfg.model
+        grouped = m.get("n_kv_head") is not None and int(m.n_kv_head) < int(m.n_head)
+        fp32 = compute_dtype(resolve_precision(str(cfg.trainer.precision), gpu)) == torch.float32
+        return (not gpu and float(m.get("dropout") or 0.0) > 0) or (gpu and grouped and fp32)
+    return False
 
 
 def step_memory(cfg: DictConfig, gpu: bool) -> StepMemory:
@@ -87,11 +98,12 @@ def step_memory(cfg: DictConfig, gpu: bool) -> StepMemory:
     else:
         f = 4 * d
         mlp = 1.5 * b * t * d + 2 * b * t * f
-    scores = 2.5 * heads * b * t * t if keeps_scores(cfg.accel) else 0
+    scores = 2.5 * heads * b * t * t if keeps_scores(cfg, gpu) else 0
     per_layer = 5.5 * b * t * d + scores + 2 * b * t * d + mlp
     p, vocab = param_count(cfg)
-    fused = cfg.accel.loss_form != "logits" or patch_fuses_loss(cfg.accel.get("model_patch"),
-                                                               dict(cfg.accel.get("model_patch_options") or {}))
+    acc = cfg.accel  # (a linear loss form only where the loss is patched: else the model's own loss on the logits)
+    fused = ("loss" in list(acc.patch) and acc.loss_form != "logits") or patch_fuses_loss(
+        acc.get("model_patch"), dict(acc.get("model_patch_options") or {}))
     logits = 0 if fused else b * t * vocab * (a + 8)
     return StepMemory(params=p, states=16 * p, activations=int(layers * per_layer * a), logits=int(logits))
 

@@ -62,6 +62,15 @@ def test_a_fused_attention_keeps_no_scores_and_a_fused_model_patch_no_logits(tin
     assert step_memory(_with(tiny, accel__method="flash", accel__patch=["loss"]), gpu=False).activations == \
         composed.activations  # attention not patched: the model's own keeps them
     assert composed.logits > 0
+    unpatched_loss = _with(tiny, accel__method="flash", accel__patch=["attention"], accel__loss_form="linear")
+    assert step_memory(unpatched_loss, gpu=False).logits == composed.logits  # the model's own loss: logits
+    dropout = _with(tiny, accel__method="sdpa", model__dropout=0.1)  # SDPA on a CPU drops out on its math path
+    assert step_memory(dropout, gpu=False).activations == composed.activations
+    grouped = compose_cfg(*TINY, "model=llama_tiny")
+    sdpa_gpu32 = _with(grouped, accel__method="sdpa")  # a GPU in fp32 with grouped heads: no fused backend takes it
+    assert step_memory(sdpa_gpu32, gpu=True).activations == step_memory(grouped, gpu=True).activations
+    assert step_memory(_with(sdpa_gpu32, trainer__precision="bf16-mixed"), gpu=True).activations < \
+        step_memory(_with(grouped, trainer__precision="bf16-mixed"), gpu=True).activations
     liger = _with(tiny, accel__model_patch="liger")
     assert step_memory(liger, gpu=False).logits == 0  # Liger's fused linear cross-entropy, by its default
     no_flce = _with(tiny, accel__model_patch="liger", accel__model_patch_options={"fused_linear_cross_entropy": False})
