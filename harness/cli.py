@@ -142,8 +142,9 @@ def precheck_overrides(
     command-line override names an unknown group option or key, has the wrong type, or ``validate``
     rejects the composed config (``validate`` raises ValueError, e.g. ConfigError)."""
     flags, args = split_argv(argv)
-    if any(f in _CUSTOM_CONFIG_FLAGS for f in flags) or not args:
+    if any(f in _CUSTOM_CONFIG_FLAGS for f in flags):
         return  # somebody else's configs: Hydra alone knows them
+    # (no overrides: the default config is still validated, e.g. a study whose reference cannot fit here)
     try:
         overrides = OverridesParser.create().parse_overrides(args)
     except HydraException as exc:

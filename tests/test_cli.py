@@ -46,6 +46,20 @@ def test_user_errors_are_one_paragraph_with_exit_status_2(capsys, argv, words):
         assert w in err
 
 
+def test_the_default_config_is_checked_too_when_no_override_is_given(capsys):
+    """``python -m harness.study`` with nothing after it: its config is checked before Hydra starts, as with
+    overrides (a study whose reference cannot fit here is refused with exit 2, not a traceback and a
+    directory)."""
+    seen = []
+
+    def refuse(cfg):
+        seen.append(cfg.model.name)
+        raise ValueError("refused (the default config)")
+
+    code, err = _precheck(capsys, config="study", validate=refuse)
+    assert code == 2 and err == "error: refused (the default config)\n" and seen == ["gpt2s"]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only behaviour")
 @pytest.mark.parametrize("argv", [["++trainer.max_step=3"], ["+trainer.my_own_key=1"], ["hydra/launcher=basic"],
                                   ["+hydra.job.env_set.X=1"]])

@@ -352,21 +352,28 @@ def test_bad_study_keys_are_refused(override, message):
 
 def test_a_reference_that_cannot_fit_is_refused_before_any_run(monkeypatch):
     """qwen25_05b's default reference, torch, keeps 24 layers of T x T scores (99 GiB on a GPU): its run would
-    be refused, and a study without it judges nothing; sdpa (fused attention) fits where torch does not."""
+    be refused, and a study without it judges nothing; the refusal names the references that fit (sdpa's
+    fused attention keeps no scores)."""
     from harness import memory
+    from harness.study import checks
 
     monkeypatch.delenv("HARNESS_SKIP_MEMORY_CHECK", raising=False)
-    cfg = sm.study_cfg("model=qwen25_05b", quick=False)
-    torch_step = memory.step_memory(sm.study_cfg("model=qwen25_05b", "accel=torch", quick=False), gpu=False).total
-    sdpa_step = memory.step_memory(sm.study_cfg("model=qwen25_05b", "accel=sdpa", quick=False), gpu=False).total
+    cpu = ("model=qwen25_05b", "trainer.accelerator=cpu")
+    torch_step = memory.step_memory(sm.study_cfg(*cpu, "accel=torch", quick=False), gpu=False).total
+    sdpa_step = memory.step_memory(sm.study_cfg(*cpu, "accel=sdpa", quick=False), gpu=False).total
     assert sdpa_step < torch_step
-    monkeypatch.setattr(memory, "available_memory", lambda gpu: (sdpa_step + torch_step) // 2)
+    monkeypatch.setattr(checks, "available_memory", lambda gpu: (sdpa_step + torch_step) // 2)
     with pytest.raises(ConfigError, match="study.reference='torch' cannot run here") as e:
-        validate_study(cfg)
-    assert "judges nothing" in str(e.value) and "study.reference=sdpa" in str(e.value)
-    validate_study(sm.study_cfg("model=qwen25_05b", "study.reference=sdpa", quick=False))  # fits: no refusal
-    validate_study(sm.study_cfg("model=qwen25_05b", "study.sweep=context", "study.contexts=[1024,2048]",
+        validate_study(sm.study_cfg(*cpu, quick=False))
+    msg = str(e.value)
+    assert "judges nothing" in msg and f"sdpa ({sdpa_step / memory.GIB:.1f} GiB)" in msg
+    assert "torch (" not in msg and "floor" not in msg  # (not itself; no timing-only stand-in)
+    validate_study(sm.study_cfg(*cpu, "study.reference=sdpa", quick=False))  # fits: no refusal
+    validate_study(sm.study_cfg(*cpu, "study.sweep=context", "study.contexts=[1024,2048]",
                                 quick=False))  # a sweep's points may outgrow it: their rows say so
+    monkeypatch.setattr(checks, "available_memory", lambda gpu: sdpa_step // 4)
+    with pytest.raises(ConfigError, match="No reference's step fits here at this size"):
+        validate_study(sm.study_cfg(*cpu, quick=False))
 
 
 def test_bad_study_keys_fail_fast_on_the_command_line(tmp_path):

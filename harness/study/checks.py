@@ -8,16 +8,18 @@ configuration can have (harness.study.plan).
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import Callable, Mapping, Optional
 
+import torch
 from omegaconf import DictConfig, open_dict
 
 import kernels
 from harness.accel import LOSS_OPS
-from harness.build import on_gpu
-from harness.config import ConfigError, patch_words, validate
-from harness.memory import MemoryEstimateError, check_step_memory
+from harness.build import seq_len
+from harness.config import ConfigError, accel_methods, patch_words, validate
+from harness.memory import GIB, available_memory, step_memory
 from harness.study import plan
 
 
@@ -106,19 +108,45 @@ def validate_study(cfg: DictConfig) -> None:
 def reference_fits(cfg: DictConfig) -> None:
     """The reference's training step fits the device (harness.memory's estimate, the one its run would be
     refused by): without its reference a study judges nothing (no parity, no speedups), so it is refused
-    before any run. (A sweep's points may outgrow it on purpose: there its rows say so.)"""
+    before any run, naming the references that fit here. (A sweep's points may outgrow it on purpose:
+    there its rows say so.)"""
+    if os.environ.get("HARNESS_SKIP_MEMORY_CHECK"):
+        return
+    gpu = cfg.trainer.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()  # (as harness.train's)
+    available = available_memory(gpu)
+    if not available:
+        return
     ref = str(cfg.study.reference)
+    need = _step_gib(cfg, ref, gpu)
+    if need * GIB <= available:
+        return
+    fit = [f"{name} ({gib:.1f} GiB)" for name in plan.accel_names() if name != ref and _exact_here(cfg, name)
+           for gib in [_step_gib(cfg, name, gpu)] if gib * GIB <= available]
+    where = "free on the GPU" if gpu else "of RAM available"
+    raise ConfigError(
+        f"study.reference={ref!r} cannot run here: one training step of model={cfg.model.name} (batch "
+        f"{cfg.data.batch_size}, context {seq_len(cfg)}) needs about {need:.1f} GiB and {available / GIB:.1f} GiB is "
+        f"{where}. A study without its reference run judges nothing (no parity, no speedups). "
+        + (f"References whose step fits here: {', '.join(fit)} (study.reference=<name>)" if fit else
+           "No reference's step fits here at this size") + "; or a smaller data.batch_size or model. No study was "
+        "started. (HARNESS_SKIP_MEMORY_CHECK=1 skips this check.)")
+
+
+def _step_gib(cfg: DictConfig, name: str, gpu: bool) -> float:
     c = copy.deepcopy(plan.with_study_vocab(cfg))
     with open_dict(c):
-        c.accel = plan.accel_for(ref)
-    try:
-        check_step_memory(c, on_gpu(c))
-    except MemoryEstimateError as exc:
-        raise ConfigError(
-            f"study.reference={ref!r} cannot run here: {exc} A study without its reference run judges nothing (no "
-            "parity, no speedups). Choose a reference whose step fits: a fused attention keeps no T x T scores and a "
-            "linear loss no logits (study.reference=sdpa: PyTorch's fused attention and cross-entropy; public: SDPA "
-            "and Liger's fused linear cross-entropy), or a smaller data.batch_size. No study was started.") from None
+        c.accel = plan.accel_for(name)
+    return step_memory(c, gpu).total / GIB
+
+
+def _exact_here(cfg: DictConfig, name: str) -> bool:
+    """Whether the accel configuration ``name`` runs here on ``cfg``'s model and can be a reference (exact,
+    not approximate)."""
+    a = plan.accel_for(name)
+    if plan.unavailable(name) or (a.get("model_patch") and cfg.model.family != "hf"):
+        return False
+    ms = [kernels.get_method(x) for x, _ in accel_methods(a.method, a.loss_method, patch=a.patch)]
+    return all(m.exact and not m.approximate for m in ms)
 
 
 # -- the loss split's twins --------------------------------------------------------------------
