@@ -32,6 +32,18 @@ def test_calibrate_is_the_median_rep_of_its_clock():
     assert calibrate("cpu", clock=ticking({"now": 2.0}), reps=3) == pytest.approx(2.0)
 
 
+def test_a_calibration_without_room_is_none_not_a_failed_study(monkeypatch):
+    import torch
+
+    def full(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(drift.torch, "randn", full)
+    assert calibrate("cpu") is None
+    assert drift_of([StudyRow("a", False, "PASS", runs=[{"calibration_ms": [None, 2.0]}, {"calibration_ms": [2.1, None]}])]) \
+        ["drift"] == pytest.approx(2.1 / 2.0)  # (the calibrations that ran still judge the drift)
+
+
 def test_drift_is_the_slowest_calibration_over_the_fastest():
     even, slowed = StudyRow("torch", False, "PASS"), StudyRow("naive", False, "PASS")
     even.runs = [{"calibration_ms": [10.0, 10.4]}]

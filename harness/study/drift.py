@@ -5,7 +5,7 @@ a GPU that clocked down) invents one that no step-time spread within a run can s
 Every study run is bracketed by a calibration: a fixed workload (a square matmul and a GELU of the
 device's :data:`CALIBRATION` size and dtype), timed CALIBRATION_REPS times after CALIBRATION_WARMUP
 calls, the median in ms, on the run's device, just before and just after the run (about 2 ms on an
-H100, tens of ms on a CPU). On a GPU the workload must be long against a launch: a 256-square matmul
+H100, under a millisecond on a CPU). On a GPU the workload must be long against a launch: a 256-square matmul
 (0.04 ms) timed the host's launch latency and an idle GPU's clock ramp, and read 2x apart between
 runs on a quiet H100. A point's
 drift is its slowest calibration over its fastest; above DRIFT_LIMIT every comparison at the point
@@ -42,22 +42,33 @@ def calibration_device(cfg: DictConfig) -> str:
 
 
 def calibrate(device: str = "cpu", clock: Optional[Callable[[], float]] = None,
-              reps: int = CALIBRATION_REPS) -> float:
+              reps: int = CALIBRATION_REPS) -> Optional[float]:
     """The median ms of the calibration workload on ``device`` (``clock``: seconds, default
-    time.perf_counter; read after a device sync)."""
+    time.perf_counter; read after a device sync); None where the GPU has no room for it (some 400 MiB: a
+    run that filled it must not fail the study here). Its memory is handed back to the GPU afterwards, so
+    the next run's memory check sees what it saw before."""
     clock = clock or time.perf_counter
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    size, dtype = CALIBRATION["cuda" if device.startswith("cuda") else "cpu"]
-    a = torch.randn(size, size, generator=torch.Generator().manual_seed(0)).to(device=device, dtype=dtype)
-    for _ in range(CALIBRATION_WARMUP):
-        torch.nn.functional.gelu(a @ a)
-    sync()
-    times = []
-    for _ in range(reps):
-        t0 = clock()
-        torch.nn.functional.gelu(a @ a)
+    cuda = device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    size, dtype = CALIBRATION["cuda" if cuda else "cpu"]
+    try:
+        a = torch.randn(size, size, generator=torch.Generator(device=device).manual_seed(0), device=device,
+                        dtype=dtype)
+        for _ in range(CALIBRATION_WARMUP):
+            torch.nn.functional.gelu(a @ a)
         sync()
-        times.append((clock() - t0) * 1e3)
+        times = []
+        for _ in range(reps):
+            t0 = clock()
+            torch.nn.functional.gelu(a @ a)
+            sync()
+            times.append((clock() - t0) * 1e3)
+    except torch.OutOfMemoryError:
+        return None
+    finally:
+        a = None
+        if cuda:
+            torch.cuda.empty_cache()
     return statistics.median(times)
 
 
