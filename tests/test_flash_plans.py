@@ -231,6 +231,7 @@ def test_sweep_shapes_take_grouped_heads_and_refuse_what_is_not_a_shape():
             parse_shapes(bad)
 
 
+@pytest.mark.slow  # a forward + backward candidate in Triton's interpreter: ~12 s
 def test_sweep_checks_every_query_head_of_a_kv_heads_group(tmp_path):
     """A grouped shape starts from the plans the launchers fall back to there (the Triton kernels') and each
     candidate is checked against float64 on every query head of kv head 0's group (in bwd mode its dk and dv,
@@ -239,10 +240,25 @@ def test_sweep_checks_every_query_head_of_a_kv_heads_group(tmp_path):
 
     from harness.bench import main
 
-    main(["flash-sweep", "--shapes", "1,4:2,24,16", "--device", DEVICE, "--no-baselines", "--rep-ms", "1", "--out",
-          str(tmp_path), "--mode", "fwd", "--fwd-phases", "block_m=16 block_n=16"])
+    from harness.bench.tuning import flash_sweep
+
+    checked = []
+    real = flash_sweep.reference_attention
+
+    def recording(q, k, v, **kw):
+        checked.append((q.shape[1], k.shape[1]))
+        return real(q, k, v, **kw)
+
+    flash_sweep.reference_attention = recording
+    try:
+        main(["flash-sweep", "--shapes", "1,6:2,24,16", "--device", DEVICE, "--no-baselines", "--rep-ms", "1", "--out",
+              str(tmp_path), "--mode", "bwd", "--bwd-phases", "block_m1=16 block_n1=16 block_m2=16 block_n2=16"])
+    finally:
+        flash_sweep.reference_attention = real
+    assert checked == [(3, 1)]  # kv head 0's whole group of 3 query heads (not only heads 0-1)
     recs = json.loads((tmp_path / "flash_sweep.json").read_text())["results"]
-    assert [(r["shape"], r["status"], r["plan"]["gluon"]) for r in recs] == [("1,4:2,24,24,16/causal/bfloat16", "ok", 0)]
+    assert [(r["shape"], r["direction"], r["status"], r["plan"]["gluon"], r["plan"]["fused"]) for r in recs] == [
+        ("1,6:2,24,24,16/causal/bfloat16", "fwd+bwd", "ok", 0, False)]
 
 
 def test_tma_falls_back_to_pointers_where_it_cannot_read():

@@ -173,8 +173,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(a: argparse.Namespace, error: Callable[[str], None]) -> None:
     dtype, causal, target = getattr(torch, a.dtype), a.causal == "1", GPUTarget("cuda", a.arch, 32)
+    parts = a.heads.split(":")
     try:
-        heads, kv_heads = (int(x) for x in (a.heads.split(":") + [a.heads.split(":")[0]])[:2])
+        heads, kv_heads = (int(x) for x in (parts + parts)[:2]) if len(parts) <= 2 else (0, 0)
     except ValueError:
         heads = kv_heads = 0
     if heads < 1 or kv_heads < 1 or heads % kv_heads:

@@ -3,8 +3,8 @@
 For each shape, forward plans are timed alone and backward plans as forward + backward (with the
 best forward plan), in phases: each phase tries every combination of its knobs, starting from the
 best plan of the phase before (the first from the table's or the default plan). Every candidate is
-checked against the float64 reference (``kernels.reference_attention``, on batch 0, heads 0-1)
-before it is timed; a wrong or failing candidate gets no time. Prints TFLOP/s (forward 4 B H Tq Tk
+checked against the float64 reference (``kernels.reference_attention``, on batch 0, query heads 0-1 and
+the rest of kv head 0's group) before it is timed; a wrong or failing candidate gets no time. Prints TFLOP/s (forward 4 B H Tq Tk
 d, halved for causal Tq = Tk; forward + backward 3.5x that), writes JSON after every candidate, and
 prints the winners as ``plan.TABLE`` entries. SDPA's flash and cuDNN backends are timed alongside for
 reference (``--no-baselines`` skips them). Knows nothing of Lightning, Hydra or W&B.
