@@ -99,13 +99,13 @@ def harness_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
 
 
 def autocast_dtypes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """q, k, v in autocast's dtype where autocast is on and they differ, as SDPA (on autocast's lower-precision
-    list) takes them. Under autocast a transformers model hands its attention mixed dtypes: q and k leave
-    RoPE in float32 (the 16-bit projection times the float32 cos and sin of the float32 residual stream),
-    v is the projection's 16-bit output. Outside autocast they pass as they are (the kernels' contract
-    refuses mixed dtypes, as SDPA does)."""
+    """q, k, v in autocast's dtype where autocast is on, as SDPA (on autocast's lower-precision list) takes
+    them. Under autocast a transformers model hands its attention mixed dtypes: q and k leave RoPE in
+    float32 (the 16-bit projection times the float32 cos and sin of the float32 residual stream), v is the
+    projection's 16-bit output. Outside autocast they pass as they are (the kernels' contract refuses mixed
+    dtypes, as SDPA does)."""
     device = q.device.type
-    if q.dtype == k.dtype == v.dtype or not torch.is_autocast_enabled(device):
+    if not torch.is_autocast_enabled(device):
         return q, k, v
     dtype = torch.get_autocast_dtype(device)
     return q.to(dtype), k.to(dtype), v.to(dtype)
