@@ -66,25 +66,23 @@ def param_count(cfg: DictConfig) -> tuple[int, int]:
 
 def keeps_scores(cfg: DictConfig, gpu: bool) -> bool:
     """Whether the run's attention keeps the T x T scores for the backward: the model's own attention (not
-    patched), one composed from a softmax, or SDPA's math path do; a fused attention (a method's native
-    ``attention``: sdpa, flash, flex) does not. SDPA's ``auto`` takes the math path where no fused backend
-    takes the call: on a CPU with dropout; on a GPU in float32 with grouped heads (its flash backend needs 16
-    bits, the others refuse grouped heads). An unknown method keeps them."""
+    patched) and one composed from a softmax do; a method's native attention does not, unless the method
+    says its unfused fallback runs here (``Method.keeps_scores``: SDPA's math path). An unknown method
+    counts as keeping them."""
     accel = cfg.accel
     if "attention" not in list(accel.patch):
         return True
-    found = kernels.available_methods(include_timing_only=True).get(str(accel.method))
-    if found is None or found.ops.get("attention") != "native":
+    method = kernels.registered(str(accel.method))
+    if method is None or method.provides("attention") != "native":
         return True
-    backend = dict(accel.options or {}).get("backend")
-    if backend == "math":
-        return True
-    if str(accel.method) == "sdpa" and backend in (None, "auto"):
-        m = cfg.model
-        grouped = m.get("n_kv_head") is not None and int(m.n_kv_head) < int(m.n_head)
-        fp32 = compute_dtype(resolve_precision(str(cfg.trainer.precision), gpu)) == torch.float32
-        return (not gpu and float(m.get("dropout") or 0.0) > 0) or (gpu and grouped and fp32)
-    return False
+    if method.keeps_scores is None:
+        return False
+    m = cfg.model
+    return bool(method.keeps_scores(
+        dict(accel.options or {}), cuda=gpu,
+        float32=compute_dtype(resolve_precision(str(cfg.trainer.precision), gpu)) == torch.float32,
+        grouped=m.get("n_kv_head") is not None and int(m.n_kv_head) < int(m.n_head),
+        dropout=float(m.get("dropout") or 0.0)))
 
 
 def step_memory(cfg: DictConfig, gpu: bool) -> StepMemory:

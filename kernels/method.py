@@ -45,7 +45,10 @@ class Method:
     hold it to the contract's corner cases (e.g. fully masked rows, all targets ignored).
     ``options``: option name -> the accepted values, the first being the default (``sdpa``'s
     ``backend``, say); ``options_unavailable(options)`` (optional) says why the method cannot run
-    here with those options.
+    here with those options. ``keeps_scores(options, cuda=, float32=, grouped=, dropout=)`` (optional):
+    whether the method's native attention keeps T x T scores for its backward in such a run (a fused
+    attention that falls back to an unfused path: SDPA's math backend); without it a native attention
+    keeps none, one composed from a softmax always does.
     """
 
     name: str
@@ -59,6 +62,7 @@ class Method:
     approximate: bool = False
     options: Mapping[str, tuple] = field(default_factory=dict)
     options_unavailable: Optional[Callable[[Mapping[str, Any]], Optional[str]]] = None
+    keeps_scores: Optional[Callable[..., bool]] = None
 
     def __init__(self, name: str, summary: str, *,
                  unavailable_reason: Callable[[], Optional[str]] = _runs_everywhere,
@@ -67,6 +71,7 @@ class Method:
                  exact: bool = True, peer: bool = False, approximate: bool = False,
                  options: Optional[Mapping[str, tuple]] = None,
                  options_unavailable: Optional[Callable[[Mapping[str, Any]], Optional[str]]] = None,
+                 keeps_scores: Optional[Callable[..., bool]] = None,
                  **impls: Optional[Callable[..., torch.Tensor]]) -> None:
         unknown = [k for k in impls if k not in ops.TABLE]
         if unknown:
@@ -76,7 +81,7 @@ class Method:
         given = dict(name=name, summary=summary, impls=MappingProxyType(impls),
                      unavailable_reason=unavailable_reason, validate=validate, prepare=prepare, exact=exact,
                      peer=peer, approximate=approximate, options=MappingProxyType(dict(options or {})),
-                     options_unavailable=options_unavailable)
+                     options_unavailable=options_unavailable, keeps_scores=keeps_scores)
         for key, value in given.items():
             object.__setattr__(self, key, value)
         if not self.impls:

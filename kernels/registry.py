@@ -130,6 +130,13 @@ def _runnable_text() -> str:
     return ", ".join(names) or "none"
 
 
+def registered(name: str) -> Optional[Method]:
+    """The method registered as ``name`` whether it can run here or not (None: no such method): what it is,
+    not a function to call (:func:`get_method` for that)."""
+    load_methods()
+    return _REGISTRY.get(name)
+
+
 def get_method(name: str) -> Method:
     """Look a method up; unknown or not runnable here raises an error that says why and what can run."""
     load_methods()

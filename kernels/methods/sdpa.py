@@ -77,6 +77,17 @@ def backend_unavailable(options) -> str | None:
     return None
 
 
+def keeps_scores(options, *, cuda: bool, float32: bool, grouped: bool, dropout: float) -> bool:
+    """Whether SDPA keeps T x T scores for its backward: on its math path, chosen (``backend=math``) or where
+    ``auto`` finds no fused backend for the call: on a CPU with dropout (checked with saved-tensor hooks on
+    torch 2.13), on a GPU in float32 with grouped heads (the flash backend needs 16 bits; the others refuse
+    grouped heads, above)."""
+    backend = options.get("backend", "auto")
+    if backend == "math":
+        return True
+    return backend == "auto" and ((not cuda and dropout > 0) or (cuda and float32 and grouped))
+
+
 register(
     Method(
         name="sdpa",
@@ -84,5 +95,6 @@ register(
         summary="PyTorch's fused attention (scaled_dot_product_attention; backend auto|flash|cudnn|efficient|math)",
         options={"backend": BACKENDS},
         options_unavailable=backend_unavailable,
+        keeps_scores=keeps_scores,
     )
 )
