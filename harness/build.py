@@ -35,11 +35,16 @@ def data_seed(cfg: DictConfig) -> int:
     return int(cfg.seed if seed is None else seed)
 
 
+def gpu_here(cfg: DictConfig) -> bool:
+    """Whether the run would train on a GPU: trainer.accelerator auto or gpu, and one is there (no error
+    for gpu without one: the checks that say so come elsewhere)."""
+    return cfg.trainer.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
+
+
 def on_gpu(cfg: DictConfig) -> bool:
     """Whether the run trains on a GPU (trainer.accelerator auto/gpu and one is there); gpu without
     one is an error."""
-    want = cfg.trainer.accelerator in ("auto", "gpu", "cuda")
-    here = want and torch.cuda.is_available()
+    here = gpu_here(cfg)
     if cfg.trainer.accelerator in ("gpu", "cuda") and not here:
         raise RuntimeError("trainer.accelerator=gpu but no CUDA GPU is available here (use auto or cpu)")
     return here

@@ -85,8 +85,10 @@ def keeps_scores(cfg: DictConfig, gpu: bool) -> bool:
         dropout=float(m.get("dropout") or 0.0)))
 
 
-def step_memory(cfg: DictConfig, gpu: bool) -> StepMemory:
-    """The estimate of one training step's peak memory (the formula: this module's docstring)."""
+def step_memory(cfg: DictConfig, gpu: bool, counted: Optional[tuple[int, int]] = None) -> StepMemory:
+    """The estimate of one training step's peak memory (the formula: this module's docstring). ``counted``:
+    :func:`param_count` of ``cfg`` where the caller has it (the accel configuration changes no parameter:
+    estimating one model under several methods counts them once)."""
     m = cfg.model
     b, t, d, layers, heads = int(cfg.data.batch_size), seq_len(cfg), int(m.n_embd), int(m.n_layer), int(m.n_head)
     a = torch.finfo(compute_dtype(resolve_precision(str(cfg.trainer.precision), gpu))).bits // 8
@@ -98,7 +100,7 @@ def step_memory(cfg: DictConfig, gpu: bool) -> StepMemory:
         mlp = 1.5 * b * t * d + 2 * b * t * f
     scores = 2.5 * heads * b * t * t if keeps_scores(cfg, gpu) else 0
     per_layer = 5.5 * b * t * d + scores + 2 * b * t * d + mlp
-    p, vocab = param_count(cfg)
+    p, vocab = counted or param_count(cfg)
     acc = cfg.accel  # (a linear loss form only where the loss is patched: else the model's own loss on the logits)
     fused = ("loss" in list(acc.patch) and acc.loss_form != "logits") or patch_fuses_loss(
         acc.get("model_patch"), dict(acc.get("model_patch_options") or {}))

@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import hydra
-import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -25,6 +24,7 @@ from rich.markup import escape
 import kernels
 from harness.accel import AccelError, check_accel
 from harness.availability import method_unavailable_message
+from harness.build import gpu_here
 from harness.cli import EXIT_INTERRUPTED, UsageError, fail, run_app, split_argv, wants_help
 from harness.config import CONF_DIR, ConfigError, validate  # also registers the structured-config schema
 from harness.console import RunConsole
@@ -53,8 +53,7 @@ def validate_with_data(cfg: DictConfig) -> None:
         check_accel(str(a.method), list(a.patch), str(a.loss_form), a.get("loss_method"))  # exit 2, no directory
     except AccelError as exc:
         raise AccelError(took + str(exc)) from None
-    gpu = cfg.trainer.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
-    check_step_memory(cfg, gpu)  # MemoryEstimateError (exit 2) when a step cannot fit; the run warns near it
+    check_step_memory(cfg, gpu_here(cfg))  # MemoryEstimateError (exit 2) when a step cannot fit; the run warns near it
 
 
 def _user_error(exc: BaseException) -> bool:

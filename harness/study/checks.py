@@ -12,14 +12,13 @@ import os
 from pathlib import Path
 from typing import Callable, Mapping, Optional
 
-import torch
 from omegaconf import DictConfig, open_dict
 
 import kernels
 from harness.accel import LOSS_OPS
-from harness.build import seq_len
+from harness.build import gpu_here, seq_len
 from harness.config import ConfigError, accel_methods, patch_words, validate
-from harness.memory import GIB, available_memory, step_memory
+from harness.memory import GIB, available_memory, param_count, step_memory
 from harness.study import plan
 
 
@@ -112,16 +111,17 @@ def reference_fits(cfg: DictConfig) -> None:
     there its rows say so.)"""
     if os.environ.get("HARNESS_SKIP_MEMORY_CHECK"):
         return
-    gpu = cfg.trainer.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()  # (as harness.train's)
+    gpu = gpu_here(cfg)
     available = available_memory(gpu)
     if not available:
         return
-    ref = str(cfg.study.reference)
-    need = _step_gib(cfg, ref, gpu)
+    ref, study_cfg = str(cfg.study.reference), plan.with_study_vocab(cfg)
+    counted = param_count(study_cfg)  # (once: ~1 s of building the model on the meta device each time)
+    need = _step_gib(study_cfg, ref, gpu, counted)
     if need * GIB <= available:
         return
     fit = [f"{name} ({gib:.1f} GiB)" for name in plan.accel_names() if name != ref and _exact_here(cfg, name)
-           for gib in [_step_gib(cfg, name, gpu)] if gib * GIB <= available]
+           for gib in [_step_gib(study_cfg, name, gpu, counted)] if gib * GIB <= available]
     where = "free on the GPU" if gpu else "of RAM available"
     raise ConfigError(
         f"study.reference={ref!r} cannot run here: one training step of model={cfg.model.name} (batch "
@@ -132,11 +132,11 @@ def reference_fits(cfg: DictConfig) -> None:
         "started. (HARNESS_SKIP_MEMORY_CHECK=1 skips this check.)")
 
 
-def _step_gib(cfg: DictConfig, name: str, gpu: bool) -> float:
-    c = copy.deepcopy(plan.with_study_vocab(cfg))
+def _step_gib(cfg: DictConfig, name: str, gpu: bool, counted: tuple[int, int]) -> float:
+    c = copy.deepcopy(cfg)
     with open_dict(c):
         c.accel = plan.accel_for(name)
-    return step_memory(c, gpu).total / GIB
+    return step_memory(c, gpu, counted).total / GIB
 
 
 def _exact_here(cfg: DictConfig, name: str) -> bool:
