@@ -34,7 +34,7 @@ import kernels
 from kernels.contract import split_qkv
 from harness.bench.common import (eager_and_graph_ms, error_text, fmt, free_memory, issue_us, parse_names, parse_shapes,
                                   peak_extra_gib, runnable, write_rows_csv)
-from harness.bench.model_shapes import ModelShape, model_shapes
+from harness.bench.model_shapes import ModelShape, models_option
 from harness.env import environment
 from harness.results import atomic_write_text, write_json
 
@@ -252,18 +252,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def shapes_of(a: argparse.Namespace, error: Callable[[str], None]) -> list:
     """The shapes of the command line: --models' or --shapes' (the default shapes without either)."""
-    names_arg = getattr(a, "models", None)  # (None also in a namespace built without --models)
-    if names_arg is not None:
-        if a.shapes is not None:
-            error("--models and --shapes are both given: --models runs each model's shape instead of --shapes; "
-                  "give one of them")
-        names = parse_names(names_arg)
-        if not names:
-            error(f"--models takes comma-separated model configs of conf/model/ (got {names_arg!r})")
-        try:
-            return model_shapes(names)
-        except ValueError as exc:
-            error(f"--models: {exc}")
+    models = models_option(a, error, {"--shapes": a.shapes})
+    if models is not None:
+        return models
     shapes = parse_shapes(error, "--shapes", DEFAULT_SHAPES if a.shapes is None else a.shapes, (4, 5))
     try:
         return [attention_shape(s) for s in shapes]

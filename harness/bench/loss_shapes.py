@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 from typing import Callable, Iterable, Union
 
-from harness.bench.common import parse_ints, parse_names, parse_shapes
-from harness.bench.model_shapes import ModelShape, model_shapes
+from harness.bench.common import parse_ints, parse_shapes
+from harness.bench.model_shapes import ModelShape, models_option
 
 DEFAULT_VOCABS = "32768,50304,128256,262144"
 DEFAULT_TOKENS = 16384
@@ -70,8 +70,8 @@ def add_shape_arguments(p: argparse.ArgumentParser) -> None:
 def shapes_of(a: argparse.Namespace, error: Callable[[str], None]) -> tuple[list[int], int, list[tuple], list[ModelShape]]:
     """(vocabs, tokens, linear shapes, models) of the command line; ``error`` (the parser's) for --models
     given with --vocabs, --tokens or --linear, an unknown model or one without a vocabulary, a bad shape."""
-    names_arg = getattr(a, "models", None)  # (None also in a namespace built without --models)
-    if names_arg is None:
+    models = models_option(a, error, {"--vocabs": a.vocabs, "--tokens": a.tokens, "--linear": a.linear})
+    if models is None:
         linear = DEFAULT_LINEAR if a.linear is None else a.linear
         lin = parse_shapes(error, "--linear", linear, 3) if linear.strip() else []
         tokens = DEFAULT_TOKENS if a.tokens is None else a.tokens
@@ -84,15 +84,7 @@ def shapes_of(a: argparse.Namespace, error: Callable[[str], None]) -> tuple[list
         except ValueError as exc:
             error(f"--vocabs, --tokens, --linear: {exc}")
         return vocabs, tokens, lin, []
-    given = [flag for flag, v in (("--vocabs", a.vocabs), ("--tokens", a.tokens), ("--linear", a.linear)) if v is not None]
-    if given:
-        error(f"--models and {', '.join(given)} are both given: --models runs each model's shapes instead of "
-              "--vocabs, --tokens and --linear; give one or the other")
-    names = parse_names(names_arg)
-    if not names:
-        error(f"--models takes comma-separated model configs of conf/model/ (got {names_arg!r})")
     try:
-        models = model_shapes(names)
         loss_shapes([], 1, None, models)  # (a model without a vocabulary: refused before any work)
     except ValueError as exc:
         error(f"--models: {exc}")

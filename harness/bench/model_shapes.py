@@ -10,12 +10,14 @@ dimension n_embd / n_head, the sequence (the model's context) and the batch of o
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from omegaconf import OmegaConf
 
+from harness.bench.common import parse_names
 from harness.config import CONF_DIR, DataConfig, ModelConfig, group_options
 
 
@@ -70,3 +72,23 @@ def model_shape(name: str, conf_dir: Optional[str] = None) -> ModelShape:
 def model_shapes(names: list[str], conf_dir: Optional[str] = None) -> list[ModelShape]:
     """:func:`model_shape` of each name, in order."""
     return [model_shape(n, conf_dir) for n in names]
+
+
+def models_option(a: argparse.Namespace, error: Callable[[str], None], instead: dict) -> Optional[list[ModelShape]]:
+    """The shapes of a table's ``--models`` (None where it is not given); ``error`` (the parser's) where it is
+    given beside one of ``instead`` (flag -> its value, None when not given: the options --models replaces),
+    names nothing, or names an unknown model or one without a shape."""
+    names_arg = getattr(a, "models", None)  # (None also in a namespace built without --models)
+    if names_arg is None:
+        return None
+    given = [flag for flag, value in instead.items() if value is not None]
+    if given:
+        error(f"--models and {', '.join(given)} are both given: --models runs each model's shapes instead of "
+              f"{', '.join(instead)}; give one or the other")
+    names = parse_names(names_arg)
+    if not names:
+        error(f"--models takes comma-separated model configs of conf/model/ (got {names_arg!r})")
+    try:
+        return model_shapes(names)
+    except ValueError as exc:
+        error(f"--models: {exc}")
