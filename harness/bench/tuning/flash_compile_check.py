@@ -34,7 +34,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
 
-from harness.bench.tuning.flash_sweep import knobs_over  # noqa: E402
+from harness.bench.tuning.flash_sweep import knobs_over, parse_heads  # noqa: E402
 from kernels.methods.flash import bwd, bwd_gluon, fwd, fwd_gluon, gluon_common  # noqa: E402
 from kernels.methods.flash import plan as plans  # noqa: E402
 from kernels.methods.flash.tiles import TensorDescriptor  # noqa: E402
@@ -173,13 +173,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(a: argparse.Namespace, error: Callable[[str], None]) -> None:
     dtype, causal, target = getattr(torch, a.dtype), a.causal == "1", GPUTarget("cuda", a.arch, 32)
-    parts = a.heads.split(":")
     try:
-        heads, kv_heads = (int(x) for x in (parts + parts)[:2]) if len(parts) <= 2 else (0, 0)
-    except ValueError:
-        heads = kv_heads = 0
-    if heads < 1 or kv_heads < 1 or heads % kv_heads:
-        error(f"--heads {a.heads!r}: H or H:Hkv, positive integers with Hkv dividing H (e.g. 12, 14:2)")
+        heads, kv_heads = parse_heads(a.heads)
+    except ValueError as exc:
+        error(f"--heads {exc}")
     print(f"triton {triton.__version__}, target sm_{a.arch}, {heads} query heads on {kv_heads} key/value heads")
     for d in (int(x) for x in a.d.split(",")):
         f0, b0 = (plans.plans_for if kv_heads == heads else plans.triton_plans)(d, d, dtype, causal, 4096, 4096)

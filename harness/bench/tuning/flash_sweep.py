@@ -285,6 +285,18 @@ def _triton_version() -> str:
     return availability.triton.__version__ if availability.triton is not None else "none"
 
 
+def parse_heads(text: str) -> tuple[int, int]:
+    """(H, Hkv) of 'H' or 'H:Hkv' (Hkv key/value heads dividing H; 'H' means Hkv = H); a ValueError otherwise."""
+    parts = text.strip().split(":")
+    try:
+        h, kv = (int(x) for x in (parts + parts)[:2]) if len(parts) <= 2 else (0, 0)
+    except ValueError:
+        h = kv = 0
+    if h < 1 or kv < 1 or h % kv:
+        raise ValueError(f"{text!r}: H or H:Hkv, positive integers with Hkv dividing H (e.g. 12, 14:2)")
+    return h, kv
+
+
 def parse_shapes(text: str) -> list[tuple]:
     """(B, H, Hkv, Tq, Tk, d) of each ';'-separated B,H,T,d or B,H,Tq,Tk,d, H optionally H:Hkv."""
     out = []
@@ -293,12 +305,11 @@ def parse_shapes(text: str) -> list[tuple]:
     for part in text.split(";"):
         fields = [x.strip() for x in part.split(",") if x.strip()]
         try:
-            heads = [int(x) for x in fields[1].split(":")] if len(fields) > 1 else []
+            H, kv = parse_heads(fields[1]) if len(fields) > 1 else (0, 0)
             nums = [int(x) for i, x in enumerate(fields) if i != 1]
         except ValueError:
             raise SystemExit(f"{usage} (got {part!r})") from None
-        H, kv = (heads + heads)[:2] if len(heads) in (1, 2) else (0, 0)
-        if len(nums) not in (3, 4) or min(nums + [H, kv]) < 1 or H % kv:
+        if len(nums) not in (3, 4) or min(nums) < 1 or not H:
             raise SystemExit(f"{usage} (got {part!r})")
         B, *rest = nums
         tq, tk, d = (rest[0], rest[0], rest[1]) if len(rest) == 2 else rest
