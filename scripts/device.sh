@@ -11,7 +11,7 @@
 #            ATTENTION_ARGS="--models smollm2_135m,qwen25_05b,llama32_1b" LOSS_ARGS="--models smollm2_135m,qwen25_05b,llama32_1b"
 #   launch   python -m harness.bench launch (host microseconds per call; LAUNCH_ARGS)
 #   host-profile  python -m harness.bench host-profile (where the host time of a call goes, at benchmark
-#            sizes; HOST_PROFILE_ARGS, e.g. "--methods flash,sdpa --shapes 16,12,1024,64")
+#            sizes; HOST_PROFILE_ARGS, e.g. "--methods flash,sdpa --shapes 16,12,1024,64 --layout bthd --trace")
 #   sweep    python -m harness.bench triton-sweep (Triton launch settings per N; extra args in SWEEP_ARGS)
 #   cuda-sweep  python -m harness.bench cuda-sweep (CUDA launch variants per N; CUDA_SWEEP_ARGS)
 #   triton-ce-sweep  python -m harness.bench triton-ce-sweep (Triton cross-entropy plans per V; TRITON_CE_SWEEP_ARGS)

@@ -19,8 +19,15 @@ as the issue time calls them, three ways:
   slows Python several-fold: compare functions with each other, not with the issue time; a built-in's
   self time holds the C++ work under it, e.g. the autograd engine's ``run_backward``).
 
-GPU kernel times are not here (the attention and kernel tables have them): a synchronization or a
-blocking allocation shows as a runtime call whose self time is long.
+On a GPU each row also gives, from the ops pass, the kernels' own time per call and the GPU's idle time
+between them (the span of the run's kernels less their time: where it is large the GPU waited on the
+host), and the CUDA runtime and driver calls that block the host until the device catches up
+(synchronizations, synchronous copies, allocations and frees) by name and self time: a call whose issue
+time grows with the problem but that holds no such call is slow in its own host code, one that holds
+one waits for the GPU. ``--layout bthd`` gives the attention q, k and v as (B, T, H, d) memory viewed as
+(B, H, T, d), the model's layout after its projection's split, instead of dense (B, H, T, d) tensors (a
+method may then lay its gradients out differently); ``--trace DIR`` writes each row's ops pass as a Chrome
+trace (chrome://tracing, Perfetto) for the timeline itself.
 """
 
 from __future__ import annotations
@@ -51,6 +58,11 @@ WINDOW = "harness.bench.host_profile: calls"
 _PROFILER_OWN = re.compile(r"torch/profiler/|torch/autograd/profiler|_record_function_|^Activity Buffer Request|^"
                            + re.escape(WINDOW))  # (CUPTI's buffer requests: a profile's largest "event" once)
 _RUNTIME = re.compile(r"^cu(da)?[A-Z]")
+#: runtime and driver calls that make the host wait for the device (a synchronization, a synchronous copy, an
+#: allocation or free that the caching allocator could not serve from its pool)
+_BLOCKING = re.compile(r"^cu(da)?(Ctx|Device|Stream|Event)Synchronize|^cu(da)?Memcpy(?!.*Async)|^cu(da)?Mem(Alloc|Free)"
+                       r"|^cuda(Malloc|Free)(?!Async)|^cuda(Host|MallocHost|FreeHost)")
+LAYOUTS = ("dense", "bthd")
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # <built-in method to of Tensor object at 0x...>: one name for every tensor
 
 
@@ -67,6 +79,11 @@ class ProfileRow:
     calling_thread_us: Optional[float] = None  # self time per call of the events on the calling thread
     other_threads_us: Optional[float] = None  # ... on any other (the autograd engine's device thread)
     runtime_us: Optional[float] = None  # self time per call of the CUDA runtime and driver calls
+    blocking_us: Optional[float] = None  # ... of those that wait for the device (_BLOCKING); None on a CPU
+    blocking: list = field(default_factory=list)  # those calls: name, count and self us per call
+    gpu_kernel_us: Optional[float] = None  # the GPU kernels' time per call (None on a CPU)
+    gpu_idle_us: Optional[float] = None  # per call: the span from the run's first kernel to its last, less their time
+    layout: str = "dense"  # the attention's inputs: dense (B, H, T, d), or bthd: (B, T, H, d) memory viewed
     events: list = field(default_factory=list)  # top events: name, kind, thread, count and self us per call
     python: list = field(default_factory=list)  # top Python functions: name, thread, count and self us per call
     error: str = ""
@@ -89,12 +106,15 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def profile_calls(fn: Callable[[], object], calls: int, with_stack: bool) -> tuple[float, list[dict], dict]:
+def profile_calls(fn: Callable[[], object], calls: int, with_stack: bool,
+                  trace: Optional[Path] = None) -> tuple[float, list[dict], dict]:
     """Profile ``calls`` calls of ``fn`` (after three unprofiled ones, the device synchronized before and
     after the run, not inside it). Returns the run's wall time per call (us), the events that start and
     end inside the run aggregated by (name, thread) with their count and self host time per call, sorted
     by that time (Python functions only with ``with_stack``, every other host event without), and the
-    self time per call by kind ("kind:runtime", ...) and thread ("thread:calling", "thread:other")."""
+    self time per call by kind ("kind:runtime", ...) and thread ("thread:calling", "thread:other"), and on a
+    GPU "gpu:kernel" and "gpu:idle" (:func:`gpu_time`) and "blocking" (self time per call of the runtime calls
+    that wait for the device). ``trace``: where to write the run as a Chrome trace."""
     for _ in range(3):
         fn()
     _sync()
@@ -104,13 +124,15 @@ def profile_calls(fn: Callable[[], object], calls: int, with_stack: bool) -> tup
             for _ in range(calls):
                 fn()
     _sync()
+    if trace is not None:
+        prof.export_chrome_trace(str(trace))
     events = prof.events()
     win = next((e for e in events if e.name == WINDOW), None)
     if win is None:
         raise RuntimeError("torch.profiler recorded no range around the profiled calls (is another profiler running?)")
     lo, hi = win.time_range.start, win.time_range.end
     agg: dict = {}
-    totals: dict = {}
+    totals: dict = gpu_time(events, calls) if torch.cuda.is_available() else {}
     for e in events:
         if e.device_type != DeviceType.CPU or _PROFILER_OWN.search(e.name):
             continue
@@ -124,13 +146,34 @@ def profile_calls(fn: Callable[[], object], calls: int, with_stack: bool) -> tup
         a = agg.setdefault((name, thread), {"name": name, "kind": kind, "thread": thread, "count": 0, "self_us": 0.0})
         a["count"] += 1
         a["self_us"] += e.self_cpu_time_total
-        for key in (f"kind:{kind}", f"thread:{thread}"):
+        keys = (f"kind:{kind}", f"thread:{thread}") + (("blocking",) if kind == "runtime" and _BLOCKING.match(name) else ())
+        for key in keys:
             totals[key] = totals.get(key, 0.0) + e.self_cpu_time_total / calls
     rows = sorted(agg.values(), key=lambda a: -a["self_us"])
     for a in rows:
         a["count"] /= calls
         a["self_us"] /= calls
     return (hi - lo) / calls, rows, totals
+
+
+def gpu_time(events, calls: int) -> dict:
+    """{"gpu:kernel": the device's kernels' time per call, "gpu:idle": per call, the span from the first
+    kernel's start to the last one's end less the time kernels ran (overlapping kernels counted once)}
+    over the profile's device events: those of the profiled calls alone, the device having been
+    synchronized before the run (empty where the profile holds no device event)."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA)
+    if not spans:
+        return {}
+    busy, (lo, hi) = 0.0, spans[0]
+    first = lo
+    for start, end in spans[1:]:
+        if start > hi:  # a gap: the device ran nothing between hi and start
+            busy += hi - lo
+            lo, hi = start, end
+        else:
+            hi = max(hi, end)
+    busy += hi - lo
+    return {"gpu:kernel": busy / calls, "gpu:idle": (hi - first - busy) / calls}
 
 
 def idle_issue_us(fn: Callable[[], object], repeats: int = 20) -> float:
@@ -147,15 +190,28 @@ def idle_issue_us(fn: Callable[[], object], repeats: int = 20) -> float:
     return statistics.median(times)
 
 
-def _calls(method: str, options: dict, op: str, shape: tuple, device: str) -> dict[str, Callable[[], object]]:
+def attention_inputs(shape: tuple, device: str, dtype: torch.dtype, layout: str,
+                     g: Optional[torch.Generator] = None) -> tuple[torch.Tensor, ...]:
+    """q, k, v (leaves requiring grad) and the output's gradient, each (B, H, T, d): dense, or with
+    ``layout`` "bthd" q, k and v as (B, T, H, d) memory viewed as (B, H, T, d) (the model's views)."""
+    g = torch.Generator(device=device).manual_seed(0) if g is None else g
+    b, h, t, d = shape
+    qkv = [torch.randn((b, t, h, d) if layout == "bthd" else shape, device=device, generator=g).to(dtype)
+           for _ in range(3)]
+    q, k, v = ((x.transpose(1, 2) if layout == "bthd" else x).requires_grad_(True) for x in qkv)
+    return q, k, v, torch.randn(shape, device=device, generator=g).to(dtype)
+
+
+def _calls(method: str, options: dict, op: str, shape: tuple, device: str,
+           layout: str = "dense") -> dict[str, Callable[[], object]]:
     """direction -> the call: the bound op on benchmark-sized inputs (bf16 on a GPU, fp32 on a CPU),
-    causal, as the attention and kernel tables call it."""
+    causal, as the attention and kernel tables call it; ``layout`` "bthd": the attention's q, k and v
+    are (B, T, H, d) memory viewed as (B, H, T, d) (the model's views), each a leaf of its own."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     g = torch.Generator(device=device).manual_seed(0)
     fn = kernels.bind(method, op, **options)
     if op == "attention":
-        q, k, v, do = (torch.randn(shape, device=device, generator=g).to(dtype) for _ in range(4))
-        q, k, v = (x.requires_grad_(True) for x in (q, k, v))
+        q, k, v, do = attention_inputs(shape, device, dtype, layout, g)
 
         def fwd():
             with torch.no_grad():
@@ -180,19 +236,25 @@ def _variants(method: str, op: str) -> list[tuple[str, dict]]:
 
 
 def measure(method: str, options: dict, label: str, op: str, shape: tuple, device: str, calls: int,
-            top: int) -> list[ProfileRow]:
-    """The forward and forward + backward rows of one method at one shape (an error is kept in the row)."""
-    rows = [ProfileRow(label, op, shape, d, calls) for d in ("fwd", "fwd+bwd")]
+            top: int, layout: str = "dense", trace_dir: Optional[Path] = None) -> list[ProfileRow]:
+    """The forward and forward + backward rows of one method at one shape (an error is kept in the row);
+    ``trace_dir``: each row's ops pass as a Chrome trace there."""
+    rows = [ProfileRow(label, op, shape, d, calls, layout=layout) for d in ("fwd", "fwd+bwd")]
     try:
-        fns = _calls(method, options, op, shape, device)
+        fns = _calls(method, options, op, shape, device, layout)
         for row in rows:
             fn = fns[row.direction]
             row.issue_us = host_us(fn, calls=calls, repeats=5, warmup=2)[0]
             row.idle_issue_us = idle_issue_us(fn)
-            row.profiled_us, events, totals = profile_calls(fn, calls, with_stack=False)
+            trace = None if trace_dir is None else trace_dir / _trace_name(row)
+            row.profiled_us, events, totals = profile_calls(fn, calls, with_stack=False, trace=trace)
             row.calling_thread_us = totals.get("thread:calling", 0.0)
             row.other_threads_us = totals.get("thread:other", 0.0)
             row.runtime_us = totals.get("kind:runtime", 0.0)
+            if device == "cuda":
+                row.blocking_us = totals.get("blocking", 0.0)
+                row.blocking = [e for e in events if e["kind"] == "runtime" and _BLOCKING.match(e["name"])]
+                row.gpu_kernel_us, row.gpu_idle_us = totals.get("gpu:kernel"), totals.get("gpu:idle")
             row.events = events[:top]
             row.python = profile_calls(fn, calls, with_stack=True)[1][:top]
     except Exception as exc:  # one failing method must not stop the table
@@ -203,45 +265,65 @@ def measure(method: str, options: dict, label: str, op: str, shape: tuple, devic
     return rows
 
 
+def _trace_name(row: ProfileRow) -> str:
+    name = f"{row.method}_{row.op}_{'x'.join(map(str, row.shape))}_{row.layout}_{row.direction}.json"
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name.replace("+", "_"))
+
+
 def _table(rows: list[ProfileRow]) -> str:
-    lines = ["| method | op | shape | direction | issue us | idle issue us | profiled us | calling thread us "
-             "| other threads us | runtime calls us | largest event |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| method | op | shape | layout | direction | issue us | idle issue us | profiled us | calling thread us "
+             "| other threads us | runtime calls us | blocking calls us | GPU kernels us | GPU idle us | largest event |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         big = f"{r.events[0]['name'][:60]} ({r.events[0]['self_us']:.1f} us)" if r.events else r.error
-        lines.append(f"| {r.method} | {r.op} | {'x'.join(map(str, r.shape))} | {r.direction} | {fmt(r.issue_us, '.1f')} "
-                     f"| {fmt(r.idle_issue_us, '.1f')} | {fmt(r.profiled_us, '.1f')} | {fmt(r.calling_thread_us, '.1f')} | {fmt(r.other_threads_us, '.1f')} "
-                     f"| {fmt(r.runtime_us, '.1f')} | {big} |")
+        lines.append(f"| {r.method} | {r.op} | {'x'.join(map(str, r.shape))} | {r.layout} | {r.direction} "
+                     f"| {fmt(r.issue_us, '.1f')} | {fmt(r.idle_issue_us, '.1f')} | {fmt(r.profiled_us, '.1f')} "
+                     f"| {fmt(r.calling_thread_us, '.1f')} | {fmt(r.other_threads_us, '.1f')} | {fmt(r.runtime_us, '.1f')} "
+                     f"| {fmt(r.blocking_us, '.1f')} | {fmt(r.gpu_kernel_us, '.1f')} | {fmt(r.gpu_idle_us, '.1f')} | {big} |")
     for r in rows:
         if not r.events:
             continue
-        lines += ["", f"### {r.method}, {r.op} {'x'.join(map(str, r.shape))}, {r.direction}: events by self host us per call",
+        lines += ["", f"### {r.method}, {r.op} {'x'.join(map(str, r.shape))} ({r.layout}), {r.direction}: events by self "
+                  "host us per call",
                   "", "| event | kind | thread | per call | self us per call |", "|---|---|---|---|---|"]
         lines += [f"| {e['name'][:90]} | {e['kind']} | {e['thread']} | {e['count']:.2f} | {e['self_us']:.1f} |"
                   for e in r.events + r.python]
+        if r.blocking:
+            lines += ["", "Blocking runtime calls: " + ", ".join(f"{e['name']} x{e['count']:.2f} ({e['self_us']:.1f} us)"
+                                                              for e in r.blocking)]
     return "\n".join(lines) + "\n"
 
 
 def run_host_profile(methods: Optional[list[str]], op: str, shapes: list[tuple], out: Path, calls: int = 10,
-                     top: int = 12) -> list[ProfileRow]:
+                     top: int = 12, layout: str = "dense", trace: bool = False) -> list[ProfileRow]:
     """Profile every method's op at every shape; host_profile.md and .json are rewritten after each
-    method, so a run cut short keeps what it measured."""
+    method, so a run cut short keeps what it measured. ``layout``: the attention's inputs (``LAYOUTS``);
+    ``trace``: each row's ops pass as a Chrome trace in ``out``/traces."""
     if op not in OPS:
         raise ValueError(f"host-profile takes the ops {', '.join(OPS)}; got {op!r}")
+    if layout not in LAYOUTS or (layout != "dense" and op != "attention"):
+        raise ValueError(f"host-profile --layout {layout!r} is not accepted for {op}: one of {', '.join(LAYOUTS)} "
+                         "(bthd: the attention's only)")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out.mkdir(parents=True, exist_ok=True)
+    trace_dir = out / "traces" if trace else None
+    if trace_dir is not None:
+        trace_dir.mkdir(exist_ok=True)
     env = environment()
     names = methods or [n for n, a in kernels.available_methods(op=op).items() if a.available]
     rows: list[ProfileRow] = []
     for shape in shapes:
         for method in names:
             for label, options in _variants(method, op):
-                new = measure(method, options, label, op, shape, device, calls, top)
+                new = measure(method, options, label, op, shape, device, calls, top, layout, trace_dir)
                 rows += new
                 for r in new:
                     print(f"  {label:24s} {shape} {r.direction:7s} issue {fmt(r.issue_us, '.1f')} us (idle GPU "
                           f"{fmt(r.idle_issue_us, '.1f')}), profiled "
                           f"{fmt(r.profiled_us, '.1f')} (calling thread {fmt(r.calling_thread_us, '.1f')}, others "
-                          f"{fmt(r.other_threads_us, '.1f')}, runtime calls {fmt(r.runtime_us, '.1f')}) {r.error}", flush=True)
+                          f"{fmt(r.other_threads_us, '.1f')}, runtime calls {fmt(r.runtime_us, '.1f')}, blocking "
+                          f"{fmt(r.blocking_us, '.1f')}); GPU kernels {fmt(r.gpu_kernel_us, '.1f')}, idle "
+                          f"{fmt(r.gpu_idle_us, '.1f')} {r.error}", flush=True)
                 write_json(out / "host_profile.json", {"env": env, "device": device, "rows": [asdict(r) for r in rows]})
                 atomic_write_text(out / "host_profile.md", _table(rows))
     print(_table(rows).split("\n\n")[0])
@@ -255,11 +337,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    f"(default: attention {DEFAULT_SHAPES['attention']}; softmax {DEFAULT_SHAPES['softmax']})")
     p.add_argument("--calls", type=int, default=10, help="calls per timed run (default: %(default)s, as the issue time)")
     p.add_argument("--top", type=int, default=12, help="events and Python functions listed per row")
+    p.add_argument("--layout", default="dense", choices=LAYOUTS,
+                   help="the attention's q, k, v: dense (B, H, T, d), or bthd: (B, T, H, d) memory viewed as (B, H, T, "
+                        "d), the model's layout (default: %(default)s)")
+    p.add_argument("--trace", action="store_true", help="also write each row's profiled run as a Chrome trace "
+                   "(OUT/traces/*.json)")
     p.add_argument("--out", default="outputs/bench", type=Path)
 
 
 def run(a: argparse.Namespace, error: Callable[[str], None]) -> list[ProfileRow]:
     if a.calls < 1 or a.top < 1:
         error(f"--calls and --top take positive integers (got {a.calls} and {a.top})")
+    if a.layout != "dense" and a.op != "attention":
+        error(f"--layout {a.layout} is the attention's (q, k, v views); --op {a.op} takes dense inputs only")
     shapes = parse_shapes(error, "--shapes", a.shapes or DEFAULT_SHAPES[a.op], 4)
-    return run_host_profile(runnable(parse_names(a.methods), a.op), a.op, shapes, a.out, a.calls, a.top)
+    return run_host_profile(runnable(parse_names(a.methods), a.op), a.op, shapes, a.out, a.calls, a.top, a.layout,
+                            a.trace)
