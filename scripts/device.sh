@@ -22,7 +22,8 @@
 #            e.g. FLASH_SHAPES="4,12,4096,64" FLASH_BWD_PHASES="fused=0 dq_mode=pass,atomic,tma_add";
 #            grouped heads as H:Hkv, e.g. FLASH_SHAPES="8,14:2,2048,64" FLASH_MODE=bwd FLASH_BWD_PHASES="one_loop=0,1")
 #   overhead python -m harness.bench overhead model=gpt2s
-#   study    python -m harness.study (STUDY_ARGS)
+#   study    python -m harness.study (STUDY_ARGS; or STUDIES, one line of arguments a study, run in turn, e.g. a
+#            model and its Hugging Face twin on the same warm machine: STUDIES=$'model=qwen25_05b ...\nmodel=hf_qwen25_05b ...')
 #   profile  Nsight Compute on scripts/profile_softmax.py (PROFILE_ARGS: method, N, direction; NCU_KERNEL:
 #            kernel-name filter, default the fused methods' kernels; NCU_ARGS: launches and sections, see below)
 #   profile-attention  Nsight Compute on scripts/profile_attention.py (ATTN_PROFILE_ARGS: method, shape,
@@ -101,8 +102,18 @@ for stage in "$@"; do
       summary+=("overhead: $(grep 'harness / bare' "$OUT/overhead.log" | tail -1)")
       ;;
     study)
-      timeout ${STUDY_TIMEOUT:-500} python3 -m harness.study ${STUDY_ARGS:-} hydra.run.dir="$OUT/study" 2>&1 | tee "$OUT/study.log" | tail -40
-      summary+=("study: see $OUT/study/report.md")
+      # STUDIES: several studies in one call, one line of arguments each (study_1, study_2, ... in $OUT),
+      # each given STUDY_TIMEOUT; else the one study of STUDY_ARGS (study in $OUT)
+      i=0
+      while IFS= read -r args; do
+        [ -z "${args// }" ] && [ -n "${STUDIES:-}" ] && continue  # (no STUDY_ARGS either: the default study)
+        i=$((i + 1)); dir=study; [ -n "${STUDIES:-}" ] && dir=study_$i
+        set -f  # (Hydra's list overrides, e.g. study.methods=[a,b], are not file globs)
+        timeout ${STUDY_TIMEOUT:-500} python3 -m harness.study $args hydra.run.dir="$OUT/$dir" 2>&1 | tee "$OUT/$dir.log" | tail -40
+        rc=${PIPESTATUS[0]}
+        set +f
+        summary+=("$dir ($args): exit $rc, see $OUT/$dir/report.md")
+      done <<< "${STUDIES:-${STUDY_ARGS:-}}"
       ;;
     profile)
       timeout ${PROFILE_TIMEOUT:-300} ncu --clock-control none -k "${NCU_KERNEL:-regex:(fwd|bwd)_[a-z]+_kernel}" \
