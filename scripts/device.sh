@@ -3,7 +3,9 @@
 # OmegaConf, W&B, built by shared/tools/offline-wheels.sh into .whl/), then one or more stages:
 #   tests    build the CUDA extension, run the GPU tests and the fused methods' CPU-contract tests
 #            (softmax, cross-entropy, attention; TEST_FILES, TEST_FILTER override which; TEST_ARGS adds
-#            pytest options, e.g. "-n 8" where .whl holds pytest-xdist: offline-wheels.sh .whl pytest-xdist)
+#            pytest options, e.g. "-m gpu -n 16 --dist worksteal" (the image has pytest-xdist; worksteal
+#            spreads the largest GPU files, some 230 tests each, over the workers, where loadfile keeps each
+#            whole in one worker)
 #   kernels  python -m harness.bench kernels (full table; extra args in KERNEL_ARGS)
 #   loss     python -m harness.bench loss (cross-entropy table; LOSS_ARGS)
 #   attention  python -m harness.bench attention (attention table; ATTENTION_ARGS)
@@ -52,6 +54,7 @@ for stage in "$@"; do
         tests/test_cuda_cross_entropy.py tests/test_cross_entropy.py tests/test_flash_attention.py tests/test_flash_plans.py tests/test_flash_gluon.py \
         tests/test_flash_gluon_bwd.py tests/test_flash_gluon_compile.py tests/test_flash_loops.py tests/test_flex_attention.py \
         tests/test_attention_qkv.py tests/test_flash_gqa.py tests/test_gqa.py tests/test_linear_cross_entropy_compiled.py \
+        tests/test_runtime_fastlaunch.py tests/test_launch_sites.py \
         tests/test_properties.py tests/test_kernels.py tests/test_registry.py tests/test_model.py} \
         -k "${TEST_FILTER:-triton or cuda or gpu or sdpa or compiled}" \
         2>&1 | tee "$OUT/tests.log" | tail -40
