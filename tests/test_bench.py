@@ -381,13 +381,14 @@ def test_host_profile_gpu_time_and_blocking_calls():
 
     from torch.autograd import DeviceType
 
-    from harness.bench.host_profile import _BLOCKING, gpu_time
+    from harness.bench.host_profile import _BLOCKING, WINDOW, gpu_time
 
-    def ev(start, end, device=DeviceType.CUDA):
-        return SimpleNamespace(device_type=device, time_range=SimpleNamespace(start=start, end=end))
+    def ev(start, end, device=DeviceType.CUDA, name="kernel"):
+        return SimpleNamespace(device_type=device, time_range=SimpleNamespace(start=start, end=end), name=name)
 
-    # kernels 10-20 and 15-30 overlap (busy 10-30), a gap to 50, then 50-60; a CPU event is not device time
-    got = gpu_time([ev(50, 60), ev(10, 20), ev(15, 30), ev(0, 100, DeviceType.CPU)], calls=2)
+    # kernels 10-20 and 15-30 overlap (busy 10-30), a gap to 50, then 50-60; neither a CPU event nor the
+    # window's own range on the device (kineto's gpu_user_annotation) is device time
+    got = gpu_time([ev(50, 60), ev(10, 20), ev(15, 30), ev(0, 100, DeviceType.CPU), ev(5, 70, name=WINDOW)], calls=2)
     assert got == {"gpu:kernel": (20 + 10) / 2, "gpu:idle": 20 / 2}
     assert gpu_time([ev(0, 100, DeviceType.CPU)], calls=1) == {}
     for name in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",

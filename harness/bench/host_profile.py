@@ -160,8 +160,11 @@ def gpu_time(events, calls: int) -> dict:
     """{"gpu:kernel": the device's kernels' time per call, "gpu:idle": per call, the span from the first
     kernel's start to the last one's end less the time kernels ran (overlapping kernels counted once)}
     over the profile's device events: those of the profiled calls alone, the device having been
-    synchronized before the run (empty where the profile holds no device event)."""
-    spans = sorted((e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA)
+    synchronized before the run (empty where the profile holds no device event). Kernels, copies and
+    memsets count; the profiled window's own range does not."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events
+                   if e.device_type == DeviceType.CUDA and not _PROFILER_OWN.search(e.name))  # (not the window's
+    # own range, which kineto also marks on the device around the kernels it holds: gpu_user_annotation)
     if not spans:
         return {}
     busy, (lo, hi) = 0.0, spans[0]
