@@ -38,6 +38,8 @@ def empty_grad(t: torch.Tensor) -> torch.Tensor:
     then takes the kernels' tensor as is: autograd copies a gradient whose strides differ from its dense
     leaf's, three copies of B H T d elements a backward for contiguous (B, H, T, d) inputs); else (a view
     of a projection, the model's) laid out as (B, T, H, D) like ``empty_bthd``."""
+    if t.is_contiguous():  # (the usual dense input, without the walk below)
+        return torch.empty_like(t)
     packed = 1  # dense: the strides, sizes-1 dimensions aside, in some order 1, n0, n0 n1, ...
     for stride, size in sorted((s, n) for s, n in zip(t.stride(), t.shape) if n != 1):
         if stride != packed:
