@@ -191,6 +191,23 @@ def test_tma_falls_back_to_pointers_where_it_cannot_read():
                     plan=(dataclasses.replace(SMALL_FWD, tma="host"), dataclasses.replace(SMALL_BWD, tma="host")))
 
 
+def test_launch_plans_are_the_table_s_or_for_grouped_heads_the_triton_kernels_unfused(monkeypatch):
+    """What the tuning tools start from: the table's plans without groups; with them the Triton kernels'
+    plans (a Gluon entry cannot take grouped heads) and the backward in two passes."""
+    gf = plans.FwdPlan(block_m=128, block_n=128, num_stages=2, gluon=1)
+    gb = plans.BwdPlan(block_m1=64, block_n1=128, block_n2=64, num_stages=2, gluon=2)
+    tf, tb = plans.FwdPlan(block_m=64, block_n=32), plans.BwdPlan(block_m1=64, block_n1=32, fused=True)
+    monkeypatch.setitem(plans.TABLE, (64, "bfloat16", True), ((1 << 30, gf, gb),))
+    monkeypatch.setitem(plans.TRITON_TABLE, (64, "bfloat16", True), ((1 << 30, tf, tb),))
+    plans.forget()
+    try:
+        assert plans.launch_plans(64, 64, torch.bfloat16, True, 2048, 2048) == (gf, gb)
+        assert plans.launch_plans(64, 64, torch.bfloat16, True, 2048, 2048, grouped=True) == (
+            tf, dataclasses.replace(tb, fused=False))
+    finally:
+        plans.forget()
+
+
 def test_a_gluon_table_plan_falls_back_to_the_measured_triton_plans(monkeypatch):
     """Where a Gluon entry of the table cannot run (e.g. d = 96, padded to 128, which the Gluon kernels do not
     take), each direction gets the Triton kernels' measured plan: the table's own where it is a Triton one,

@@ -17,7 +17,6 @@ fit shared memory shows here before any GPU time is spent; timings come from ``f
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import re
 import subprocess
@@ -179,9 +178,7 @@ def run(a: argparse.Namespace, error: Callable[[str], None]) -> None:
         error(f"--heads {exc}")
     print(f"triton {triton.__version__}, target sm_{a.arch}, {heads} query heads on {kv_heads} key/value heads")
     for d in (int(x) for x in a.d.split(",")):
-        f0, b0 = (plans.plans_for if kv_heads == heads else plans.triton_plans)(d, d, dtype, causal, 4096, 4096)
-        if kv_heads != heads:  # (as the launchers' fallback for grouped heads: the Triton kernels, two passes)
-            b0 = dataclasses.replace(b0, fused=False)
+        f0, b0 = plans.launch_plans(d, d, dtype, causal, 4096, 4096, grouped=kv_heads != heads)
         try:
             fp, bp = knobs_over(f0, a.fwd), knobs_over(b0, a.bwd)
         except ValueError as exc:  # (knobs that make no plan over d's table plan)

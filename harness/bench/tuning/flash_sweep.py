@@ -180,11 +180,7 @@ class Sweep:
         heads = (nq, nq, nk, nk)  # (the output's and the gradients' heads the check reads)
         fl = flops(B, H, tq, tk, d, v.shape[-1], causal)
         tag = f"{B},{H if kv == H else f'{H}:{kv}'},{tq},{tk},{d}/{'causal' if causal else 'full'}/{a.dtype}"
-        if kv == H:
-            fplan, bplan = plans.plans_for(d, v.shape[-1], dtype, causal, tq, tk)
-        else:  # (what the launchers fall back to for grouped heads: the Triton kernels, two backward passes)
-            fplan, bplan = plans.triton_plans(d, v.shape[-1], dtype, causal, tq, tk)
-            bplan = dataclasses.replace(bplan, fused=False)
+        fplan, bplan = plans.launch_plans(d, v.shape[-1], dtype, causal, tq, tk, grouped=kv != H)
         print(f"\n== {tag}: {fl / 1e9:.1f} GFLOP forward; start {fplan} / {bplan}")
         if not a.no_baselines:
             self.baselines(tag, q, k, v, do, scale, causal, fl)
@@ -212,7 +208,7 @@ class Sweep:
             bplan = self.phases(tag, "fwd+bwd", bplan, parse_phases(a.bwd_phases, plans.BwdPlan), check_bwd,
                                 fwd_bwd, 3.5 * fl)
         d_pad = plans.head_pad(max(d, v.shape[-1]))
-        grouped = "" if kv == H else "  (grouped heads: the table has no grouped entries; the launchers take plan.triton_plans')"
+        grouped = "" if kv == H else "  (grouped heads: the table has no grouped entries; the launchers take plan.launch_plans')"
         print(f"table entry: ({d_pad}, {a.dtype!r}, {causal}): (({max(tq, tk)}, {fplan}, {bplan}),),{grouped}")
         self.best[tag] = {"fwd": dataclasses.asdict(fplan), "bwd": dataclasses.asdict(bplan),
                           "table_key": [d_pad, a.dtype, causal], "max_t": max(tq, tk)}

@@ -352,6 +352,18 @@ def triton_plans(d: int, dv: int, dtype: torch.dtype, causal: bool, tq: int, tk:
     return hit
 
 
+def launch_plans(d: int, dv: int, dtype: torch.dtype, causal: bool, tq: int, tk: int,
+                 grouped: bool = False) -> tuple[FwdPlan, BwdPlan]:
+    """The plans the launchers run when given none: the table's (:func:`plans_for`); for grouped-query
+    attention (``grouped``: Hkv < H) the Triton kernels' (:func:`triton_plans`: the Gluon kernels take Hkv = H
+    only) with the backward unfused (one grid's axis 1 cannot be both the kv and the query heads). What the
+    tuning tools start from."""
+    if not grouped:
+        return plans_for(d, dv, dtype, causal, tq, tk)
+    fwd, bwd = triton_plans(d, dv, dtype, causal, tq, tk)
+    return fwd, dataclasses.replace(bwd, fused=False)
+
+
 @contextlib.contextmanager
 def override(fwd: Optional[FwdPlan] = None, bwd: Optional[BwdPlan] = None) -> Iterator[None]:
     """Use these plans (None: the defaults) for every call inside the block (tests, the sweep)."""
