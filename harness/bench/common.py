@@ -1,6 +1,7 @@
 """What every benchmark table shares: dtypes by name, the two timings of one callable (eager as a
 training loop calls it, and CUDA-graph replay: the kernels alone), CSV and number formatting, and the
-parsing of the command-line lists the tables take (sizes, method names, shapes)."""
+parsing of the command-line lists the tables take (sizes, method names, shapes), and the attention's
+inputs in either layout."""
 
 from __future__ import annotations
 
@@ -65,6 +66,19 @@ def runnable(methods: Optional[list[str]], op: str) -> Optional[list[str]]:
         else:
             keep.append(m)
     return keep
+
+
+def qkv_inputs(B: int, H: int, tq: int, tk: int, d: int, dtype: torch.dtype, layout: str, device: str,
+               kv: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q (B, H, Tq, d), k and v (B, kv or H, Tk, d), seeded (the same values on any device); ``layout``
+    "bthd": the model's (B, T, H, d) memory viewed as (B, H, T, d) (strided, not copied), else dense."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def one(t: int, h: int) -> torch.Tensor:
+        x = torch.randn((B, t, h, d) if layout == "bthd" else (B, h, t, d), generator=g).to(device, dtype)
+        return x.transpose(1, 2) if layout == "bthd" else x
+
+    return one(tq, H), one(tk, kv or H), one(tk, kv or H)
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -46,7 +46,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 import kernels
 from harness.bench.attention import variants
-from harness.bench.common import error_text, fmt, free_memory, host_us, parse_names, parse_shapes, runnable
+from harness.bench.common import (error_text, fmt, free_memory, host_us, parse_names, parse_shapes, qkv_inputs,
+                                  runnable)
 from harness.env import environment
 from harness.results import atomic_write_text, write_json
 
@@ -113,8 +114,7 @@ def profile_calls(fn: Callable[[], object], calls: int, with_stack: bool,
     end inside the run aggregated by (name, thread) with their count and self host time per call, sorted
     by that time (Python functions only with ``with_stack``, every other host event without), and the
     self time per call by kind ("kind:runtime", ...) and thread ("thread:calling", "thread:other"), and on a
-    GPU "gpu:kernel" and "gpu:idle" (:func:`gpu_time`) and "blocking" (self time per call of the runtime calls
-    that wait for the device). ``trace``: where to write the run as a Chrome trace."""
+    GPU "gpu:kernel" and "gpu:idle" (:func:`gpu_time`). ``trace``: where to write the run as a Chrome trace."""
     for _ in range(3):
         fn()
     _sync()
@@ -146,8 +146,7 @@ def profile_calls(fn: Callable[[], object], calls: int, with_stack: bool,
         a = agg.setdefault((name, thread), {"name": name, "kind": kind, "thread": thread, "count": 0, "self_us": 0.0})
         a["count"] += 1
         a["self_us"] += e.self_cpu_time_total
-        keys = (f"kind:{kind}", f"thread:{thread}") + (("blocking",) if kind == "runtime" and _BLOCKING.match(name) else ())
-        for key in keys:
+        for key in (f"kind:{kind}", f"thread:{thread}"):
             totals[key] = totals.get(key, 0.0) + e.self_cpu_time_total / calls
     rows = sorted(agg.values(), key=lambda a: -a["self_us"])
     for a in rows:
@@ -193,16 +192,12 @@ def idle_issue_us(fn: Callable[[], object], repeats: int = 20) -> float:
     return statistics.median(times)
 
 
-def attention_inputs(shape: tuple, device: str, dtype: torch.dtype, layout: str,
-                     g: Optional[torch.Generator] = None) -> tuple[torch.Tensor, ...]:
+def attention_inputs(shape: tuple, device: str, dtype: torch.dtype, layout: str) -> tuple[torch.Tensor, ...]:
     """q, k, v (leaves requiring grad) and the output's gradient, each (B, H, T, d): dense, or with
     ``layout`` "bthd" q, k and v as (B, T, H, d) memory viewed as (B, H, T, d) (the model's views)."""
-    g = torch.Generator(device=device).manual_seed(0) if g is None else g
     b, h, t, d = shape
-    qkv = [torch.randn((b, t, h, d) if layout == "bthd" else shape, device=device, generator=g).to(dtype)
-           for _ in range(3)]
-    q, k, v = ((x.transpose(1, 2) if layout == "bthd" else x).requires_grad_(True) for x in qkv)
-    return q, k, v, torch.randn(shape, device=device, generator=g).to(dtype)
+    q, k, v = (x.requires_grad_(True) for x in qkv_inputs(b, h, t, t, d, dtype, layout, device))
+    return q, k, v, torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
 
 
 def _calls(method: str, options: dict, op: str, shape: tuple, device: str,
@@ -214,7 +209,7 @@ def _calls(method: str, options: dict, op: str, shape: tuple, device: str,
     g = torch.Generator(device=device).manual_seed(0)
     fn = kernels.bind(method, op, **options)
     if op == "attention":
-        q, k, v, do = attention_inputs(shape, device, dtype, layout, g)
+        q, k, v, do = attention_inputs(shape, device, dtype, layout)
 
         def fwd():
             with torch.no_grad():
@@ -255,8 +250,8 @@ def measure(method: str, options: dict, label: str, op: str, shape: tuple, devic
             row.other_threads_us = totals.get("thread:other", 0.0)
             row.runtime_us = totals.get("kind:runtime", 0.0)
             if device == "cuda":
-                row.blocking_us = totals.get("blocking", 0.0)
                 row.blocking = [e for e in events if e["kind"] == "runtime" and _BLOCKING.match(e["name"])]
+                row.blocking_us = sum(e["self_us"] for e in row.blocking)
                 row.gpu_kernel_us, row.gpu_idle_us = totals.get("gpu:kernel"), totals.get("gpu:idle")
             row.events = events[:top]
             row.python = profile_calls(fn, calls, with_stack=True)[1][:top]
@@ -297,16 +292,21 @@ def _table(rows: list[ProfileRow]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_host_profile(methods: Optional[list[str]], op: str, shapes: list[tuple], out: Path, calls: int = 10,
-                     top: int = 12, layout: str = "dense", trace: bool = False) -> list[ProfileRow]:
-    """Profile every method's op at every shape; host_profile.md and .json are rewritten after each
-    method, so a run cut short keeps what it measured. ``layout``: the attention's inputs (``LAYOUTS``);
-    ``trace``: each row's ops pass as a Chrome trace in ``out``/traces."""
+def check_op(op: str, layout: str) -> None:
+    """A ValueError saying what is accepted for an op this tool does not profile or a layout it has not."""
     if op not in OPS:
         raise ValueError(f"host-profile takes the ops {', '.join(OPS)}; got {op!r}")
     if layout not in LAYOUTS or (layout != "dense" and op != "attention"):
         raise ValueError(f"host-profile --layout {layout!r} is not accepted for {op}: one of {', '.join(LAYOUTS)} "
                          "(bthd: the attention's only)")
+
+
+def run_host_profile(methods: Optional[list[str]], op: str, shapes: list[tuple], out: Path, calls: int = 10,
+                     top: int = 12, layout: str = "dense", trace: bool = False) -> list[ProfileRow]:
+    """Profile every method's op at every shape; host_profile.md and .json are rewritten after each
+    method, so a run cut short keeps what it measured. ``layout``: the attention's inputs (``LAYOUTS``);
+    ``trace``: each row's ops pass as a Chrome trace in ``out``/traces."""
+    check_op(op, layout)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out.mkdir(parents=True, exist_ok=True)
     trace_dir = out / "traces" if trace else None
@@ -351,8 +351,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(a: argparse.Namespace, error: Callable[[str], None]) -> list[ProfileRow]:
     if a.calls < 1 or a.top < 1:
         error(f"--calls and --top take positive integers (got {a.calls} and {a.top})")
-    if a.layout != "dense" and a.op != "attention":
-        error(f"--layout {a.layout} is the attention's (q, k, v views); --op {a.op} takes dense inputs only")
     shapes = parse_shapes(error, "--shapes", a.shapes or DEFAULT_SHAPES[a.op], 4)
+    try:
+        check_op(a.op, a.layout)
+    except ValueError as exc:
+        error(str(exc))
     return run_host_profile(runnable(parse_names(a.methods), a.op), a.op, shapes, a.out, a.calls, a.top, a.layout,
                             a.trace)

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from harness.bench.common import qkv_inputs
 from harness.bench.timing import bench_ms, error_on_device
 from kernels.methods.flash import plan as plans
 from kernels.methods.flash.bwd import launch_bwd
@@ -125,18 +126,6 @@ def flops(B: int, H: int, tq: int, tk: int, d: int, dv: int, causal: bool) -> fl
     return 2.0 * B * H * pairs * (d + dv)
 
 
-def make_inputs(B, H, tq, tk, d, dtype, layout, device, kv: int = 0):
-    """q (B, H, Tq, d), k and v (B, kv or H, Tk, d); layout 'bthd' = the model's (B, T, H, d) views
-    (strided, not copied)."""
-    g = torch.Generator(device="cpu").manual_seed(0)
-
-    def one(t, h):
-        x = torch.randn((B, t, h, d) if layout == "bthd" else (B, h, t, d), generator=g).to(device, dtype)
-        return x.transpose(1, 2) if layout == "bthd" else x
-
-    return one(tq, H), one(tk, kv or H), one(tk, kv or H)
-
-
 class Sweep:
     def __init__(self, args):
         self.args = args
@@ -166,7 +155,7 @@ class Sweep:
         a = self.args
         B, H, kv, tq, tk, d = shape
         dtype = getattr(torch, a.dtype)
-        q, k, v = make_inputs(B, H, tq, tk, d, dtype, a.layout, a.device, kv)
+        q, k, v = qkv_inputs(B, H, tq, tk, d, dtype, a.layout, a.device, kv)
         scale = d ** -0.5
         do = torch.randn(q.shape[:-1] + (v.shape[-1],), device=a.device).to(dtype)
         # float64 reference on batch 0, query heads 0-1 and every other query head of kv head 0's group (the
