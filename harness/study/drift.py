@@ -22,8 +22,9 @@ import time
 from typing import Callable, Optional
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from harness.build import gpu_here
 from harness.outcomes import NOISY_SPREAD
 
 #: the largest slowest/fastest calibration ratio at which a point's comparisons are trusted
@@ -37,8 +38,7 @@ CALIBRATION_WARMUP = 3  # (the first pays for allocation and kernel choice; the 
 
 def calibration_device(cfg: DictConfig) -> str:
     """The device the study's runs train on: CUDA where the trainer may use it and there is one."""
-    accelerator = str(OmegaConf.select(cfg, "trainer.accelerator", default="auto"))
-    return "cuda" if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available() else "cpu"
+    return "cuda" if gpu_here(cfg) else "cpu"
 
 
 def calibrate(device: str = "cpu", clock: Optional[Callable[[], float]] = None,
