@@ -46,7 +46,8 @@ def test_host_profile_in_the_models_layout_with_a_trace(tmp_path):
     rows = host_profile.run_host_profile(["torch"], "attention", [(1, 2, 16, 8)], tmp_path, calls=2, top=5,
                                          layout="bthd", trace=True)
     assert [(r.layout, r.direction) for r in rows] == [("bthd", "fwd"), ("bthd", "fwd+bwd")]
-    assert all(not r.error and r.blocking_us is None and r.gpu_kernel_us is None and r.gpu_idle_us is None for r in rows)
+    assert all(not r.error and r.blocking_us is None and r.gpu_kernel_us is None and r.gpu_idle_us is None
+               and r.syncs is None for r in rows)
     traces = sorted(p.name for p in (tmp_path / "traces").iterdir())
     assert traces == ["torch_attention_1x2x16x8_bthd_fwd.json", "torch_attention_1x2x16x8_bthd_fwd_bwd.json"]
     assert "traceEvents" in json.loads((tmp_path / "traces" / traces[1]).read_text())
@@ -108,3 +109,35 @@ def test_host_profile_cli_profiles_the_softmax(tmp_path):
     assert any(e["name"] == "aten::_softmax" for e in saved[0]["events"])
     with pytest.raises(SystemExit):
         main(["host-profile", "--shapes", "1,2,8", "--out", str(tmp_path)])
+
+
+@pytest.mark.gpu
+def test_host_profile_names_the_line_of_each_synchronization():
+    """torch_syncs: a call that reads a device value back is reported with this file's line; one that only
+    issues kernels reports none; the sync-debug mode is left as it was."""
+    from harness.bench.host_profile import torch_syncs
+
+    x = torch.randn(1024, device="cuda")
+    assert torch_syncs(lambda: x.exp().sum()) == []
+    found = torch_syncs(lambda: x.sum().item())
+    assert len(found) == 1 and "test_bench_host_profile.py:" in found[0], found
+    assert torch.cuda.get_sync_debug_mode() == 0
+
+
+def test_host_profile_table_counts_and_lists_the_synchronizations():
+    """A row's torch-reported synchronizations: counted in the summary table (- where none could be asked,
+    on a CPU) and listed with their lines under the row's events."""
+    from harness.bench.host_profile import ProfileRow, _table
+
+    event = {"name": "aten::bmm", "kind": "op", "thread": "calling", "count": 1.0, "self_us": 3.0}
+    rows = [ProfileRow("flash", "attention", (1, 2, 16, 8), "fwd+bwd", 3, events=[event],
+                       syncs=["called a synchronizing CUDA operation (kernels/x.py:12)"]),
+            ProfileRow("torch", "attention", (1, 2, 16, 8), "fwd", 3, events=[event])]
+    text = _table(rows)
+    header, rule, flash, torch_row = text.splitlines()[:4]
+    assert header.count("|") == rule.count("|") == flash.count("|") == torch_row.count("|")
+    cells = [c.strip() for c in header.split("|")]
+    assert flash.split("|")[cells.index("torch syncs")].strip() == "1"
+    assert torch_row.split("|")[cells.index("torch syncs")].strip() == "-"
+    assert "Synchronizations torch reports in one call: called a synchronizing CUDA operation (kernels/x.py:12)" in text
+    assert text.count("Synchronizations torch reports") == 1

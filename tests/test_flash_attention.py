@@ -248,6 +248,31 @@ def test_gpu_full_size_against_float64_on_two_heads(shape, causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["bhtd", "bthd"])
+@pytest.mark.parametrize("kv_heads", [12, 4], ids=["mha", "gqa"])
+def test_gpu_eager_forward_backward_never_synchronizes(layout, kv_heads):
+    """kernels.attention(..., method="flash") forward + backward, as a training loop calls it, issues no
+    operation that makes the host wait for the device (an eager call that did would serialize the host's
+    launches with the kernels: the step then costs their sum)."""
+    q, k, v = make_qkv(4, 12, 1024, 1024, 64, torch.bfloat16, layout=layout, device="cuda")
+    k, v = ((t[:, :kv_heads].contiguous() if layout == "bhtd" else t[:, :kv_heads]).detach().requires_grad_(True)
+            for t in (k, v))
+    do = torch.randn(q.shape, device="cuda", dtype=q.dtype)
+
+    def step():
+        torch.autograd.grad(kernels.attention(q, k, v, causal=True, method="flash"), (q, k, v), do)
+
+    step()  # (first use: compiles)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
 def test_gpu_opcheck_and_compile():
     q, k, v = (t.detach() for t in make_qkv(2, 4, 256, 256, 64, torch.bfloat16, layout="bthd", device="cuda"))
     torch.library.opcheck(torch.ops.softmax_harness.flash_attention_fwd.default, (q, k, v, 0.125, True))

@@ -24,10 +24,12 @@ between them (the span of the run's kernels less their time: where it is large t
 host), and the CUDA runtime and driver calls that block the host until the device catches up
 (synchronizations, synchronous copies, allocations and frees) by name and self time: a call whose issue
 time grows with the problem but that holds no such call is slow in its own host code, one that holds
-one waits for the GPU. ``--layout bthd`` gives the attention q, k and v as (B, T, H, d) memory viewed as
-(B, H, T, d), the model's layout after its projection's split, instead of dense (B, H, T, d) tensors (a
-method may then lay its gradients out differently); ``--trace DIR`` writes each row's ops pass as a Chrome
-trace (chrome://tracing, Perfetto) for the timeline itself.
+one waits for the GPU; and the synchronizations torch itself reports in one call
+(``torch.cuda.set_sync_debug_mode``), each with the Python line that made it. ``--layout bthd`` gives the
+attention q, k and v as (B, T, H, d) memory viewed as (B, H, T, d), the model's layout after its
+projection's split, instead of dense (B, H, T, d) tensors (a method may then lay its gradients out
+differently); ``--trace DIR`` writes each row's ops pass as a Chrome trace (chrome://tracing, Perfetto)
+for the timeline itself.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import argparse
 import re
 import statistics
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -84,6 +87,7 @@ class ProfileRow:
     blocking: list = field(default_factory=list)  # those calls: name, count and self us per call
     gpu_kernel_us: Optional[float] = None  # the GPU kernels' time per call (None on a CPU)
     gpu_idle_us: Optional[float] = None  # per call: the span from the run's first kernel to its last, less their time
+    syncs: Optional[list] = None  # the synchronizations torch reports in one call, with the line that made each
     layout: str = "dense"  # the attention's inputs: dense (B, H, T, d), or bthd: (B, T, H, d) memory viewed
     events: list = field(default_factory=list)  # top events: name, kind, thread, count and self us per call
     python: list = field(default_factory=list)  # top Python functions: name, thread, count and self us per call
@@ -192,6 +196,27 @@ def idle_issue_us(fn: Callable[[], object], repeats: int = 20) -> float:
     return statistics.median(times)
 
 
+def torch_syncs(fn: Callable[[], object]) -> Optional[list[str]]:
+    """The synchronizing CUDA operations torch reports in one call of ``fn`` (``set_sync_debug_mode("warn")``,
+    after a warm-up call): each as its message and the Python line that made it (the autograd engine re-raises
+    its device thread's warnings in the calling thread). None on a CPU. Only torch's own operations are seen
+    (``.item()``, a pageable copy, ``nonzero``...), not a driver call a kernel launcher makes itself."""
+    if not torch.cuda.is_available():
+        return None
+    fn()
+    _sync()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    _sync()
+    return [f"{str(w.message).splitlines()[0]} ({w.filename}:{w.lineno})" for w in seen
+            if "synchroniz" in str(w.message)]
+
+
 def attention_inputs(shape: tuple, device: str, dtype: torch.dtype, layout: str) -> tuple[torch.Tensor, ...]:
     """q, k, v (leaves requiring grad) and the output's gradient, each (B, H, T, d): dense, or with
     ``layout`` "bthd" q, k and v as (B, T, H, d) memory viewed as (B, H, T, d) (the model's views)."""
@@ -253,6 +278,7 @@ def measure(method: str, options: dict, label: str, op: str, shape: tuple, devic
                 row.blocking = [e for e in events if e["kind"] == "runtime" and _BLOCKING.match(e["name"])]
                 row.blocking_us = sum(e["self_us"] for e in row.blocking)
                 row.gpu_kernel_us, row.gpu_idle_us = totals.get("gpu:kernel"), totals.get("gpu:idle")
+                row.syncs = torch_syncs(fn)
             row.events = events[:top]
             row.python = profile_calls(fn, calls, with_stack=True)[1][:top]
     except Exception as exc:  # one failing method must not stop the table
@@ -270,14 +296,17 @@ def _trace_name(row: ProfileRow) -> str:
 
 def _table(rows: list[ProfileRow]) -> str:
     lines = ["| method | op | shape | layout | direction | issue us | idle issue us | profiled us | calling thread us "
-             "| other threads us | runtime calls us | blocking calls us | GPU kernels us | GPU idle us | largest event |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| other threads us | runtime calls us | blocking calls us | torch syncs | GPU kernels us | GPU idle us "
+             "| largest event |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        syncs = "-" if r.syncs is None else len(r.syncs)
         big = f"{r.events[0]['name'][:60]} ({r.events[0]['self_us']:.1f} us)" if r.events else r.error
         lines.append(f"| {r.method} | {r.op} | {'x'.join(map(str, r.shape))} | {r.layout} | {r.direction} "
                      f"| {fmt(r.issue_us, '.1f')} | {fmt(r.idle_issue_us, '.1f')} | {fmt(r.profiled_us, '.1f')} "
                      f"| {fmt(r.calling_thread_us, '.1f')} | {fmt(r.other_threads_us, '.1f')} | {fmt(r.runtime_us, '.1f')} "
-                     f"| {fmt(r.blocking_us, '.1f')} | {fmt(r.gpu_kernel_us, '.1f')} | {fmt(r.gpu_idle_us, '.1f')} | {big} |")
+                     f"| {fmt(r.blocking_us, '.1f')} | {syncs} | {fmt(r.gpu_kernel_us, '.1f')} "
+                     f"| {fmt(r.gpu_idle_us, '.1f')} | {big} |")
     for r in rows:
         if not r.events:
             continue
@@ -289,6 +318,8 @@ def _table(rows: list[ProfileRow]) -> str:
         if r.blocking:
             lines += ["", "Blocking runtime calls: " + ", ".join(f"{e['name']} x{e['count']:.2f} ({e['self_us']:.1f} us)"
                                                               for e in r.blocking)]
+        if r.syncs:
+            lines += ["", "Synchronizations torch reports in one call: " + "; ".join(r.syncs)]
     return "\n".join(lines) + "\n"
 
 
@@ -325,7 +356,8 @@ def run_host_profile(methods: Optional[list[str]], op: str, shapes: list[tuple],
                           f"{fmt(r.idle_issue_us, '.1f')}), profiled "
                           f"{fmt(r.profiled_us, '.1f')} (calling thread {fmt(r.calling_thread_us, '.1f')}, others "
                           f"{fmt(r.other_threads_us, '.1f')}, runtime calls {fmt(r.runtime_us, '.1f')}, blocking "
-                          f"{fmt(r.blocking_us, '.1f')}); GPU kernels {fmt(r.gpu_kernel_us, '.1f')}, idle "
+                          f"{fmt(r.blocking_us, '.1f')}, torch syncs {'-' if r.syncs is None else len(r.syncs)}); "
+                          f"GPU kernels {fmt(r.gpu_kernel_us, '.1f')}, idle "
                           f"{fmt(r.gpu_idle_us, '.1f')} {r.error}", flush=True)
                 write_json(out / "host_profile.json", {"env": env, "device": device, "rows": [asdict(r) for r in rows]})
                 atomic_write_text(out / "host_profile.md", _table(rows))
