@@ -1,4 +1,5 @@
-"""Shared test helpers: tolerances per dtype and a forward+backward check against float64."""
+"""Shared test helpers: tolerances per dtype, a forward+backward check against float64, and a check that
+a step never makes the host wait for the GPU."""
 
 from __future__ import annotations
 
@@ -6,6 +7,19 @@ import torch
 
 import kernels
 from kernels import BWD_TOL, FWD_TOL, rounding_floor  # noqa: F401  (the single source of tolerances)
+
+
+def assert_never_synchronizes(step) -> None:
+    """``step`` (after one warm-up call: compiles, builds) issues no operation that makes the host wait for
+    the device: torch's sync-debug mode raises on any, also in the autograd engine's device thread."""
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
 
 
 def random_scores(shape, dtype, device="cpu", spread=3.0, gen=None) -> torch.Tensor:
