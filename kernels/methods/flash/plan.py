@@ -357,7 +357,8 @@ def launch_plans(d: int, dv: int, dtype: torch.dtype, causal: bool, tq: int, tk:
     """The plans the launchers run when given none: the table's (:func:`plans_for`); for grouped-query
     attention (``grouped``: Hkv < H) the Triton kernels' (:func:`triton_plans`: the Gluon kernels take Hkv = H
     only) with the backward unfused (one grid's axis 1 cannot be both the kv and the query heads). What the
-    tuning tools start from."""
+    tuning tools start from. Outside an ``override`` only: there the launchers run the override's plans
+    (unfused for grouped heads), which :func:`plans_for` alone returns."""
     if not grouped:
         return plans_for(d, dv, dtype, causal, tq, tk)
     fwd, bwd = triton_plans(d, dv, dtype, causal, tq, tk)
