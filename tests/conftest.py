@@ -49,6 +49,26 @@ def gpu_skips(skipped: list) -> int:
     return sum(GPU_SKIP in reason for reason in reasons)
 
 
+@pytest.fixture(autouse=True)
+def gpu_memory(request):
+    """On a GPU: each gpu-marked test's peak allocated memory kept as its report's ``gpu_peak_bytes``
+    property (the summary names the largest), and its cached blocks handed back after it, so that test
+    processes sharing the card (``-n 16``) do not each keep the most any of their tests once took."""
+    if not (HAS_CUDA and "gpu" in request.keywords):
+        yield
+        return
+    torch.cuda.reset_peak_memory_stats()
+    yield
+    request.node.user_properties.append(("gpu_peak_bytes", torch.cuda.max_memory_allocated()))
+    torch.cuda.empty_cache()
+
+
+def gpu_peaks(reports: list, top: int = 5) -> list[tuple[int, str]]:
+    """(peak bytes, test id) of the ``top`` test reports with the largest ``gpu_peak_bytes``, largest first."""
+    peaks = [(v, r.nodeid) for r in reports for k, v in getattr(r, "user_properties", ()) if k == "gpu_peak_bytes"]
+    return sorted(peaks, reverse=True)[:top]
+
+
 def pytest_terminal_summary(terminalreporter):
     # one line instead of a line per skipped GPU test (addopts -rfE lists failures and errors only)
     skipped = terminalreporter.stats.get("skipped", [])
@@ -56,6 +76,10 @@ def pytest_terminal_summary(terminalreporter):
     if skipped:
         terminalreporter.write_line(f"{gpu} of {len(skipped)} skipped tests need a CUDA GPU"
                                     + ("" if HAS_CUDA else " (none here)"))
+    # (the property is set in the fixture's teardown: only the teardown report holds it, filed under "")
+    reports = [r for rs in terminalreporter.stats.values() for r in rs if getattr(r, "when", None) == "teardown"]
+    for peak, nodeid in gpu_peaks(reports):
+        terminalreporter.write_line(f"GPU peak {peak / 2**30:6.2f} GiB  {nodeid}")
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""The test summary: GPU skips counted in one line (tests/conftest.py), not listed one by one."""
+"""The test summary (tests/conftest.py): GPU skips counted in one line, not listed one by one; the GPU tests
+that took the most memory named."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
-from tests.conftest import GPU_SKIP, gpu_skips
+from tests.conftest import GPU_SKIP, gpu_peaks, gpu_skips
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,3 +26,11 @@ def test_the_summary_lists_failures_and_errors_only():
     # (read as text: tomllib is Python 3.11+, the project takes 3.10)
     addopts = re.search(r'^addopts = "([^"]*)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1).split()
     assert "-rfE" in addopts and "-ra" not in addopts
+
+
+def test_gpu_peaks_names_the_largest_first():
+    gib = 2**30
+    reports = [SimpleNamespace(nodeid=f"t{i}", user_properties=[("other", 9 * gib), ("gpu_peak_bytes", i * gib)])
+               for i in (3, 31, 1, 7)] + [SimpleNamespace(nodeid="cpu", user_properties=[])]
+    assert gpu_peaks(reports, top=2) == [(31 * gib, "t31"), (7 * gib, "t7")]
+    assert gpu_peaks(reports[-1:]) == []
