@@ -146,6 +146,19 @@ def test_direct_path_reuses_only_a_matching_specialization(fake_gpu):
     assert k.log[-1][0] == "plain"
 
 
+def test_a_parameter_triton_does_not_specialize_is_keyed_all_the_same(fake_gpu):
+    """A do_not_specialize positional (the Gluon kernels' ``zero``) is launched directly; the key still tells
+    its values apart where Triton's would not (0 and 16 both 16-aligned: one entry; 1 and 3: others), so a
+    direct launch never reuses a kernel for an argument Triton compiled apart."""
+    k, buf = _Kernel(), torch.zeros(64, dtype=torch.bfloat16)
+    k.params[1].do_not_specialize = k.params[1].do_not_specialize_on_alignment = True
+    meta = dict(BLOCK=32, FLAG=True)
+    for n in (0, 0, 16, 1, 1):
+        fl.launch(k, (3,), (buf, n, 0.5), meta)
+    assert [e[0] for e in k.log] == ["plain", "direct", "direct", "plain", "direct"]
+    assert k.log[2][1][10] == 16 and k.log[4][1][10] == 1  # (each launch passes its own value)
+
+
 def test_switch_and_surprises_take_the_plain_path(fake_gpu, monkeypatch):
     k, buf = _Kernel(), torch.zeros(64)
     meta = dict(BLOCK=32, FLAG=False)

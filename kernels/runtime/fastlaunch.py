@@ -155,13 +155,15 @@ def launch_key(args: tuple, meta: dict, device: int, require_cuda: bool = False)
 
 def _layout(kernel, args: tuple, meta: dict) -> Optional[tuple]:
     """The constexpr parameter names after the positional arguments (None: not a signature this module
-    takes: positionals must be the plain, unannotated, specialized parameters, constexprs keywords)."""
+    takes: positionals must be the plain, unannotated parameters, constexprs keywords). A positional
+    Triton does not specialize (``do_not_specialize``, ``..._on_alignment``) is taken: the key specializes
+    it all the same, so it is finer than Triton's (more entries for one compiled kernel, never one
+    compiled kernel for arguments Triton would compile apart)."""
     lk = (id(kernel), tuple(meta), len(args))
     if lk not in _layouts:
         params, n = kernel.params, len(args)
         ok = not kernel.pre_run_hooks and all(
-            not p.is_constexpr and not p.annotation and not p.do_not_specialize
-            and not p.do_not_specialize_on_alignment for p in params[:n]
+            not p.is_constexpr and not p.annotation for p in params[:n]
         ) and all(p.is_constexpr and p.name in meta for p in params[n:])
         _layouts[lk] = tuple(p.name for p in params[n:]) if ok else None
     return _layouts[lk]
