@@ -213,8 +213,10 @@ def torch_syncs(fn: Callable[[], object]) -> Optional[list[str]]:
         finally:
             torch.cuda.set_sync_debug_mode("default")
     _sync()
+    # (torch's own "Synchronization debug mode is a prototype feature" warning, given on switching the mode
+    # on, names no operation)
     return [f"{str(w.message).splitlines()[0]} ({w.filename}:{w.lineno})" for w in seen
-            if "synchroniz" in str(w.message)]
+            if "called a synchronizing" in str(w.message)]
 
 
 def attention_inputs(shape: tuple, device: str, dtype: torch.dtype, layout: str) -> tuple[torch.Tensor, ...]:
