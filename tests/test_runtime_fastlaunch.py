@@ -159,6 +159,26 @@ def test_a_parameter_triton_does_not_specialize_is_keyed_all_the_same(fake_gpu):
     assert k.log[2][1][10] == 16 and k.log[4][1][10] == 1  # (each launch passes its own value)
 
 
+def test_descriptor_answers_are_remembered_by_what_they_are_made_of(monkeypatch):
+    """launch_key gives a TMA descriptor Triton's own answer, remembered by dtype, box and layout: another
+    tensor with those is one entry, another box or dtype another (Triton's host and Gluon descriptors)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from kernels.methods.flash import gluon_common
+
+    monkeypatch.setattr(fl, "_desc_classes", fl.descriptor_classes())
+    monkeypatch.setattr(fl, "_desc_specs", {})
+    x, y = torch.zeros(4, 64, 64, dtype=torch.bfloat16), torch.zeros(4, 64, 64, dtype=torch.float16)
+    host = lambda t, box: TensorDescriptor(t, list(t.shape), list(t.stride()), box)  # noqa: E731
+    descs = [host(x, [1, 64, 64]), host(x, [1, 32, 64]), host(y, [1, 64, 64]), host(x.clone(), [1, 64, 64])]
+    if gluon_common.GLUON_ERROR is None:
+        descs += [gluon_common._descriptor(x.view(1, 4, 64, 64), 64), gluon_common._descriptor(x.view(1, 4, 64, 64), 32)]
+    got = [fl.launch_key((d,), {}, 0)[0][3][0] for d in descs]
+    assert got == [fl._spec(fl._backend, d, False, True, True) for d in descs]
+    assert len(set(got[:3])) == 3 and got[3] == got[0]
+    assert len(fl._desc_specs) == len(descs) - 1  # (the clone's came from the first's entry)
+
+
 def test_switch_and_surprises_take_the_plain_path(fake_gpu, monkeypatch):
     k, buf = _Kernel(), torch.zeros(64)
     meta = dict(BLOCK=32, FLAG=False)
