@@ -12,7 +12,9 @@ to the options (TRITON_DEBUG, the instrumentation mode); per positional argument
 ``native_specialize_impl`` makes of it: a tensor's dtype and whether its address is 16-byte aligned
 (the same test, here; the address goes to the launcher as an int, so it skips ``data_ptr()`` and
 ``cuPointerGetAttribute``), anything else's own result from that function (ints: i32/i64/u64, divisible
-by 16, equal to 1, which makes a constexpr; floats; bools).
+by 16, equal to 1, which makes a constexpr; floats; bools; a TMA descriptor's type, remembered by its
+dtype, box and layout). A parameter Triton does not specialize (``do_not_specialize``) is keyed as if it
+did: finer than Triton's key, never coarser.
 
 Prepared launches (:func:`prepare`, :class:`Prepared`): where a launch site knows that everything but
 its tensors is fixed by a key of its own (shapes, strides, dtypes, scalars), it keeps the direct entry
@@ -24,7 +26,7 @@ Where it stands aside (the plain ``kernel[grid]``, silently correct): ``TRITON_I
 ``HARNESS_TRITON_DIRECT=0`` (read at import; :func:`configure` re-reads it); a ``JITFunction.run`` whose
 source is not one checked against this module (Triton 3.6.0, 3.9.0: :mod:`.run_source`;
 ``HARNESS_TRITON_DIRECT=force`` takes another that still has every reproduced line and no unknown knob read); pre-run hooks, annotated
-or unspecialized parameters, constexprs passed positionally; installed launch hooks (a profiler); a
+parameters, constexprs passed positionally; installed launch hooks (a profiler); a
 callable grid; a tensor not on the GPU; an asynchronous compile; a full cache; any exception of the
 direct call. Not reproduced: ``run``'s check that globals a kernel read have not changed (it only raises).
 """
