@@ -187,7 +187,7 @@ def _descriptor_spec(a, c) -> tuple:
         k = (c, a.base.dtype, tuple(a.block_shape), getattr(a, "layout", None), len(a.shape),
              getattr(a, "padding", None), getattr(a, "round_f32_to_tf32", None))
         s = _desc_specs.get(k)
-    except TypeError:  # (a layout that does not hash)
+    except (TypeError, AttributeError):  # (a layout that does not hash; a descriptor made otherwise)
         return _spec(_backend, a, False, True, True)
     if s is None:
         s = _spec(_backend, a, False, True, True)
