@@ -233,7 +233,6 @@ def _calls(method: str, options: dict, op: str, shape: tuple, device: str,
     causal, as the attention and kernel tables call it; ``layout`` "bthd": the attention's q, k and v
     are (B, T, H, d) memory viewed as (B, H, T, d) (the model's views), each a leaf of its own."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    g = torch.Generator(device=device).manual_seed(0)
     fn = kernels.bind(method, op, **options)
     if op == "attention":
         q, k, v, do = attention_inputs(shape, device, dtype, layout)
@@ -243,6 +242,7 @@ def _calls(method: str, options: dict, op: str, shape: tuple, device: str,
                 return fn(q, k, v, None, True, 0.0)
 
         return {"fwd": fwd, "fwd+bwd": lambda: torch.autograd.grad(fn(q, k, v, None, True, 0.0), (q, k, v), do)}
+    g = torch.Generator(device=device).manual_seed(0)  # (the attention's inputs: attention_inputs)
     x, dy = (torch.randn(shape, device=device, generator=g).to(dtype) for _ in range(2))
     x.requires_grad_(True)
     scale = shape[-1] ** -0.5
