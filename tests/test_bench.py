@@ -136,6 +136,17 @@ def test_attention_table_in_the_models_layout(tmp_path):
     assert {r.method: r.provided for r in rows} == {m: want[m] for m in methods}
     assert "its gradient" in (tmp_path / "attention-qkv.md").read_text() and not (tmp_path / "attention.md").exists()
     assert all(r.layout == "qkv" for r in rows)
+    # the Triton launches of one forward + backward, by path: none for sdpa; flash's kernels set aside in the
+    # interpreter, and on a GPU, once warm, every one prepared or direct (none through kernel[grid])
+    launches = {r.method: r.launches for r in rows}
+    assert launches.get("sdpa", "-") == "-"
+    if "flash" in launches:
+        from kernels.runtime import fastlaunch
+
+        if fastlaunch.unsupported_reason():
+            assert launches["flash"].startswith(fastlaunch.PLAIN_ASIDE), launches
+        else:
+            assert launches["flash"] != "-" and "plain" not in launches["flash"], launches
     with pytest.raises(ValueError, match="layout 'bhtd' is not accepted: one of separate, qkv"):
         run_attention_bench(methods, [(1, 2, 16, 8)], tmp_path, layout="bhtd")
 

@@ -273,6 +273,37 @@ def test_prepared_launch_rechecks_what_its_key_does_not_fix(fake_gpu, monkeypatc
     assert k.log[-1][0] == "plain"
 
 
+def test_launches_are_counted_by_the_path_they_took(fake_gpu, monkeypatch):
+    """counts(): each launch once, under the path it really took (what a benchmark reports of its timed
+    calls), including the reason a launch went through kernel[grid]."""
+    k, buf = _Kernel(), torch.zeros(64, dtype=torch.bfloat16)
+    meta = dict(BLOCK=32, FLAG=True)
+    fl.reset_counts()
+    fl.launch(k, (2,), (buf, 16, 0.5), meta)
+    fl.launch(k, (2,), (buf, 16, 0.5), meta)
+    prep = fl.prepare(k, (2,), (buf, 16, 0.5), meta)
+    prep(buf)
+    prep(buf)
+    assert fl.counts() == {fl.PLAIN_NEW: 1, "direct": 1, "prepared": 2}
+    assert [e[0] for e in k.log] == ["plain", "direct", "direct", "direct"]
+    assert fl.describe_counts(fl.counts()) == f"prepared 2, direct 1, {fl.PLAIN_NEW} 1"
+    fl.reset_counts()
+    fake_gpu.launch_enter_hook.add(lambda md: None)
+    prep(buf)  # (a hook: the prepared launch hands the tensors to launch, which counts its own path)
+    fake_gpu.launch_enter_hook = fl._hook_chain()
+    for c in k.compiled.values():
+        c.fail = True
+    fl.launch(k, (2,), (buf, 16, 0.5), meta)
+    fl.launch(k, (2,), (buf, 16, 0.5), meta)  # (sent the plain way by the failure)
+    fl.configure(False)
+    fl.launch(k, (2,), (buf, 16, 0.5), meta)
+    fl.configure(True)
+    assert fl.counts() == {fl.PLAIN_HOOKS: 1, fl.PLAIN_RAISED: 1, fl.PLAIN_ASIDE: 1, fl.PLAIN_OFF: 1}
+    assert [e[0] for e in k.log[4:]] == ["plain"] * 4
+    fl.reset_counts()
+    assert fl.counts() == {} and fl.describe_counts(fl.counts()) == "-"
+
+
 def test_prepare_declines_what_it_cannot_prepare(fake_gpu):
     k, buf = _Kernel(), torch.zeros(64)
     meta = dict(BLOCK=32, FLAG=False)

@@ -32,6 +32,7 @@ import torch
 
 import kernels
 from kernels.contract import split_qkv
+from kernels.runtime import fastlaunch
 from harness.bench.common import (eager_and_graph_ms, error_text, fmt, free_memory, issue_us, parse_names, parse_shapes,
                                   peak_extra_gib, runnable, write_rows_csv)
 from harness.bench.model_shapes import ModelShape, models_option
@@ -67,6 +68,7 @@ class AttentionRow:
     error: str = ""
     layout: str = "separate"  # separate | qkv (see the module docstring)
     model: str = ""  # the model config whose shape this is (--models), else ''
+    launches: str = ""  # the Triton launches of one forward + backward after the timings, by path (fastlaunch.counts)
 
 
 def default_methods() -> list[str]:
@@ -173,6 +175,9 @@ def measure_attention(method: str, shape: tuple, device: str, rep_ms: int, optio
         row.fwd_ms, row.fwd_graph_ms = eager_and_graph_ms(forward, rep_ms)
         row.fwd_bwd_ms, row.fwd_bwd_graph_ms = eager_and_graph_ms(forward_backward, rep_ms)
         row.fwd_host_us, row.fwd_bwd_host_us = issue_us(forward), issue_us(forward_backward)
+        fastlaunch.reset_counts()  # (what the timed calls launched by: prepared, direct or kernel[grid], and why)
+        forward_backward()
+        row.launches = fastlaunch.describe_counts(fastlaunch.counts())
         f = causal_flops(b, h, t, d)  # (the query heads': grouped k and v do not change the work)
         tf = lambda flops, ms: None if ms is None else flops / (ms * 1e-3) / 1e12  # noqa: E731
         row.fwd_tflops, row.fwd_graph_tflops = tf(f, row.fwd_ms), tf(f, row.fwd_graph_ms)
@@ -202,7 +207,7 @@ def run_attention_bench(methods: Optional[list[str]], shapes: list[Union[tuple, 
                 where = f"{model} {shape}" if model else str(shape)
                 print(f"  {label:24s} {where}: fwd {fmt(r.fwd_tflops)} (graph {fmt(r.fwd_graph_tflops)}) TFLOP/s, fwd+bwd "
                       f"{fmt(r.fwd_bwd_tflops)} (graph {fmt(r.fwd_bwd_graph_tflops)}), extra {fmt(r.extra_gib, '.2f')} "
-                      f"GiB, host {fmt(r.fwd_host_us)}/{fmt(r.fwd_bwd_host_us)} us "
+                      f"GiB, host {fmt(r.fwd_host_us)}/{fmt(r.fwd_bwd_host_us)} us, Triton launches {r.launches or '-'} "
                       f"{'ok' if r.correct else r.error or 'WRONG'}", flush=True)
     env = environment()
     how = ("inputs q (B, H, T, d), k and v (B, Hkv, T, d), three gradients" if layout == "separate" else
@@ -213,17 +218,19 @@ def run_attention_bench(methods: Optional[list[str]], shapes: list[Union[tuple, 
              "TFLOP/s: forward 4*B*H*T^2*d/2 (H query heads, whatever Hkv), forward + backward 3.5x that. Eager "
              "(launch cost included) and graph "
              "replay (kernels alone). Host us: the host's time to issue one forward / forward + backward; where it nears the "
-             "eager ms, the GPU waited on the host.", "",
+             "eager ms, the GPU waited on the host. Triton launches: those of one forward + backward after the timings, by "
+             "path (prepared or direct: the compiled kernel's launcher called directly; plain: through kernel[grid], and why).",
+             "",
              "| method | provided | B, H, Hkv, T, d | fwd TFLOP/s eager | fwd graph | fwd+bwd TFLOP/s eager | fwd+bwd graph "
-             "| fwd ms | fwd+bwd ms | host us fwd / fwd+bwd | extra GiB | correct |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| fwd ms | fwd+bwd ms | host us fwd / fwd+bwd | extra GiB | correct | Triton launches |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ok = "yes" if r.correct else ("**NO**" if r.correct is False else r.error)
         shape = f"{r.b}, {r.h}, {r.hkv}, {r.t}, {r.d}" + (f" ({r.model})" if r.model else "")
         lines.append(f"| {r.method} | {r.provided} | {shape} | {fmt(r.fwd_tflops)} "
                      f"| {fmt(r.fwd_graph_tflops)} | {fmt(r.fwd_bwd_tflops)} | {fmt(r.fwd_bwd_graph_tflops)} "
                      f"| {fmt(r.fwd_ms, '.3f')} | {fmt(r.fwd_bwd_ms, '.3f')} | {fmt(r.fwd_host_us)} / "
-                     f"{fmt(r.fwd_bwd_host_us)} | {fmt(r.extra_gib, '.2f')} | {ok} |")
+                     f"{fmt(r.fwd_bwd_host_us)} | {fmt(r.extra_gib, '.2f')} | {ok} | {r.launches or '-'} |")
     md = "\n".join(lines) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     stem = "attention" if layout == "separate" else f"attention-{layout}"  # (one layout does not overwrite the other)

@@ -22,6 +22,9 @@ with the other arguments bound and calls it with the new tensors: the key, the a
 meta dict are not rebuilt. It checks per call what the key cannot fix (the switch, the hooks, the
 knobs, the current device, each tensor's alignment) and hands anything else to :func:`launch`.
 
+Every launch is counted by the path it took (:func:`counts`, :func:`reset_counts`): ``prepared``, ``direct``,
+or ``plain: <why>``, so a benchmark can show that its timed calls launched as it believes.
+
 Where it stands aside (the plain ``kernel[grid]``, silently correct): ``TRITON_INTERPRET=1``;
 ``HARNESS_TRITON_DIRECT=0`` (read at import; :func:`configure` re-reads it); a ``JITFunction.run`` whose
 source is not one checked against this module (Triton 3.6.0, 3.9.0: :mod:`.run_source`;
@@ -37,6 +40,7 @@ import inspect
 import math
 import operator
 import os
+from collections import Counter
 from typing import Any, Optional
 
 import torch
@@ -74,6 +78,31 @@ _get_device: Any = None
 _get_stream: Any = None
 _kernels: dict = {}  # id(kernel) -> (kernel, {key: (launcher, function, packed metadata, constexpr tail)} or None)
 _layouts: dict = {}  # (id(kernel), meta keys, positional count) -> constexpr names after the positionals, or None
+_counts: Counter = Counter()  # launches by path since reset_counts (see counts)
+#: why a launch went through ``kernel[grid]``, as counts names it
+PLAIN_OFF, PLAIN_ASIDE, PLAIN_HOOKS, PLAIN_NEW, PLAIN_RAISED = (
+    "plain: direct path off", "plain: kernel set aside", "plain: launch hook or host tensor",
+    "plain: first launch of its key", "plain: launcher raised")
+
+
+def counts() -> dict:
+    """Launches since :func:`reset_counts` by the path each took: ``prepared`` (a :class:`Prepared`'s direct
+    call), ``direct`` (:func:`launch` found the compiled kernel of its key), or ``kernel[grid]`` for one of
+    these reasons: the direct path switched off (``PLAIN_OFF``); the kernel stands aside (not a JITFunction
+    this module takes, Triton's interpreter, a pre-run hook, a callable grid, or sent the plain way after its
+    launcher raised: ``PLAIN_ASIDE``); a launch hook installed or a tensor not on the GPU (``PLAIN_HOOKS``);
+    the first launch of its key, which compiles or finds the kernel (``PLAIN_NEW``); the direct call raised
+    (``PLAIN_RAISED``)."""
+    return dict(_counts)
+
+
+def reset_counts() -> None:
+    _counts.clear()
+
+
+def describe_counts(c: dict) -> str:
+    """counts() as one short line, e.g. "prepared 3" or "direct 1, plain: first launch of its key 2" ("-": none)."""
+    return ", ".join(f"{k} {n}" for k, n in sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))) or "-"
 
 
 def configure(direct: Optional[bool] = None) -> None:
@@ -236,16 +265,19 @@ def launch(kernel, grid: tuple, args: tuple, meta: dict, device: Optional[int] =
     """``kernel[grid](*args, **meta)``, directly where a compiled kernel for this key was launched before.
     device: the current CUDA device index where the caller knows it (saves asking)."""
     if not _direct:
+        _counts[PLAIN_OFF] += 1
         kernel[grid](*args, **meta)
         return
     ke = _kernels.get(id(kernel))
     entries = _entries(kernel) if ke is None or ke[0] is not kernel else ke[1]
     if entries is None or kernel.pre_run_hooks or grid.__class__ is not tuple:
+        _counts[PLAIN_ASIDE] += 1
         kernel[grid](*args, **meta)
         return
     dev = _get_device() if device is None else device
     kv = launch_key(args, meta, dev, _cuda_only)
     if kv is None or not _hooks_idle():
+        _counts[PLAIN_HOOKS] += 1
         kernel[grid](*args, **meta)
         return
     key = kv[0]
@@ -255,11 +287,14 @@ def launch(kernel, grid: tuple, args: tuple, meta: dict, device: Optional[int] =
             n = len(grid)
             e[0](grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, _get_stream(dev), e[1], e[2],
                  None, None, None, *kv[1], *e[3])
+            _counts["direct"] += 1
             return
         except Exception:  # a surprise: this kernel goes the plain way from now on
             _kernels[id(kernel)] = (kernel, None)
+            _counts[PLAIN_RAISED] += 1
             kernel[grid](*args, **meta)
             return
+    _counts[PLAIN_NEW] += 1
     compiled = kernel[grid](*args, **meta)
     names = _layout(kernel, args, meta)
     if names is None or compiled is None or hasattr(compiled, "result") or len(entries) >= _MAX_ENTRIES:
@@ -314,6 +349,7 @@ class Prepared:
                 try:
                     self._run(g[0], g[1], g[2], _get_stream(self._dev), self._function, self._metadata, None, None,
                               None, *ptrs, *self._tail)
+                    _counts["prepared"] += 1
                     return True
                 except Exception:  # (as in launch: nothing launched) this entry is not used again
                     self._live = False
