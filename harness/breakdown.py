@@ -27,7 +27,9 @@ What is bracketed, and how each part of the step is measured:
   optimizer step, the launch gaps.
 
 Amdahl: if a part took no time at all a step would take ``step - part``, so nothing that speeds up
-that part alone can make the step more than ``step / (step - part)`` times faster.
+that part alone can make the step more than ``step / (step - part)`` times faster. The model's bound for
+its two softmaxes (``amdahl_softmaxes``) zeroes the attention part and the loss part together (in the
+linear loss form the loss part holds the LM head's matmuls too, which it then counts).
 """
 
 from __future__ import annotations
@@ -178,6 +180,7 @@ class Breakdown:
     other_ms: float = 0.0
     softmax_share: float = 0.0
     amdahl_max_speedup: float = 1.0
+    amdahl_softmaxes: float = 1.0  # the most the step could speed up if attention and loss both took no time
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -248,7 +251,8 @@ def measure(model: nn.Module, batches: list, applied=None, steps: int = 5, warmu
     return Breakdown(step, {"attention": attention, "loss": loss, "matmuls": matmuls, "rest": rest},
                      softmax_fwd_ms=attention.fwd_ms or 0.0, softmax_bwd_ms=attention.bwd_ms or 0.0,
                      other_ms=max(step - attention.ms, 1e-9), softmax_share=attention.share,
-                     amdahl_max_speedup=attention.amdahl)
+                     amdahl_max_speedup=attention.amdahl,
+                     amdahl_softmaxes=step / max(step - attention.ms - loss.ms, 1e-9))
 
 
 def profile_step(cfg, accel):

@@ -85,8 +85,15 @@ def test_study_writes_report_csv_and_charts_and_catches_a_wrong_method(tmp_path,
         assert abs(b["softmax_fwd_ms"] + b["softmax_bwd_ms"] + b["other_ms"] - b["step_ms"]) < tol
         assert abs(sum(p["ms"] for p in parts.values()) - b["step_ms"]) < tol
         assert all(p["amdahl"] >= 1 for p in parts.values())
+        # the model's bound for its two softmaxes: attention and loss at zero together, above either alone
+        both = b["step_ms"] / (b["step_ms"] - parts["attention"]["ms"] - parts["loss"]["ms"])
+        assert abs(b["amdahl_softmaxes"] - both) < 1e-6 * both
+        assert b["amdahl_softmaxes"] > max(parts["attention"]["amdahl"], parts["loss"]["amdahl"])
     assert by["sdpa"].breakdown["parts"]["attention"]["name"] == "fused attention"  # no separate softmax to time
     assert "Where the time goes" in report and "fused attention" in report
+    bound = by["naive"].breakdown["amdahl_softmaxes"]  # (naive: the study's baseline)
+    assert "with the baseline `naive`'s step" in report and f"at most {bound:.2f}x as fast" in report
+    assert f"torch {by['torch'].speedup_vs_baseline:.2f}x" in report.split("The model's bound")[1]
     # a second study into the same directory does not overwrite the first
     run_study(sm.study_cfg(*SHORT, "study.methods=[torch]", "study.parity_tol=0.05"), tmp_path)
     assert "FAIL" in (tmp_path / "report.md").read_text()

@@ -206,7 +206,7 @@ def write_outputs(rows: list[StudyRow], cfg: DictConfig, out: Path, partial: boo
         lines += sweep_lines(rows)
     lines += ratio_lines(rows)
     lines += compiled_lines(rows, cfg.study.baseline)
-    lines += breakdown_lines(rows)
+    lines += breakdown_lines(rows, cfg.study.baseline)
     lines += list(appendix)
     atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
     write_json(out / "study.json", {"env": env, "config": OmegaConf.to_container(cfg, resolve=True),
@@ -262,25 +262,51 @@ def sweep_lines(rows: list[StudyRow]) -> list[str]:
     return lines
 
 
-def breakdown_lines(rows: list[StudyRow]) -> list[str]:
+def breakdown_lines(rows: list[StudyRow], baseline: str = "") -> list[str]:
     prof = [r for r in rows if r.breakdown and "parts" in r.breakdown]
     if not prof:
         return []
     lines = ["", "## Where the time goes (one eager training step, harness.breakdown)", "",
              "Each part: ms per step (share); the bound in brackets is the most the whole step could speed up if "
-             "that part took no time at all (Amdahl).", "",
-             "| method | step ms | attention | loss | matmuls | rest |", "|---|---|---|---|---|---|"]
+             "that part took no time at all (Amdahl); the last column zeroes the attention and the loss together "
+             "(the step's two softmaxes; in the linear loss form with the LM head).", "",
+             "| method | step ms | attention | loss | matmuls | rest | attention + loss at zero |",
+             "|---|---|---|---|---|---|---|"]
     for r in prof:
         b = r.breakdown
         cells = []
         for key in ("attention", "loss", "matmuls", "rest"):
             p = b["parts"].get(key)
             cells.append("-" if p is None else f"{p['name']}: {p['ms']:.2f} ({p['share']:.0%}) [{p['amdahl']:.2f}x]")
+        both = b.get("amdahl_softmaxes")
+        cells.append("-" if both is None else f"[{both:.2f}x]")
         where = f"{r.point}: " if r.point else ""
         lines.append(f"| {where}{r.label} | {b['step_ms']:.2f} | " + " | ".join(cells) + " |")
+    lines += _bound_lines(rows, prof, baseline)
     errors = [f"{r.label}: {r.breakdown['error']}" for r in rows if r.breakdown and "error" in r.breakdown]
     if errors:
         lines += ["", "Not profiled: " + "; ".join(errors) + "."]
+    return lines
+
+
+def _bound_lines(rows: list[StudyRow], prof: list[StudyRow], baseline: str) -> list[str]:
+    """Per point, the model's bound read from the baseline's eager step (its attention and loss at zero cost)
+    beside what the eager rows reach against that baseline: how close each figure is to the limit."""
+    lines = []
+    for base in prof:
+        if base.method != baseline or base.compiled or base.variant or base.role or base.setting:
+            continue
+        bound = base.breakdown.get("amdahl_softmaxes")
+        if not bound:
+            continue
+        reach = [f"{r.label} {r.speedup_vs_baseline:.2f}x" for r in rows
+                 if r.point == base.point and not r.compiled and not r.role and r is not base
+                 and r.speedup_vs_baseline is not None]
+        where = f" at {base.point}" if base.point else ""
+        lines += ["", f"**The model's bound{where}**: with the baseline `{base.label}`'s step "
+                      f"({base.breakdown['step_ms']:.2f} ms), its attention and loss at zero cost, a step could run at "
+                      f"most {bound:.2f}x as fast"
+                      + (f"; eager rows against it: {', '.join(reach)}." if reach else ".")]
     return lines
 
 
