@@ -170,17 +170,17 @@ def test_gluon_descriptors_skip_the_checks_only_where_they_come_out_the_same(mon
         pytest.skip(fwd_gluon.GLUON_ERROR)
     q = torch.zeros(2, 40, 3, 64, dtype=torch.bfloat16).transpose(1, 2)
     monkeypatch.setattr(gluon_common, "_UNCHECKED", None)
-    first = gluon_common._descriptor(q, 64)
+    first = gluon_common.descriptor(q, 64)
     assert gluon_common._UNCHECKED is True
     made = []
     monkeypatch.setattr(gluon_common, "GluonDescriptor", lambda *a: made.append(a) or first)
-    again = gluon_common._descriptor(q[:, :, 1:], 64)  # (another view: its own shape and base)
+    again = gluon_common.descriptor(q[:, :, 1:], 64)  # (another view: its own shape and base)
     assert not made and again is not first and list(again.shape) == [2, 3, 39, 64] and again.base.data_ptr() != 0
     assert again.block_shape == [1, 1, 64, 64] and again.layout == first.layout
     monkeypatch.setattr(gluon_common, "_UNCHECKED", None)
     monkeypatch.setattr(gluon_common, "_unchecked", lambda *a: None)  # (a Triton whose descriptors differ)
-    gluon_common._descriptor(q, 64)
-    gluon_common._descriptor(q, 64)
+    gluon_common.descriptor(q, 64)
+    gluon_common.descriptor(q, 64)
     assert gluon_common._UNCHECKED is False and len(made) == 2
 
 

@@ -201,7 +201,7 @@ def test_launch_bwd_wires_the_gluon_dkdv_adding_dq(monkeypatch, deterministic, s
     given, splits = [], []
 
     def fake_dkdv(do_, q_, k_, v_, lse, delta, dk, dv, scale_, causal, block_n, block_m, stages, dq_acc=None,
-                  overlap=False, dq_split=False, lpt_mb=0):
+                  overlap=False, dq_split=False, lpt_mb=0, launched=None):
         given.append(dq_acc)
         splits.append(dq_split)
         dk.copy_(ref_in[1].grad)

@@ -172,7 +172,7 @@ def test_descriptor_answers_are_remembered_by_what_they_are_made_of(monkeypatch)
     host = lambda t, box: TensorDescriptor(t, list(t.shape), list(t.stride()), box)  # noqa: E731
     descs = [host(x, [1, 64, 64]), host(x, [1, 32, 64]), host(y, [1, 64, 64]), host(x.clone(), [1, 64, 64])]
     if gluon_common.GLUON_ERROR is None:
-        descs += [gluon_common._descriptor(x.view(1, 4, 64, 64), 64), gluon_common._descriptor(x.view(1, 4, 64, 64), 32)]
+        descs += [gluon_common.descriptor(x.view(1, 4, 64, 64), 64), gluon_common.descriptor(x.view(1, 4, 64, 64), 32)]
     got = [fl.launch_key((d,), {}, 0)[0][3][0] for d in descs]
     assert got == [fl._spec(fl._backend, d, False, True, True) for d in descs]
     assert len(set(got[:3])) == 3 and got[3] == got[0]
@@ -304,11 +304,45 @@ def test_launches_are_counted_by_the_path_they_took(fake_gpu, monkeypatch):
     assert fl.counts() == {} and fl.describe_counts(fl.counts()) == "-"
 
 
+def test_prepared_slots_take_tensors_and_descriptors_anywhere(fake_gpu, monkeypatch):
+    """A launch whose tensors do not all lead, or that takes TMA descriptors (the Gluon kernels'), is
+    prepared by position: a tensor goes as its address (its alignment rechecked), a descriptor as itself;
+    anything else through launch, with the objects in their places."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    monkeypatch.setattr(fl, "_desc_classes", fl.descriptor_classes())
+    k, buf, other = _Kernel(), torch.zeros(64, dtype=torch.bfloat16), torch.zeros(64, dtype=torch.bfloat16)
+    meta = dict(BLOCK=32, FLAG=False)
+    fl.launch(k, (2,), (buf, 16, buf), meta)  # a tensor after a scalar
+    prep = fl.prepare(k, (2,), (buf, 16, buf), meta)
+    assert isinstance(prep, fl.PreparedSlots)
+    fl.reset_counts()
+    assert prep(other, buf) is True
+    assert k.log[-1] == ("direct", (2, 1, 1, 77, 1234, (4, 1, 0), None, None, None, other.data_ptr(), 16,
+                                    buf.data_ptr(), 32, False))
+    prep(other, buf[1:])  # the second tensor 2 bytes off: not this specialization, through launch
+    assert k.log[-1][0] == "plain" and k.log[-1][2][2].data_ptr() == buf[1:].data_ptr() and k.log[-1][2][1] == 16
+    assert fl.counts() == {"prepared": 1, fl.PLAIN_NEW: 1}
+    desc = lambda t: TensorDescriptor(t.view(8, 8), [8, 8], [8, 1], [8, 8])  # noqa: E731
+    fl.launch(k, (2,), (buf, 16, desc(buf)), meta)
+    prep = fl.prepare(k, (2,), (buf, 16, desc(buf)), meta)
+    d = desc(other)
+    assert prep(other, d) is True
+    assert k.log[-1][0] == "direct" and k.log[-1][1][9:12] == (other.data_ptr(), 16, d)
+    fl.configure(False)
+    prep(buf, d)  # the direct path off: kernel[grid] with the objects in their places
+    fl.configure(True)
+    assert k.log[-1][0] == "plain" and k.log[-1][2][0] is buf and k.log[-1][2][1:] == (16, d)
+    n = len(k.log)
+    monkeypatch.setattr(fl, "_get_device", lambda: 1)
+    assert prep(other, d) is False and len(k.log) == n
+
+
 def test_prepare_declines_what_it_cannot_prepare(fake_gpu):
     k, buf = _Kernel(), torch.zeros(64)
     meta = dict(BLOCK=32, FLAG=False)
-    fl.launch(k, (2,), (buf, 16, buf), meta)  # a tensor after a scalar
-    assert fl.prepare(k, (2,), (buf, 16, buf), meta) is None
+    fl.launch(k, (2,), (buf, 16, None), meta)  # neither a tensor, a descriptor, nor a number
+    assert fl.prepare(k, (2,), (buf, 16, None), meta) is None
     fl.launch(k, (2,), (buf, 16, 0.5), meta)
     assert fl.prepare(k, lambda m: (2,), (buf, 16, 0.5), meta) is None  # a callable grid
     assert fl.prepare(k, (2,), (buf, 16, 0.5), dict(meta, FLAG=True)) is None  # another key

@@ -21,6 +21,8 @@ its tensors is fixed by a key of its own (shapes, strides, dtypes, scalars), it 
 with the other arguments bound and calls it with the new tensors: the key, the argument tuple and the
 meta dict are not rebuilt. It checks per call what the key cannot fix (the switch, the hooks, the
 knobs, the current device, each tensor's alignment) and hands anything else to :func:`launch`.
+:class:`PreparedSlots` does the same for a launch whose tensors do not all lead or that takes TMA
+descriptors: those by position, a descriptor passed as itself (the launcher encodes it from its tensor).
 
 Every launch is counted by the path it took (:func:`counts`, :func:`reset_counts`): ``prepared``, ``direct``,
 or ``plain: <why>``, so a benchmark can show that its timed calls launched as it believes.
@@ -334,9 +336,7 @@ class Prepared:
             return False
         ptrs = [t.data_ptr() for t in tensors]
         kernel = self._plain[0]
-        ke = _kernels.get(self._kid)  # (launch may have sent this kernel the plain way since)
-        if (_direct and self._live and ke is not None and ke[0] is kernel and ke[1] is not None
-                and not kernel.pre_run_hooks and _hooks_idle() and _knob_get(_knobs) == self._knobs):
+        if self._usable(kernel):
             if self._all_aligned:
                 m = 0
                 for p in ptrs:
@@ -344,17 +344,66 @@ class Prepared:
                 ok = not m & 15
             else:
                 ok = tuple(not p & 15 for p in ptrs) == self._aligned
-            if ok:
-                g = self._grid
-                try:
-                    self._run(g[0], g[1], g[2], _get_stream(self._dev), self._function, self._metadata, None, None,
-                              None, *ptrs, *self._tail)
-                    _counts["prepared"] += 1
-                    return True
-                except Exception:  # (as in launch: nothing launched) this entry is not used again
-                    self._live = False
+            if ok and self._direct_call(ptrs):
+                return True
         _, grid, rest, meta = self._plain
         launch(kernel, grid, (*tensors, *rest), meta, self._dev)
+        return True
+
+    def _usable(self, kernel) -> bool:
+        """The direct entry applies now (launch may have sent this kernel the plain way since)."""
+        ke = _kernels.get(self._kid)
+        return (_direct and self._live and ke is not None and ke[0] is kernel and ke[1] is not None
+                and not kernel.pre_run_hooks and _hooks_idle() and _knob_get(_knobs) == self._knobs)
+
+    def _direct_call(self, positionals: list) -> bool:
+        """The launcher called directly (True), or False after it raised (as in launch: nothing launched;
+        this entry is not used again)."""
+        g = self._grid
+        try:
+            self._run(g[0], g[1], g[2], _get_stream(self._dev), self._function, self._metadata, None, None, None,
+                      *positionals, *self._tail)
+        except Exception:
+            self._live = False
+            return False
+        _counts["prepared"] += 1
+        return True
+
+
+class PreparedSlots(Prepared):
+    """A :class:`Prepared` launch whose changing arguments are not only leading tensors: tensors and TMA
+    descriptors at any positions (``slots``), the other positionals fixed. ``prepared(*changing)`` takes
+    them in the order of their positions: a tensor goes to the launcher as its address (its 16-byte
+    alignment checked against the key's), a descriptor as itself (the launcher encodes it from its tensor;
+    its type, which the caller's key must fix, is its dtype, box and layout, as a tensor's dtype)."""
+
+    __slots__ = ("_slots", "_kinds", "_template")
+
+    def __init__(self, entry: tuple, plain: tuple, dev: int, knobs: tuple, aligned: tuple, slots: tuple,
+                 kinds: tuple, template: list):
+        super().__init__(entry, plain, dev, knobs, aligned)
+        self._slots, self._kinds, self._template, self._tail = slots, kinds, template, entry[3]
+
+    def __call__(self, *changing) -> bool:
+        if _get_device() != self._dev:
+            return False
+        kernel = self._plain[0]
+        if self._usable(kernel):
+            vals, aligned = self._template.copy(), []
+            for pos, is_tensor, x in zip(self._slots, self._kinds, changing):
+                if is_tensor:
+                    p = x.data_ptr()
+                    vals[pos] = p
+                    aligned.append(not p & 15)
+                else:
+                    vals[pos] = x
+            if tuple(aligned) == self._aligned and self._direct_call(vals):
+                return True
+        args = self._template.copy()
+        for pos, x in zip(self._slots, changing):
+            args[pos] = x
+        _, grid, _, meta = self._plain
+        launch(kernel, grid, tuple(args), meta, self._dev)
         return True
 
 
@@ -385,10 +434,10 @@ def scalar_key(x: float):
 
 def prepare(kernel, grid: tuple, args: tuple, meta: dict, device: Optional[int] = None) -> Optional[Prepared]:
     """The direct launch :func:`launch` made for these arguments as a :class:`Prepared` that takes new
-    tensors in place of theirs; None where there is none: the direct path off or standing
-    aside for this kernel, no launch of this key made yet, a callable grid, tensors not all leading the
-    positionals, or a positional other than a tensor, int, float or bool (a tensor descriptor: it holds
-    its tensor's address)."""
+    tensors in place of theirs (all leading the positionals), or a :class:`PreparedSlots` that takes new
+    tensors and TMA descriptors wherever they stand; None where there is none: the direct path off or
+    standing aside for this kernel, no launch of this key made yet, a callable grid, or a positional other
+    than a tensor, a descriptor, an int, float or bool."""
     if not _direct or grid.__class__ is not tuple:
         return None
     ke = _kernels.get(id(kernel))
@@ -403,9 +452,15 @@ def prepare(kernel, grid: tuple, args: tuple, meta: dict, device: Optional[int] 
     while n < len(args) and args[n].__class__ is _Tensor:
         n += 1
     rest = tuple(args[n:])
-    if any(a.__class__ not in (int, float, bool) for a in rest):
+    if all(a.__class__ in (int, float, bool) for a in rest):
+        return Prepared(e, (kernel, grid, rest, dict(meta)), dev, kv[0][2], tuple(s[1] for s in kv[0][3][:n]))
+    slots = tuple(i for i, a in enumerate(args) if a.__class__ is _Tensor or a.__class__ in _desc_classes)
+    if any(a.__class__ not in (int, float, bool) for i, a in enumerate(args) if i not in slots):
         return None
-    return Prepared(e, (kernel, grid, rest, dict(meta)), dev, kv[0][2], tuple(s[1] for s in kv[0][3][:n]))
+    kinds = tuple(args[i].__class__ is _Tensor for i in slots)
+    aligned = tuple(kv[0][3][i][1] for i, t in zip(slots, kinds) if t)
+    template = [None if i in slots else a for i, a in enumerate(args)]
+    return PreparedSlots(e, (kernel, grid, (), dict(meta)), dev, kv[0][2], aligned, slots, kinds, template)
 
 
 def cdiv(a: int, b: int) -> int:

@@ -121,7 +121,10 @@ compile), so on 3.6 it is a Blackwell switch.
 Launches go through ``kernels.runtime.fastlaunch`` (Triton's launcher skipped once a
 specialization is known: ~20 us less per forward on the H200's host); the forward's launch and the
 dq-pass backward's (pointer tiles) are kept prepared by shapes, strides, dtypes, device, scale and
-causality (``fastlaunch.Prepared``), so a repeated call skips the plan and the argument tuples.
+causality (``fastlaunch.Prepared``), so a repeated call skips the plan and the argument tuples. The Gluon
+plans' launches, whose TMA descriptors hold their tensors, are kept the same way by ``replay``: each
+argument traced to the call's tensors, the descriptors rebuilt from a later call's own
+(``fastlaunch.PreparedSlots``), so a repeat also skips the input checks and the specialization key.
 
 Registered as the torch ops ``softmax_harness::flash_attention_fwd`` (-> out, lse) and
 ``softmax_harness::flash_attention_bwd`` (``ops``); ``attention_qkv`` (``qkv``) runs the same kernels on

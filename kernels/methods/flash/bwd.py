@@ -29,7 +29,7 @@ import dataclasses
 
 import torch
 
-from kernels.methods.flash import bwd_gluon, gluon_common
+from kernels.methods.flash import bwd_gluon, gluon_common, replay
 from kernels.methods.flash import plan as plans
 from kernels.methods.flash.fwd import group_kwargs, precision, resolve_tma
 from kernels.methods.flash.tiles import (LOG2E, TMA_CODE, device_descriptor, empty_grad, ensure_allocator,
@@ -297,6 +297,29 @@ def _site(preps: list, delta_kernel: bool, delta_size: tuple, layouts: tuple, de
     return bwd
 
 
+def _replay_site(prepared: list, delta_size: tuple, acc_size: tuple | None, layouts: tuple, copy_dq: bool, device):
+    """The backward of a Gluon plan from its prepared launches (``replay``: their descriptors rebuilt from the
+    new tensors): delta and the fp32 dq sums (where the plan adds dq) allocated as the first call did, the
+    caller's gradients or new ones of ``layouts``, the launches in order, then dq from its sums (copy_dq)."""
+
+    def bwd(do, q, k, v, out, lse, given):
+        ns = {"do": do, "q": q, "k": k, "v": v, "out": out, "lse": lse,
+              "delta": torch.empty(delta_size, dtype=torch.float32, device=device),
+              "dq_acc": None if acc_size is None else torch.empty(acc_size, dtype=torch.float32, device=device)}
+        if given is None:
+            ns["dq"], ns["dk"], ns["dv"] = (torch.empty_strided(size, stride, dtype=dtype, device=device)
+                                            for size, stride, dtype in layouts)
+        else:
+            ns["dq"], ns["dk"], ns["dv"] = given
+        if not replay.run(prepared, ns):
+            return None
+        if copy_dq:
+            ns["dq"].copy_(ns["dq_acc"])
+        return ns["dq"], ns["dk"], ns["dv"]
+
+    return bwd
+
+
 def _grads_key(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> tuple:
     """What a prepared launch fixes of given gradients: their strides and 16-byte alignment (their shapes and
     dtypes are q's, k's and v's)."""
@@ -316,7 +339,8 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                     lse.stride(), q.dtype, k.dtype, v.dtype, do.dtype, out.dtype, lse.dtype, q.get_device(),
                     fastlaunch.scalar_key(scale), causal,
                     not (q.data_ptr() | k.data_ptr() | v.data_ptr() | do.data_ptr() | out.data_ptr()) & 15,
-                    None if grads is None else _grads_key(*grads))
+                    None if grads is None else _grads_key(*grads),
+                    torch.are_deterministic_algorithms_enabled())  # (it decides how dq is summed: below)
         site = _SITES.get(site_key)
         if site is not None:
             done = site(do, q, k, v, out, lse, grads)
@@ -404,17 +428,24 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
             launch(n_q, 0, False, True, plan.dq_warps, plan.dq_stages)
         elif delta_in_dq:
             bwd_gluon.launch_dq(do, q, k, v, lse, delta, dq, scale, causal, plan.block_m2, plan.block_n2,
-                                plan.dq_stages, out, lpt_mb=plan.lpt_mb)
+                                plan.dq_stages, out, lpt_mb=plan.lpt_mb, launched=launches)
         bwd_gluon.launch_dkdv(do, q, k, v, lse, delta, dk, dv, scale, causal, plan.block_n1, plan.block_m1,
                               plan.num_stages, dq_acc, overlap=plan.overlap, dq_split=plan.dq_split and add_dq,
-                              lpt_mb=plan.lpt_mb)
+                              lpt_mb=plan.lpt_mb, launched=launches)
         if add_dq:
             dq.copy_(dq_acc)
         elif plan.gluon == 2 and not delta_in_dq:
             bwd_gluon.launch_dq(do, q, k, v, lse, delta, dq, scale, causal, plan.block_m2, plan.block_n2,
-                                plan.dq_stages, lpt_mb=plan.lpt_mb)
+                                plan.dq_stages, lpt_mb=plan.lpt_mb, launched=launches)
         elif not delta_in_dq:
             launch(n_q, 0, False, True, plan.dq_warps, plan.dq_stages)
+        if site_key is not None and tma != "device":  # (device descriptors: their allocator, per call)
+            named = dict(do=do, q=q, k=k, v=v, out=out, lse=lse, delta=delta, dq_acc=dq_acc, dq=dq, dk=dk, dv=dv)
+            prepared = replay.steps(launches, named)
+            if prepared is not None:
+                layouts = tuple((tuple(t.shape), t.stride(), t.dtype) for t in (dq, dk, dv))
+                _SITES.put(site_key, _replay_site(prepared, tuple(delta.shape), None if dq_acc is None else
+                                                  tuple(dq_acc.shape), layouts, add_dq, q.device))
         return dq, dk, dv
     if atomic:
         launch(n_kv, n_kv, True, False, plan.num_warps, plan.num_stages)

@@ -51,7 +51,7 @@ from typing import Optional
 import torch
 
 from kernels.methods.flash.fwd_gluon import section_heads
-from kernels.methods.flash.gluon_common import (GLUON_ERROR, SHARED_LIMIT, _descriptor, _key_range, _lpt_program,
+from kernels.methods.flash.gluon_common import (GLUON_ERROR, SHARED_LIMIT, descriptor, _key_range, _lpt_program,
                                              _mask_tile, _query_program, _ring_barriers, _tma_load,
                                              fence_async_shared, gl, gluon, mbarrier, mma_layout, operand_layout,
                                              row_layout, tma, warpgroup_mma, warpgroup_mma_wait)
@@ -434,12 +434,14 @@ if gluon is not None:
 
 def launch_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
               delta: torch.Tensor, dq: torch.Tensor, scale: float, causal: bool, block_m: int, block_n: int,
-              stages: int, out: Optional[torch.Tensor] = None, lpt_mb: int = 0) -> None:
+              stages: int, out: Optional[torch.Tensor] = None, lpt_mb: int = 0,
+              launched: Optional[list] = None) -> None:
     """dq (allocated by the caller, any strides) for inputs ``gluon_common.supported`` takes and do; block_m:
     queries per program (two consumers of block_m / 2), block_n: keys per tile, stages: ring slots. out: the
     forward's output (any strides), to form delta = rowsum(out * do) into ``delta`` here (then no delta
     kernel, and the dk/dv pass after this one); None: ``delta`` holds it already. lpt_mb: the programs' order
-    (``lpt_heads``: sections of heads whose k and v take at most that many MB; 0 head by head)."""
+    (``lpt_heads``: sections of heads whose k and v take at most that many MB; 0 head by head). launched: a
+    list the launch (kernel, grid, arguments, meta) is appended to (for a prepared launch of the caller's)."""
     B, H, TQ, D = q.shape
     TK = k.shape[2]
     if block_m != 128 or block_n not in (64, 128):
@@ -450,25 +452,28 @@ def launch_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         raise ValueError(why)
     half = block_m // 2
     o = dq if out is None else out  # (unread without out: any 16-bit tensor of the shape)
-    fastlaunch.launch(
-        _dq_ws_kernel, (-(-TQ // block_m), H, B),
-        (_descriptor(q, half), _descriptor(do, half), _descriptor(k, block_n), _descriptor(v, block_n), lse, delta,
-         dq, *dq.stride(), o, *o.stride(), H, TQ, TK, scale * LOG2E, scale,
-         lpt_heads(lpt_mb, TK, D, v.shape[-1], k.element_size(), B * H)),
-        dict(BLOCK_M=half, BLOCK_N=block_n, D=D, STAGES=stages, CAUSAL=causal, DELTA_IN_DQ=out is not None,
-             LPT=lpt_mb > 0, num_warps=4))
+    one = (_dq_ws_kernel, (-(-TQ // block_m), H, B),
+           (descriptor(q, half), descriptor(do, half), descriptor(k, block_n), descriptor(v, block_n), lse, delta,
+            dq, *dq.stride(), o, *o.stride(), H, TQ, TK, scale * LOG2E, scale,
+            lpt_heads(lpt_mb, TK, D, v.shape[-1], k.element_size(), B * H)),
+           dict(BLOCK_M=half, BLOCK_N=block_n, D=D, STAGES=stages, CAUSAL=causal, DELTA_IN_DQ=out is not None,
+                LPT=lpt_mb > 0, num_warps=4))
+    fastlaunch.launch(*one)
+    if launched is not None:
+        launched.append(one)
 
 
 def launch_dkdv(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
                 delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, scale: float, causal: bool, block_n: int,
                 block_m: int, stages: int, dq_acc: Optional[torch.Tensor] = None, overlap: bool = False,
-                dq_split: bool = False, lpt_mb: int = 0) -> None:
+                dq_split: bool = False, lpt_mb: int = 0, launched: Optional[list] = None) -> None:
     """dk and dv (allocated by the caller, any strides) for inputs ``gluon_common.supported`` takes and do;
     block_n: keys per program (two consumers of block_n / 2), block_m: queries per tile, stages: slots.
     dq_acc: a zeroed contiguous fp32 (B, H, Tq, d) tensor to add dq * scale into (dq by TMA reductions,
     64-query tiles), or None (no dq). overlap: each product waited for only where needed next (``_consumer``).
     dq_split: with dq_acc, both consumers add half of dq's columns every tile (``_dq_turn``). lpt_mb: the
-    programs' order (``lpt_heads``: sections of heads whose q and do take at most that many MB; 0 head by head)."""
+    programs' order (``lpt_heads``: sections of heads whose q and do take at most that many MB; 0 head by head).
+    launched: as for ``launch_dq``."""
     B, H, TQ, D = q.shape
     TK = k.shape[2]
     if block_n != 128 or block_m not in (32, 64):
@@ -486,12 +491,14 @@ def launch_dkdv(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     if why:
         raise ValueError(why)
     half = block_n // 2
-    desc_k = _descriptor(k, half)
-    fastlaunch.launch(
-        _dkdv_ws_kernel, (-(-TK // block_n), H, B),
-        (desc_k, _descriptor(v, half), _descriptor(q, block_m), _descriptor(do, block_m), lse, delta,
-         dk, dv, *dk.stride(), *dv.stride(), H, TQ, TK, scale * LOG2E, scale,
-         lpt_heads(lpt_mb, TQ, D, do.shape[-1], q.element_size(), B * H),
-         desc_k if dq_acc is None else _descriptor(dq_acc, block_m, D // 2 if dq_split else D)),
-        dict(BLOCK_N=half, BLOCK_M=block_m, D=D, STAGES=stages, CAUSAL=causal, DQ=dq_acc is not None, OVERLAP=overlap,
-             DQ_SPLIT=dq_split, LPT=lpt_mb > 0, num_warps=4))
+    desc_k = descriptor(k, half)
+    one = (_dkdv_ws_kernel, (-(-TK // block_n), H, B),
+           (desc_k, descriptor(v, half), descriptor(q, block_m), descriptor(do, block_m), lse, delta,
+            dk, dv, *dk.stride(), *dv.stride(), H, TQ, TK, scale * LOG2E, scale,
+            lpt_heads(lpt_mb, TQ, D, do.shape[-1], q.element_size(), B * H),
+            desc_k if dq_acc is None else descriptor(dq_acc, block_m, D // 2 if dq_split else D)),
+           dict(BLOCK_N=half, BLOCK_M=block_m, D=D, STAGES=stages, CAUSAL=causal, DQ=dq_acc is not None,
+                OVERLAP=overlap, DQ_SPLIT=dq_split, LPT=lpt_mb > 0, num_warps=4))
+    fastlaunch.launch(*one)
+    if launched is not None:
+        launched.append(one)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.methods.flash import fwd_gluon, gluon_common
+from kernels.methods.flash import fwd_gluon, gluon_common, replay
 from kernels.methods.flash import plan as plans
 from kernels.methods.flash.tiles import (LOG2E, TMA_CODE, device_descriptor, empty_bthd, ensure_allocator,
                                          fast_log2, host_descriptor, interpreter_enabled, key_bounds, load_rows, mma,
@@ -197,6 +197,17 @@ def _site(prep: fastlaunch.Prepared, out_size: tuple, out_stride: tuple, lse_siz
     return fwd
 
 
+def _replay_site(prepared: list, out_size: tuple, out_stride: tuple, lse_size: tuple, dtype, device):
+    """The Gluon forward from its prepared launch (``replay``: its descriptors rebuilt from the new tensors)."""
+
+    def fwd(q, k, v):
+        ns = {"q": q, "k": k, "v": v, "out": torch.empty_strided(out_size, out_stride, dtype=dtype, device=device),
+              "lse": torch.empty(lse_size, dtype=torch.float32, device=device)}
+        return (ns["out"], ns["lse"]) if replay.run(prepared, ns) else None
+
+    return fwd
+
+
 def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool,
                plan: plans.FwdPlan | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """out (B, H, Tq, dv) in q's dtype, laid out as (B, Tq, H, dv) in memory (the model's next
@@ -221,9 +232,16 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
         why = gluon_common.supported(q, k, v) or fwd_gluon.budget_reason(D, plan.block_n, plan.num_stages,
                                                                      plan.persistent, plan.block_m, plan.sum_mma)
         if why is None:
-            return fwd_gluon.launch_fwd(q, k, v, scale, causal, plan.block_m, plan.block_n, plan.num_stages,
-                                        pingpong=plan.gluon == 2, persistent=plan.persistent,
-                                        overlap=plan.overlap, section_mb=plan.section_mb, sum_mma=plan.sum_mma)
+            launched = [] if site_key is not None else None
+            out, lse = fwd_gluon.launch_fwd(q, k, v, scale, causal, plan.block_m, plan.block_n, plan.num_stages,
+                                            pingpong=plan.gluon == 2, persistent=plan.persistent,
+                                            overlap=plan.overlap, section_mb=plan.section_mb, sum_mma=plan.sum_mma,
+                                            launched=launched)
+            prepared = launched and replay.steps(launched, dict(q=q, k=k, v=v, out=out, lse=lse))
+            if prepared:
+                _SITES.put(site_key, _replay_site(prepared, tuple(out.shape), out.stride(), tuple(lse.shape), q.dtype,
+                                                  q.device))
+            return out, lse
         if chosen:
             raise ValueError(f"{plan} cannot run here: {why}")
         # a table plan for inputs the Gluon kernel takes: elsewhere, the Triton kernel's measured plan

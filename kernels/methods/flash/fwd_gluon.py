@@ -70,7 +70,7 @@ import torch
 
 from kernels.methods.flash.fwd_gluon_consumers import _consumer_of
 from kernels.methods.flash.fwd_gluon_schedule import _tile_count, _tile_of, _work_tile
-from kernels.methods.flash.gluon_common import (CONSUMER_REGS_3, GLUON_ERROR, SHARED_LIMIT, _descriptor, _ring_barriers,
+from kernels.methods.flash.gluon_common import (CONSUMER_REGS_3, GLUON_ERROR, SHARED_LIMIT, descriptor, _ring_barriers,
                                                 _tma_load, fence_async_shared, gl, gluon, mbarrier, supported)
 from kernels.methods.flash.plan import check_section_mb
 from kernels.methods.flash.tiles import LOG2E, empty_bthd
@@ -205,7 +205,8 @@ if gluon is not None:
 def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, block_m: int,
                block_n: int, stages: int, pingpong: bool = True, persistent: bool = False,
                programs: Optional[int] = None, overlap: bool = False,
-               section_mb: int = 0, sum_mma: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+               section_mb: int = 0, sum_mma: bool = False,
+               launched: Optional[list] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """out and lse as ``fwd.launch_fwd`` (inputs ``supported`` takes); block_m: queries per work tile (128:
     two consumer warpgroups of 64; 192: three, d = 64, or d = 128 with block_n=64), block_n: keys per tile,
     stages: ring slots; pingpong: the consumers take turns at issuing their products (``_consumer_lagged``),
@@ -215,7 +216,8 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
     blocks first, in sections of heads whose keys and values take at most section_mb MB, 0: every head in
     one section; ``section_heads``), the next tile's q and first key tiles loading while one runs; else a
     program a tile. programs: at most this many persistent programs (None: the GPU's SM count). sum_mma (free-running
-    consumers): the row sums by the tensor cores (``_consumer``)."""
+    consumers): the row sums by the tensor cores (``_consumer``). launched: a list the launch (kernel, grid,
+    arguments, meta) is appended to (for a prepared launch of the caller's)."""
     if block_m not in (128, 192) or block_n not in (64, 128) or stages < 2:
         raise ValueError(f"the Gluon forward takes 128 or 192 queries a work tile (two or three warpgroups of 64), 64 "
                          f"or 128 keys a tile and 2 or more ring slots (its consumers hold one slot while the next "
@@ -245,11 +247,13 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
         raise ValueError(f"programs={programs!r} is for persistent=True (a program a work tile otherwise)")
     else:
         programs = tiles
-    fastlaunch.launch(
-        _fwd_ws_kernel, (programs,),
-        (_descriptor(q, half), _descriptor(k, block_n), _descriptor(v, block_n), out, lse, *out.stride(), H, TQ, TK,
-         scale * LOG2E, n_m, B * H, section_heads(section_mb, TK, D, v.shape[-1], q.element_size(), B * H)),
-        dict(BLOCK_M=half, BLOCK_N=block_n, D=D, STAGES=stages, CAUSAL=causal, PINGPONG=pingpong,
-             Q_BUFS=2 if persistent else 1, LEVELS=persistent and causal, OVERLAP=overlap, SCALE_NONNEG=scale >= 0,
-             CONSUMERS=block_m // 64, SUM_MMA=sum_mma, num_warps=4))
+    one = (_fwd_ws_kernel, (programs,),
+           (descriptor(q, half), descriptor(k, block_n), descriptor(v, block_n), out, lse, *out.stride(), H, TQ, TK,
+            scale * LOG2E, n_m, B * H, section_heads(section_mb, TK, D, v.shape[-1], q.element_size(), B * H)),
+           dict(BLOCK_M=half, BLOCK_N=block_n, D=D, STAGES=stages, CAUSAL=causal, PINGPONG=pingpong,
+                Q_BUFS=2 if persistent else 1, LEVELS=persistent and causal, OVERLAP=overlap, SCALE_NONNEG=scale >= 0,
+                CONSUMERS=block_m // 64, SUM_MMA=sum_mma, num_warps=4))
+    fastlaunch.launch(*one)
+    if launched is not None:
+        launched.append(one)
     return out, lse

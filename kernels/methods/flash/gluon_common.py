@@ -1,7 +1,7 @@
 """What the Gluon flash kernels for Hopper (``fwd_gluon``, ``bwd_gluon``) share: Gluon's Hopper modules
 (or why this Triton has none: ``GLUON_ERROR``), the limits (head dims, registers, shared memory), the wgmma
 layouts, the program prologues, ring barriers and masks both passes use, which inputs the kernels take
-(``supported``) and their TMA descriptors (``_descriptor``)."""
+(``supported``) and their TMA descriptors (``descriptor``)."""
 
 from __future__ import annotations
 
@@ -184,7 +184,7 @@ def _unchecked(t: torch.Tensor, block: list, layout):
     return d
 
 
-def _descriptor(t: torch.Tensor, rows: int, cols: Optional[int] = None):
+def descriptor(t: torch.Tensor, rows: int, cols: Optional[int] = None):
     """A 4-D TMA descriptor of a (B, H, T, d) tensor with its strides (16-bit, or the backward's fp32 dq sums),
     boxes of one (batch, head)'s rows x cols (default d; its shared-memory layout made once per box and dtype)."""
     global _UNCHECKED
