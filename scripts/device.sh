@@ -47,17 +47,26 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torc
 summary=()
 for stage in "$@"; do
   t0=$(date +%s)
+  # a stage's timings are only its own when nothing else runs on the GPU (a test run cut by its timeout can
+  # leave pytest-xdist workers behind: the tests stage ends them below); say so where something does
+  others=$(nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader 2>/dev/null | tr '\n' ';')
+  [ -n "$others" ] && { echo "WARNING: $stage begins with other processes on the GPU: $others"; summary+=("WARNING: $stage began beside $others"); }
   case $stage in
     tests)
       python3 -c "from kernels.methods import cuda as c; print('cuda extension:', c.prepare())" 2>&1 | tail -30 | tee "$OUT/build.log"
-      timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -p no:cacheprovider ${TEST_ARGS:-} ${TEST_FILES:-tests/test_gpu_methods.py tests/test_triton_*.py \
+      # in a session of its own, so that pytest-xdist workers of a run stopped by its timeout end with it
+      # (left running they would share the GPU and the host with the next stage's timings)
+      setsid timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -p no:cacheprovider ${TEST_ARGS:-} ${TEST_FILES:-tests/test_gpu_methods.py tests/test_triton_*.py \
         tests/test_cuda_cross_entropy.py tests/test_cross_entropy.py tests/test_flash_attention.py tests/test_flash_plans.py tests/test_flash_gluon.py \
         tests/test_flash_gluon_bwd.py tests/test_flash_gluon_compile.py tests/test_flash_loops.py tests/test_flex_attention.py \
         tests/test_attention_qkv.py tests/test_flash_gqa.py tests/test_gqa.py tests/test_linear_cross_entropy_compiled.py \
         tests/test_runtime_fastlaunch.py tests/test_launch_sites.py \
         tests/test_properties.py tests/test_kernels.py tests/test_registry.py tests/test_model.py} \
-        -k "${TEST_FILTER:-triton or cuda or gpu or sdpa or compiled}" \
-        2>&1 | tee "$OUT/tests.log" | tail -40
+        -k "${TEST_FILTER:-triton or cuda or gpu or sdpa or compiled}" > "$OUT/tests.log" 2>&1 &
+      tests_pid=$!
+      wait $tests_pid
+      kill -9 -- -$tests_pid 2>/dev/null
+      tail -40 "$OUT/tests.log"
       summary+=("tests: $(tail -1 "$OUT/tests.log")")
       ;;
     kernels)
