@@ -368,3 +368,25 @@ def test_replay_takes_only_calls_it_can_trace():
     assert replay.recipe((a, c), {"q": a, "k": b}) is None  # c is not named
     assert replay.recipe((a, "x"), {"q": a}) is None
     assert replay.steps([(None, (1,), (a,), {})], {"q": a, "k": a}) is None
+
+
+def test_a_host_descriptor_forward_keeps_no_site(standin, monkeypatch):
+    """A forward plan that reads by host TMA descriptors (tma="host": they hold their tensors) keeps no
+    prepared launch: a repeat takes the general path and gets what it gives (a site would have put the new
+    tensors where the descriptors go)."""
+    if "flash" not in kernels.runnable_methods(op="attention"):
+        pytest.skip("flash cannot run here")
+    import dataclasses
+
+    from kernels.methods.flash import fwd as ff
+    from kernels.methods.flash import plan as plans
+
+    real = plans.plans_for
+    monkeypatch.setattr(plans, "plans_for", lambda *a: (dataclasses.replace(real(*a)[0], tma="host", gluon=0),
+                                                        real(*a)[1]))
+    q, k, v, _, scale, causal = _flash_cases()[0]
+    want = _general(ff.launch_fwd, q, k, v, scale, causal)
+    for _ in range(2):
+        got = ff.launch_fwd(q, k, v, scale, causal)
+        assert all(_same(a, b) for a, b in zip(got, want))
+    assert len(ff._SITES) == 0 and not standin

@@ -267,7 +267,7 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
                 num_warps=plan.num_warps,
                 num_stages=plan.num_stages, **({"maxnreg": plan.maxnreg} if plan.maxnreg else {})))
     fastlaunch.launch(*one)
-    if site_key is not None and tma != "device":  # (host descriptors: prepare declines them)
+    if site_key is not None and tma == "off":  # (descriptors hold their tensors, and device ones want an allocator)
         prep = fastlaunch.prepare(*one)
         if prep is not None:
             _SITES.put(site_key, _site(prep, tuple(out.shape), out.stride(), tuple(lse.shape), q.dtype, q.device))

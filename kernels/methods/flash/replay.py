@@ -40,6 +40,9 @@ def recipe(args: tuple, named: dict) -> Optional[tuple]:
             if (name is None or len(box) != 4 or box[:2] != [1, 1] or list(a.shape) != list(a.base.shape)
                     or list(a.strides) != list(a.base.stride())):
                 return None
+            again = gluon_common.descriptor(a.base, box[2], box[3])  # (what a replay makes: the same in all)
+            if again.layout != a.layout or getattr(again, "padding", None) != getattr(a, "padding", None):
+                return None
             out.append((name, box[2], box[3]))
         elif a.__class__ not in (int, float, bool):
             return None
