@@ -270,37 +270,23 @@ if triton is not None:
 _SITES = fastlaunch.SiteCache()
 
 
-def _site(preps: list, delta_kernel: bool, delta_size: tuple, layouts: tuple, device):
-    """The backward from prepared launches: delta's (where the plan has a delta kernel), then the dk/dv
-    and dq ones (or the fused one; or dq's, forming delta, then dk/dv's). The gradients are the caller's
-    (``given``) or new ones of ``layouts``."""
-
-    def bwd(do, q, k, v, out, lse, given):
-        delta = torch.empty(delta_size, dtype=torch.float32, device=device)
-        if given is None:
-            dq, dk, dv = (torch.empty_strided(size, stride, dtype=dtype, device=device)
-                          for size, stride, dtype in layouts)
-        else:
-            dq, dk, dv = given
-        rest = preps
-        if delta_kernel:
-            if not preps[0](out, do, delta, delta):
-                return None
-            rest = preps[1:]
-        for i, prep in enumerate(rest):  # (a prepared launch declines only on another current device)
-            if not prep(q, k, v, do, q, k, v, do, dq, dk, dv, lse, delta, delta, out):
-                if i == 0 and not delta_kernel:  # (nothing launched yet)
-                    return None
-                raise RuntimeError("a prepared flash backward launch found another current device mid-call")
-        return dq, dk, dv
-
-    return bwd
+def _keep_site(site_key: tuple, launches: list, named: dict, copy_dq: bool) -> None:
+    """Keep the backward's launches for ``site_key`` where ``replay`` can trace and prepare every one;
+    ``named``: the call's tensors (do, q, k, v, out, lse, delta, dq_acc, dq, dk, dv)."""
+    prepared = replay.steps(launches, named)
+    if prepared is not None:
+        acc = named["dq_acc"]
+        layouts = tuple((tuple(t.shape), t.stride(), t.dtype) for t in (named["dq"], named["dk"], named["dv"]))
+        _SITES.put(site_key, _site(prepared, tuple(named["delta"].shape), None if acc is None else tuple(acc.shape),
+                                   layouts, copy_dq, named["q"].device))
 
 
-def _replay_site(prepared: list, delta_size: tuple, acc_size: tuple | None, layouts: tuple, copy_dq: bool, device):
-    """The backward of a Gluon plan from its prepared launches (``replay``: their descriptors rebuilt from the
-    new tensors): delta and the fp32 dq sums (where the plan adds dq) allocated as the first call did, the
-    caller's gradients or new ones of ``layouts``, the launches in order, then dq from its sums (copy_dq)."""
+def _site(prepared: list, delta_size: tuple, acc_size: tuple | None, layouts: tuple, copy_dq: bool, device):
+    """The backward from its prepared launches (``replay``: pointers, or the Gluon plans' descriptors rebuilt
+    from the new tensors): delta and the fp32 dq sums (where the plan adds dq) allocated as the first call
+    did, the caller's gradients or new ones of ``layouts``, the launches in order (delta's, where the plan
+    has a delta kernel, then dk/dv and dq, or the fused one; or dq's forming delta, then dk/dv's), then dq
+    from its sums (copy_dq)."""
 
     def bwd(do, q, k, v, out, lse, given):
         ns = {"do": do, "q": q, "k": k, "v": v, "out": out, "lse": lse,
@@ -440,12 +426,8 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         elif not delta_in_dq:
             launch(n_q, 0, False, True, plan.dq_warps, plan.dq_stages)
         if site_key is not None and tma != "device":  # (device descriptors: their allocator, per call)
-            named = dict(do=do, q=q, k=k, v=v, out=out, lse=lse, delta=delta, dq_acc=dq_acc, dq=dq, dk=dk, dv=dv)
-            prepared = replay.steps(launches, named)
-            if prepared is not None:
-                layouts = tuple((tuple(t.shape), t.stride(), t.dtype) for t in (dq, dk, dv))
-                _SITES.put(site_key, _replay_site(prepared, tuple(delta.shape), None if dq_acc is None else
-                                                  tuple(dq_acc.shape), layouts, add_dq, q.device))
+            _keep_site(site_key, launches, dict(do=do, q=q, k=k, v=v, out=out, lse=lse, delta=delta, dq_acc=dq_acc,
+                                                dq=dq, dk=dk, dv=dv), add_dq)
         return dq, dk, dv
     if atomic:
         launch(n_kv, n_kv, True, False, plan.num_warps, plan.num_stages)
@@ -458,9 +440,7 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     else:
         launch(n_kv, n_kv, True, False, plan.num_warps, plan.num_stages)
         launch(n_q, 0, False, True, plan.dq_warps, plan.dq_stages)
-    if site_key is not None and plan.dq_mode == "pass" and tma == "off":  # (not a mode the flag below decides)
-        preps = [fastlaunch.prepare(*one) for one in launches]
-        if None not in preps:
-            layouts = tuple((tuple(t.shape), t.stride(), t.dtype) for t in (dq, dk, dv))
-            _SITES.put(site_key, _site(preps, not delta_in_dq, tuple(delta.shape), layouts, q.device))
+    if site_key is not None and plan.dq_mode == "pass" and tma == "off":  # (pointer tiles, no dq sums)
+        _keep_site(site_key, launches, dict(do=do, q=q, k=k, v=v, out=out, lse=lse, delta=delta, dq_acc=dq_acc,
+                                            dq=dq, dk=dk, dv=dv), False)
     return dq, dk, dv

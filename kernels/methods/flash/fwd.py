@@ -182,23 +182,22 @@ def resolve_tma(mode: str, device: torch.device, *tensors: torch.Tensor) -> str:
     return mode
 
 
-# Prepared launches (fastlaunch.prepare) by what fixes every argument but the tensors: a later call
-# with the same shapes, strides, dtypes, device, scale and causality (and 16-byte alignment of q, k, v)
-# skips the plan lookup, the argument tuple and the specialization key
+# Prepared launches (fastlaunch.prepare, through replay) by what fixes every argument but the tensors: a
+# later call with the same shapes, strides, dtypes, device, scale and causality (and 16-byte alignment of
+# q, k, v) skips the plan lookup, the checks, the argument tuple and the specialization key
 _SITES = fastlaunch.SiteCache()
 
 
-def _site(prep: fastlaunch.Prepared, out_size: tuple, out_stride: tuple, lse_size: tuple, dtype, device):
-    def fwd(q, k, v):
-        out = torch.empty_strided(out_size, out_stride, dtype=dtype, device=device)
-        lse = torch.empty(lse_size, dtype=torch.float32, device=device)
-        return (out, lse) if prep(q, k, v, out, lse) else None
-
-    return fwd
+def _keep_site(site_key: tuple, launched: list, q, k, v, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """Keep the forward's launch for ``site_key`` where ``replay`` can trace and prepare it."""
+    prepared = replay.steps(launched, dict(q=q, k=k, v=v, out=out, lse=lse))
+    if prepared is not None:
+        _SITES.put(site_key, _site(prepared, tuple(out.shape), out.stride(), tuple(lse.shape), q.dtype, q.device))
 
 
-def _replay_site(prepared: list, out_size: tuple, out_stride: tuple, lse_size: tuple, dtype, device):
-    """The Gluon forward from its prepared launch (``replay``: its descriptors rebuilt from the new tensors)."""
+def _site(prepared: list, out_size: tuple, out_stride: tuple, lse_size: tuple, dtype, device):
+    """The forward from its prepared launch (``replay``: pointers, or the Gluon plans' descriptors rebuilt
+    from the new tensors)."""
 
     def fwd(q, k, v):
         ns = {"q": q, "k": k, "v": v, "out": torch.empty_strided(out_size, out_stride, dtype=dtype, device=device),
@@ -237,10 +236,8 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
                                             pingpong=plan.gluon == 2, persistent=plan.persistent,
                                             overlap=plan.overlap, section_mb=plan.section_mb, sum_mma=plan.sum_mma,
                                             launched=launched)
-            prepared = launched and replay.steps(launched, dict(q=q, k=k, v=v, out=out, lse=lse))
-            if prepared:
-                _SITES.put(site_key, _replay_site(prepared, tuple(out.shape), out.stride(), tuple(lse.shape), q.dtype,
-                                                  q.device))
+            if launched:
+                _keep_site(site_key, launched, q, k, v, out, lse)
             return out, lse
         if chosen:
             raise ValueError(f"{plan} cannot run here: {why}")
@@ -268,7 +265,5 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
                 num_stages=plan.num_stages, **({"maxnreg": plan.maxnreg} if plan.maxnreg else {})))
     fastlaunch.launch(*one)
     if site_key is not None and tma == "off":  # (descriptors hold their tensors, and device ones want an allocator)
-        prep = fastlaunch.prepare(*one)
-        if prep is not None:
-            _SITES.put(site_key, _site(prep, tuple(out.shape), out.stride(), tuple(lse.shape), q.dtype, q.device))
+        _keep_site(site_key, [one], q, k, v, out, lse)
     return out, lse

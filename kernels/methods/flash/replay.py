@@ -50,8 +50,14 @@ def recipe(args: tuple, named: dict) -> Optional[tuple]:
 
 
 def arguments(rec: tuple, ns: dict) -> list:
-    """The changing arguments of a prepared launch, rebuilt from this call's tensors ``ns`` by ``rec``."""
-    return [ns[s] if s.__class__ is str else gluon_common.descriptor(ns[s[0]], s[1], s[2]) for s in rec]
+    """The changing arguments of a prepared launch, rebuilt from this call's tensors ``ns`` by ``rec`` (a
+    descriptor made once a call: ``ns`` keeps it under its recipe entry for the call's later launches)."""
+    out = []
+    for s in rec:
+        if s.__class__ is not str and s not in ns:
+            ns[s] = gluon_common.descriptor(ns[s[0]], s[1], s[2])
+        out.append(ns[s])
+    return out
 
 
 def steps(launches: list, named: dict) -> Optional[list]:
