@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import kernels
-from kernels.methods.flash import bwd, bwd_gluon, fwd_gluon, gluon_common
+from kernels.methods.flash import bwd, bwd_gluon, bwd_gluon_dq, fwd_gluon, gluon_common
 from kernels.methods.flash import plan as plans
 from kernels.methods.flash.bwd import launch_bwd
 from kernels.methods.flash.fwd import launch_fwd
@@ -121,10 +121,10 @@ def test_gluon_backward_on_the_gpu(case, bplan, monkeypatch):
                          overlap=overlap, dq_split=split,
                          **(dict(block_m2=128, block_n2=block_n2, dq_stages=dq_stages) if gluon == 2 else {}))
     launches = []
-    for name in ("launch_dkdv", "launch_dq"):
-        real = getattr(bwd_gluon, name)
+    for module, name in ((bwd_gluon, "launch_dkdv"), (bwd_gluon_dq, "launch_dq")):
+        real = getattr(module, name)
         spy = (lambda n, f: lambda *a, **kw: (launches.append((n, a[13:], kw)), f(*a, **kw))[1])(name, real)
-        monkeypatch.setattr(bwd_gluon, name, spy)  # (a[13:]: dk/dv's dq_acc)
+        monkeypatch.setattr(module, name, spy)  # (a[13:]: dk/dv's dq_acc)
     run_and_compare(q, k, v, causal=causal, scale=scale, plan=(plans.FwdPlan(block_m=64, block_n=64), plan))
     assert [n for n, _, _ in launches] == ["launch_dkdv"] + (["launch_dq"] if gluon == 2 else [])  # the Gluon kernels
     assert (launches[0][1][0] is not None) == (dq_mode == "tma_add")  # (dq_acc: dq added by the dk/dv kernel)

@@ -262,7 +262,7 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 from tests.compiled_report import report
-from kernels.methods.flash import bwd_gluon as G
+from kernels.methods.flash import bwd_gluon_dq as G
 
 for case in sys.argv[1:]:
     D, BN, STAGES, causal, delta, *lpt = (int(a) for a in case.split(","))

@@ -34,7 +34,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
 
 from harness.bench.tuning.flash_sweep import knobs_over, parse_heads  # noqa: E402
-from kernels.methods.flash import bwd, bwd_gluon, fwd, fwd_gluon, gluon_common  # noqa: E402
+from kernels.methods.flash import bwd, bwd_gluon, bwd_gluon_dq, fwd, fwd_gluon, gluon_common  # noqa: E402
 from kernels.methods.flash import plan as plans  # noqa: E402
 from kernels.methods.flash.tiles import TensorDescriptor  # noqa: E402
 
@@ -125,7 +125,7 @@ def record(d: int, dtype: torch.dtype, causal: bool, fplan: plans.FwdPlan, bplan
     stubs = [(bwd, "_delta_kernel", _Recorder(bwd._delta_kernel, [])),
              (fwd, "tma_supported", lambda device: True)]  # compiling for sm_90: TMA exists there
     if fwd_gluon.GLUON_ERROR is None:  # (the Gluon kernels' checks of the tensors are for the GPU they run on)
-        kernels += [(fwd_gluon, "_fwd_ws_kernel"), (bwd_gluon, "_dkdv_ws_kernel"), (bwd_gluon, "_dq_ws_kernel")]
+        kernels += [(fwd_gluon, "_fwd_ws_kernel"), (bwd_gluon, "_dkdv_ws_kernel"), (bwd_gluon_dq, "_dq_ws_kernel")]
         stubs += [(gluon_common, "supported", _gluon_takes), (bwd, "tma_eligible", lambda *tensors: True),
                   # persistent plans: programs as on an H100 / H200 (132 SMs), asked of no GPU here
                   (fwd_gluon, "device_props", lambda device: types.SimpleNamespace(multi_processor_count=132)),
@@ -154,7 +154,7 @@ def part_name(fn, kw: dict) -> str:
             return "forward (Gluon)"
         if fn is bwd_gluon._dkdv_ws_kernel:
             return "dk/dv + dq (Gluon)" if kw["DQ"] else "dk/dv (Gluon)"
-        if fn is bwd_gluon._dq_ws_kernel:
+        if fn is bwd_gluon_dq._dq_ws_kernel:
             return "dq (Gluon)"
     return {(True, True): "dk/dv + dq", (True, False): "dk/dv", (False, True): "dq"}[(kw["DO_KV"], kw["DO_Q"])]
 

@@ -37,8 +37,8 @@ Code paths (each module opens with its own details):
   which inputs they take, their TMA descriptors).
 * The backward in Gluon (``bwd_gluon``, plan ``BwdPlan.gluon``; what the Gluon forward takes): the
   same structure. The dk/dv pass (``gluon=1``, 2): a producer streams the q and do tiles by TMA, two
-  consumer warpgroups of 64 keys each run the transposed recurrence below; the dq pass (``gluon=2``):
-  the producer streams k and v, two consumers of 64 queries each. The delta kernel stays Triton's (and
+  consumer warpgroups of 64 keys each run the transposed recurrence below; the dq pass (``gluon=2``,
+  ``bwd_gluon_dq``): the producer streams k and v, two consumers of 64 queries each. The delta kernel stays Triton's (and
   the dq pass with ``gluon=1``); with ``delta_in_dq`` the dq pass, Triton's or the Gluon one, forms delta
   instead and runs first. With ``gluon=1, dq_mode="tma_add"`` there is no dq pass: FA3's
   backward, the dk/dv kernel adds dq itself (the consumers take turns forming each query tile's share

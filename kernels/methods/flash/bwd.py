@@ -29,7 +29,7 @@ import dataclasses
 
 import torch
 
-from kernels.methods.flash import bwd_gluon, gluon_common, replay
+from kernels.methods.flash import bwd_gluon, bwd_gluon_dq, gluon_common, replay
 from kernels.methods.flash import plan as plans
 from kernels.methods.flash.fwd import group_kwargs, precision, resolve_tma
 from kernels.methods.flash.tiles import (LOG2E, TMA_CODE, device_descriptor, empty_grad, ensure_allocator,
@@ -413,16 +413,16 @@ def launch_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         if delta_in_dq and plan.gluon == 1:  # (the dq pass first: it forms delta)
             launch(n_q, 0, False, True, plan.dq_warps, plan.dq_stages)
         elif delta_in_dq:
-            bwd_gluon.launch_dq(do, q, k, v, lse, delta, dq, scale, causal, plan.block_m2, plan.block_n2,
-                                plan.dq_stages, out, lpt_mb=plan.lpt_mb, launched=launches)
+            bwd_gluon_dq.launch_dq(do, q, k, v, lse, delta, dq, scale, causal, plan.block_m2, plan.block_n2,
+                                   plan.dq_stages, out, lpt_mb=plan.lpt_mb, launched=launches)
         bwd_gluon.launch_dkdv(do, q, k, v, lse, delta, dk, dv, scale, causal, plan.block_n1, plan.block_m1,
                               plan.num_stages, dq_acc, overlap=plan.overlap, dq_split=plan.dq_split and add_dq,
                               lpt_mb=plan.lpt_mb, launched=launches)
         if add_dq:
             dq.copy_(dq_acc)
         elif plan.gluon == 2 and not delta_in_dq:
-            bwd_gluon.launch_dq(do, q, k, v, lse, delta, dq, scale, causal, plan.block_m2, plan.block_n2,
-                                plan.dq_stages, lpt_mb=plan.lpt_mb, launched=launches)
+            bwd_gluon_dq.launch_dq(do, q, k, v, lse, delta, dq, scale, causal, plan.block_m2, plan.block_n2,
+                                   plan.dq_stages, lpt_mb=plan.lpt_mb, launched=launches)
         elif not delta_in_dq:
             launch(n_q, 0, False, True, plan.dq_warps, plan.dq_stages)
         if site_key is not None and tma != "device":  # (device descriptors: their allocator, per call)
