@@ -185,8 +185,6 @@ def measure_attention(method: str, shape: tuple, device: str, rep_ms: int, optio
         row.extra_gib = peak_extra_gib(forward_backward)
     except Exception as exc:
         row.error = error_text(exc)
-    finally:
-        free_memory()
     return row
 
 
@@ -203,6 +201,9 @@ def run_attention_bench(methods: Optional[list[str]], shapes: list[Union[tuple, 
         for method in methods or default_methods():
             for label, options in variants(method):
                 r = measure_attention(method, shape, device, rep_ms, options, label, layout, model)
+                # the row's memory handed back once its frame is gone (its inputs, closures and any exception's
+                # traceback): from within, they were all still referenced and nothing was returned
+                free_memory()
                 rows.append(r)
                 where = f"{model} {shape}" if model else str(shape)
                 print(f"  {label:24s} {where}: fwd {fmt(r.fwd_tflops)} (graph {fmt(r.fwd_graph_tflops)}) TFLOP/s, fwd+bwd "

@@ -140,8 +140,11 @@ def issue_us(fn: Callable[[], object]) -> Optional[float]:
 
 
 def free_memory() -> None:
+    """What nothing references any more collected (reference cycles too: an exception's traceback and the frames
+    it holds), and the allocator's cached blocks handed back to the device once its work is done."""
     gc.collect()
     if torch.cuda.is_available():
+        torch.cuda.synchronize()
         torch.cuda.empty_cache()
 
 

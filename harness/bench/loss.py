@@ -11,7 +11,8 @@ logits for the methods that implement it natively: the project's, Liger's and Ap
 Cross-Entropy, ``cce``, which has no cross-entropy on the logits and so appears in these rows alone).
 Every method's loss and gradient are checked against float64 on the first rows first; a wrong result
 gets no ratio. On a GPU each vocabulary's rows, and each linear shape's, are measured in a fresh process
-(``_isolated``): what one row leaves on the device cannot starve the next; ``held_gib`` still says what each row left behind within its group.
+(``_isolated``): what one row leaves on the device cannot starve the next; within a group each row is released
+(``_released``) before the next, and ``held_gib`` says what it left behind all the same.
 
 The shapes (vocabularies at a token count and linear (tokens, C, V) shapes, or each model config's:
 its vocabulary, hidden size and one step's tokens, the rows named after it): :mod:`harness.bench.loss_shapes`.
@@ -54,7 +55,7 @@ class LossRow:
     ideal_ms: Optional[float] = None
     frac_ideal: Optional[float] = None  # ideal / eager forward + backward
     extra_gib: Optional[float] = None
-    held_gib: Optional[float] = None  # GPU memory in use after the row, its inputs freed, beyond its group's start
+    held_gib: Optional[float] = None  # GPU memory in use once the row was released (_released), beyond its group's start
     correct: Optional[bool] = None
     error: str = ""
     model: str = ""  # the model config(s) whose shape this is (--models), else ''
@@ -81,7 +82,6 @@ def measure_ce(method: str, tokens: int, vocab: int, device: str, rep_ms: int, a
                model: str = "") -> LossRow:
     row = LossRow(method, "cross_entropy", tokens, vocab, autocast=autocast, model=model)
     ctx = (lambda: torch.autocast("cuda", torch.bfloat16)) if autocast else contextlib.nullcontext
-    logits = t = None
     try:
         fn = kernels.bind(method, "cross_entropy")
         g = torch.Generator(device=device).manual_seed(0)
@@ -108,10 +108,16 @@ def measure_ce(method: str, tokens: int, vocab: int, device: str, rep_ms: int, a
         row.extra_gib = peak_extra_gib(forward_backward)
     except Exception as exc:
         row.error = error_text(exc)
-    finally:
-        logits = t = None  # (the row's own inputs do not count as held)
-        free_memory()
-        row.held_gib = held_gib()
+    return row
+
+
+def _released(row: LossRow) -> LossRow:
+    """``row`` (just returned by ``measure_ce`` or ``measure_linear``) with its held_gib, read once what measured it
+    is gone: their frame, and with it the row's inputs, closures and graphs and a caught exception's traceback (called
+    from within, the inputs were dropped but the closures, the bound method and anything a traceback held were not),
+    the garbage collected and the allocator's cache emptied, so the next row starts from an empty GPU."""
+    free_memory()
+    row.held_gib = held_gib()
     return row
 
 
@@ -128,7 +134,6 @@ def held_gib() -> Optional[float]:
 def measure_linear(method: str, tokens: int, hidden: int, vocab: int, device: str, rep_ms: int,
                    model: str = "") -> LossRow:
     row = LossRow(method, "linear_cross_entropy", tokens, vocab, hidden=hidden, model=model)
-    h = w = t = None
     try:
         fn = kernels.bind(method, "linear_cross_entropy")
         g = torch.Generator(device=device).manual_seed(0)
@@ -151,10 +156,6 @@ def measure_linear(method: str, tokens: int, hidden: int, vocab: int, device: st
         row.extra_gib = peak_extra_gib(forward_backward)
     except Exception as exc:
         row.error = error_text(exc)
-    finally:
-        h = w = t = None  # (the row's own inputs do not count as held)
-        free_memory()
-        row.held_gib = held_gib()
     return row
 
 
@@ -174,9 +175,9 @@ def _vocab_rows(methods: Optional[list[str]], tokens: int, v: int, model: str, d
     start = held_gib()
     rows = []
     for m in [x for x in methods if kernels.get_method(x).provides("cross_entropy")] if methods else default_methods():
-        rows.append(measure_ce(m, tokens, v, device, rep_ms, model=model))
+        rows.append(_released(measure_ce(m, tokens, v, device, rep_ms, model=model)))
         if m == "torch":  # what a model's loss costs under autocast
-            rows.append(measure_ce(m, tokens, v, device, rep_ms, autocast=True, model=model))
+            rows.append(_released(measure_ce(m, tokens, v, device, rep_ms, autocast=True, model=model)))
     return _held_since(rows, start)
 
 
@@ -187,7 +188,7 @@ def _linear_rows(methods: Optional[list[str]], tok: int, c: int, v: int, model: 
     lin_methods = ([x for x in methods if kernels.get_method(x).provides("linear_cross_entropy")] if methods
                    else default_methods("linear_cross_entropy"))
     start = held_gib()
-    return _held_since([measure_linear(m, tok, c, v, device, rep_ms, model) for m in lin_methods], start)
+    return _held_since([_released(measure_linear(m, tok, c, v, device, rep_ms, model)) for m in lin_methods], start)
 
 
 def _isolated(isolate: bool, fn, *args) -> list[LossRow]:

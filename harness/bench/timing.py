@@ -40,11 +40,35 @@ def warm_then_repeat(fn: Callable[[], object], repeat: int) -> None:
             torch.cuda.synchronize()
 
 
+def _synchronizes(fn: Callable[[], object]) -> bool:
+    """Whether ``fn`` makes the host wait on the device (``.item()``, ``nonzero``, a copy to the host: Liger's
+    cross-entropy, Cut Cross-Entropy), which no CUDA graph can capture; fn is called once on the current stream
+    with PyTorch's sync debug mode raising on such a wait."""
+    mode = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fn()
+    except RuntimeError as exc:
+        if "synchronizing CUDA operation" not in str(exc):
+            raise
+        return True
+    finally:
+        torch.cuda.set_sync_debug_mode(mode)
+    return False
+
+
 def bench_graph_ms(fn: Callable[[], object], rep_ms: int = 100) -> tuple[float, bool]:
     """Median time of fn's GPU work: captured once in a CUDA graph and timed by replaying it, so the
     host-side cost of launching (Python, autograd, dispatch) does not hide inside kernel times.
     Falls back to timing fn directly (second value False) where capture is not possible."""
     if not torch.cuda.is_available():
+        return bench_ms(fn, rep_ms), False
+    if _synchronizes(fn):
+        # Not even tried: a capture that fails (here, on fn's host sync) cannot be cleaned up from Python. PyTorch
+        # releases a graph's private pool only after a capture that ended, and where capture_end raises before it
+        # tells the caching allocator the capture is over, empty_cache() skips the default pool from then on (as
+        # during any capture): on an H100 the loss table's rows kept their memory from liger's row on (15 GiB,
+        # 39 after torch, ...) until one ran out.
         return bench_ms(fn, rep_ms), False
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -52,6 +76,7 @@ def bench_graph_ms(fn: Callable[[], object], rep_ms: int = 100) -> tuple[float, 
         for _ in range(3):
             fn()
     torch.cuda.current_stream().wait_stream(side)
+    stream = torch.cuda.current_stream()
     graph = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(graph):
@@ -60,9 +85,10 @@ def bench_graph_ms(fn: Callable[[], object], rep_ms: int = 100) -> tuple[float, 
     except Exception:
         failed = True
     if failed:
-        # A failed capture keeps its private memory pool (every tensor fn allocated inside it) until the
-        # graph is gone: drop it and hand the memory back, or a table of several sizes runs out of memory.
-        # (Outside the except block: the exception's traceback would keep the graph alive.)
+        # A capture that failed otherwise: torch.cuda.graph's __exit__ raised before it restored the stream (back
+        # to it), and what fn allocated inside went to the graph's private pool: drop the graph and hand back what
+        # can be. (Outside the except block: the exception's traceback would keep the graph alive.)
+        torch.cuda.set_stream(stream)
         del graph
         gc.collect()
         torch.cuda.synchronize()
