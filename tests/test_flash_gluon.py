@@ -255,6 +255,29 @@ def test_reasons_name_what_is_not_taken():
     assert "GPU" in fwd_gluon.supported(q, k, v) or DEVICE == "cuda"
 
 
+def test_supported_takes_grouped_heads_only_where_the_gluon_grouped_path_is_on(monkeypatch):
+    """``gluon_common.supported`` on a (faked) Hopper GPU: k and v with as many heads as q pass; grouped heads
+    (6 on 2) are refused naming ``GROUPED`` while the grouped path awaits its GPU check, and pass once it is on;
+    kv heads that do not divide q's are refused either way."""
+    import types
+
+    def fake(heads):
+        return types.SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0), dtype=torch.bfloat16,
+                                     shape=(1, heads, 8, 64), numel=lambda: 1)
+
+    monkeypatch.setattr(gluon_common, "GLUON_ERROR", None)
+    monkeypatch.setattr(gluon_common, "interpreter_enabled", lambda: False)
+    monkeypatch.setattr(gluon_common, "device_props", lambda device: types.SimpleNamespace(major=9, minor=0))
+    monkeypatch.setattr(gluon_common, "tma_eligible", lambda *t: True)
+    q, kv, odd = fake(6), fake(2), fake(4)
+    assert gluon_common.supported(q, q, q) is None
+    monkeypatch.setattr(gluon_common, "GROUPED", False)
+    assert "GROUPED" in gluon_common.supported(q, kv, kv)
+    monkeypatch.setattr(gluon_common, "GROUPED", True)
+    assert gluon_common.supported(q, kv, kv) is None
+    assert "dividing q's" in gluon_common.supported(q, odd, odd)
+
+
 # -- on a Hopper GPU ---------------------------------------------------------------------------------
 _GPU_CASES = [  # (B, H, Tq, Tk, d, dtype, causal, layout, scale)
     (2, 3, 300, 300, 64, torch.bfloat16, True, "bthd", None),  # ragged T, the model's layout

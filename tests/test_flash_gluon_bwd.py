@@ -290,6 +290,40 @@ def test_the_backward_passes_start_in_lpt_sections_of_lpt_mb(monkeypatch):
         assert kv_args[-2] == dkdv_heads and dq_args[-1] == dq_heads  # (n_sec: after scale)
 
 
+def test_grouped_heads_launch_the_gluon_passes_over_kv_heads(monkeypatch):
+    """Grouped-query attention (6 query heads on 2 kv heads): the dk/dv programs span the kv heads (grid axis 1)
+    with KV_GROUP = 3, their LPT sections counted in kv heads streaming 3 heads' q and do; the dq programs span the
+    query heads, their sections a kv head's 3 query heads at a time; the forward gets KV_GROUP too. Heads that do
+    not divide are refused before any launch."""
+    if bwd_gluon.GLUON_ERROR:
+        pytest.skip(bwd_gluon.GLUON_ERROR)
+    from kernels.methods.flash import fwd_gluon
+    from kernels.runtime import fastlaunch
+
+    seen = []
+    monkeypatch.setattr(fastlaunch, "launch", lambda kernel, grid, args, meta, device=None: seen.append(
+        (getattr(kernel, "fn", kernel).__name__, grid, args, meta)))
+    monkeypatch.setattr(gluon_common, "supported", lambda *t: None)
+    monkeypatch.setattr(bwd, "tma_eligible", lambda *t: True)
+    q = torch.zeros(1, 6, 2048, 64, dtype=torch.bfloat16)  # (512 KB of q and do a head)
+    k = torch.zeros(1, 2, 2048, 64, dtype=torch.bfloat16)  # (512 KB of k and v a kv head)
+    lse = torch.zeros(1, 6, 2048)
+    launch_bwd(torch.zeros_like(q), q, k, k, torch.zeros_like(q), lse, 0.125, True,
+               dataclasses.replace(GLUON_BWD2, lpt_mb=1))
+    (_, dq_grid, dq_args, dq_meta), = [c for c in seen if c[0] == "_dq_ws_kernel"]
+    (_, kv_grid, kv_args, kv_meta), = [c for c in seen if c[0] == "_dkdv_ws_kernel"]
+    assert kv_grid == (2048 // 128, 2, 1) and kv_meta["KV_GROUP"] == 3
+    assert kv_args[-2] == 1  # (1.5 MB of q and do a kv head: one a section)
+    assert dq_grid == (2048 // 128, 6, 1) and dq_meta["KV_GROUP"] == 3
+    assert dq_args[-1] == 6  # (two kv heads' k and v in 1 MB: their 6 query heads)
+    seen.clear()
+    fwd_gluon.launch_fwd(q, k, k, 0.125, True, 128, 64, 2)
+    (_, _, fargs, fmeta), = seen
+    assert fmeta["KV_GROUP"] == 3 and fargs[-1] == 6  # (n_sec: every head, in query heads)
+    with pytest.raises(ValueError, match="dividing q's"):
+        fwd_gluon.launch_fwd(q, torch.zeros(1, 4, 2048, 64, dtype=torch.bfloat16), k, 0.125, True, 128, 64, 2)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [True, False])

@@ -27,7 +27,8 @@ for case in sys.argv[1:]:
     desc = lambda rows: f"tensordesc<bf16[1,1,{rows},{D}],{lay(rows)}>"  # noqa: E731
     const = {"sod": 1, "BLOCK_M": 64, "BLOCK_N": BN, "D": D, "STAGES": STAGES, "CAUSAL": bool(causal),
              "PINGPONG": bool(pingpong), "Q_BUFS": 2 if persistent else 1, "LEVELS": bool(persistent and causal),
-             "OVERLAP": bool(overlap), "SCALE_NONNEG": True, "CONSUMERS": consumers, "SUM_MMA": bool(rest and rest[0])}
+             "OVERLAP": bool(overlap), "SCALE_NONNEG": True, "CONSUMERS": consumers, "SUM_MMA": bool(rest and rest[0]),
+             "KV_GROUP": 1}
     sig = {"desc_q": desc(64), "desc_k": desc(BN), "desc_v": desc(BN), "O": "*bf16", "LSE": "*fp32", "sob": "i32",
            "soh": "i32", "som": "i32", "H": "i32", "TQ": "i32", "TK": "i32", "qk_scale": "fp32", "n_m": "i32",
            "n_bh": "i32", "n_sec": "i32", **{k: "constexpr" for k in const}}
@@ -145,7 +146,8 @@ for case in sys.argv[1:]:
     lay = lambda rows, ty=gl.bfloat16: gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], ty)  # noqa: E731
     desc = lambda rows: f"tensordesc<bf16[1,1,{rows},{D}],{lay(rows)}>"  # noqa: E731
     const = {"s_dkd": 1, "s_dvd": 1, "BLOCK_N": 64, "BLOCK_M": BM, "D": D, "STAGES": STAGES, "CAUSAL": bool(causal),
-             "DQ": bool(dq), "OVERLAP": bool(overlap), "DQ_SPLIT": bool(split), "LPT": bool(lpt)}
+             "DQ": bool(dq), "OVERLAP": bool(overlap), "DQ_SPLIT": bool(split), "LPT": bool(lpt),
+             "KV_GROUP": 1}
     sig = {"desc_k": desc(64), "desc_v": desc(64), "desc_q": desc(BM), "desc_do": desc(BM), "LSE": "*fp32",
            "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16", "s_dkb": "i32", "s_dkh": "i32", "s_dkn": "i32",
            "s_dvb": "i32", "s_dvh": "i32", "s_dvn": "i32", "H": "i32", "TQ": "i32", "TK": "i32", "qk_scale": "fp32",
@@ -269,7 +271,8 @@ for case in sys.argv[1:]:
     lay = lambda rows: gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], gl.bfloat16)  # noqa: E731
     desc = lambda rows: f"tensordesc<bf16[1,1,{rows},{D}],{lay(rows)}>"  # noqa: E731
     const = {"s_dqd": 1, "s_od": 1, "BLOCK_M": 64, "BLOCK_N": BN, "D": D, "STAGES": STAGES, "CAUSAL": bool(causal),
-             "DELTA_IN_DQ": bool(delta), "LPT": bool(lpt and lpt[0])}
+             "DELTA_IN_DQ": bool(delta), "LPT": bool(lpt and lpt[0]),
+             "KV_GROUP": 1}
     sig = {"desc_q": desc(64), "desc_do": desc(64), "desc_k": desc(BN), "desc_v": desc(BN), "LSE": "*fp32",
            "DELTA": "*fp32", "DQ": "*bf16", "s_dqb": "i32", "s_dqh": "i32", "s_dqm": "i32", "s_dqd": "constexpr",
            "O": "*bf16", "s_ob": "i32", "s_oh": "i32", "s_om": "i32", "H": "i32", "TQ": "i32", "TK": "i32",
@@ -318,10 +321,11 @@ def test_gluon_backward_overlap_compiles_for_sm90_waiting_for_what_comes_next():
         assert _exponentials_between_waits(k) >= block_m // 2, (case, _exponentials_between_waits(k))
 
 
-def test_compile_check_of_grouped_heads_compiles_the_triton_kernels_they_run():
-    """``--heads 14:2`` (Qwen2.5's grouped heads): the plans the launchers fall back to there (the Triton
-    forward, the unfused dk/dv and dq passes; the Gluon kernels take Hkv = H only), each compiled for sm_90 and
-    its registers reported; a bad --heads is refused saying what is accepted."""
+def test_compile_check_of_grouped_heads_compiles_the_kernels_they_run():
+    """``--heads 14:2`` (Qwen2.5's grouped heads): the plans the launchers run there (the Triton forward, the unfused
+    dk/dv and dq passes, while the Gluon kernels' grouped path awaits its GPU check), each compiled for sm_90; with
+    ``--gluon-grouped`` the table's Gluon kernels at d = 64 (the forward, the dk/dv pass adding dq) with KV_GROUP =
+    7, spilling nothing; a bad --heads is refused saying what is accepted."""
     from tests.compiled_report import compile_run
 
     run = compile_run(["-m", "harness.bench", "flash-compile-check", "--d", "64", "--heads", "14:2"], 600)
@@ -329,5 +333,12 @@ def test_compile_check_of_grouped_heads_compiles_the_triton_kernels_they_run():
     assert "14 query heads on 2 key/value heads" in run.stdout
     parts = [ln.split()[0] for ln in run.stdout.splitlines() if "registers" in ln]
     assert parts == ["forward", "dk/dv", "dq"] and "Gluon" not in run.stdout and "FAILED" not in run.stdout, run.stdout
+    if not fwd_gluon.GLUON_ERROR:
+        run = compile_run(["-m", "harness.bench", "flash-compile-check", "--d", "64", "--heads", "14:2",
+                           "--gluon-grouped"], 600)
+        assert run.returncode == 0, run.stderr[-2000:]
+        lines = [ln.strip() for ln in run.stdout.splitlines() if "registers" in ln]
+        assert [ln.split(" 3 slots")[0] for ln in lines] == ["forward (Gluon)", "dk/dv + dq (Gluon)"], run.stdout
+        assert all(" 0 B spill" in ln for ln in lines) and "FAILED" not in run.stdout, run.stdout
     bad = compile_run(["-m", "harness.bench", "flash-compile-check", "--d", "64", "--heads", "14:3"], 120)
     assert bad.returncode == 2 and "Hkv dividing H" in bad.stderr

@@ -165,3 +165,70 @@ def test_real_sizes_against_sdpa_enable_gqa(HKV, d):
     for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
         err = kernels.relative_error(g, w)
         assert err <= 2e-2, f"{name}: relative error {err:.2e} against SDPA"
+
+
+@pytest.fixture
+def grouped_gluon(monkeypatch):
+    """The Gluon kernels' grouped path on (``gluon_common.GROUPED``; off until these tests have passed on a GPU),
+    with no plan or prepared launch kept from before."""
+    from kernels.methods.flash import gluon_common
+
+    monkeypatch.setattr(gluon_common, "GROUPED", True)
+    plans.forget()
+    yield
+    plans.forget()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 14, 2, 2048, 2048, 64), (2, 9, 3, 1999, 1999, 64), (1, 8, 2, 1000, 2048, 128),
+                                   (2, 12, 4, 2048, 2048, 128), (1, 12, 1, 1536, 1536, 64)])
+@pytest.mark.parametrize("layout", ["bthd", "bhtd"])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_gluon_kernels_take_grouped_heads_on_the_gpu(shape, layout, deterministic, grouped_gluon):
+    """The table's Gluon plans run grouped heads (Qwen2.5's 7 query heads a kv head, SmolLM2's 3, one kv head,
+    ragged T, Tq < Tk, d = 64 and 128, the model's layout and a contiguous one): the forward, the dk/dv pass
+    summing a group's query heads (adding dq by TMA, or under deterministic algorithms the dq pass) and the Gluon
+    dq pass, against float64 with k and v expanded. Explicit plans refuse rather than fall back, so the Gluon
+    kernels are what ran."""
+    from kernels.methods.flash.fwd import launch_fwd
+
+    B, H, HKV, tq, tk, d = shape
+    q, k, v = (t.detach() for t in make(B, H, HKV, tq, tk, d, torch.bfloat16, layout=layout, device="cuda"))
+    fplan, bplan = plans.plans_for(d, d, torch.bfloat16, True, tq, tk)
+    assert fplan.gluon and bplan.gluon, (fplan, bplan)
+    do = torch.randn(B, H, tq, d, generator=torch.Generator().manual_seed(1)).to("cuda", torch.bfloat16)
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        out, lse = launch_fwd(q, k, v, d ** -0.5, True, fplan)
+        dq, dk, dv = launch_bwd(do, q, k, v, out, lse, d ** -0.5, True, bplan)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    check([out, dq, dk, dv], reference(q, k, v, do, True), torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_grouped_heads_through_the_default_path_and_its_prepared_launches(grouped_gluon):
+    """flash_attention at Qwen2.5's grouped shape (T = 2048: the table's Gluon plans) matches SDPA's enable_gqa, and
+    its later calls (prepared launches, descriptors rebuilt for the new k and v heads) give the first call's
+    results (dq to within the rounding of its TMA adds' varying order)."""
+    B, H, HKV, T, d = 2, 14, 2, 2048, 64
+    runs = []
+    for i in range(3):
+        q, k, v = make(B, H, HKV, T, T, d, torch.bfloat16, layout="bthd", device="cuda")
+        out = flash_attention(q, k, v, d ** -0.5, True, 0.0)
+        do = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to("cuda", torch.bfloat16)
+        out.backward(do)
+        runs.append([out.detach(), q.grad, k.grad, v.grad])
+    ins = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    ref = torch.nn.functional.scaled_dot_product_attention(*ins, is_causal=True, enable_gqa=True)
+    ref.backward(do)
+    for name, g, w in zip(("out", "dq", "dk", "dv"), runs[0], [ref] + [t.grad for t in ins]):
+        err = kernels.relative_error(g, w)
+        assert err <= 2e-2, f"{name}: relative error {err:.2e} against SDPA"
+    for got in runs[1:]:
+        for name, a, b in zip(("out", "dq", "dk", "dv"), got, runs[0]):
+            if name == "dq":
+                assert (a.float() - b.float()).abs().max() <= 1e-2 * b.float().abs().max(), name
+            else:
+                assert torch.equal(a, b), name

@@ -191,19 +191,27 @@ def test_tma_falls_back_to_pointers_where_it_cannot_read():
                     plan=(dataclasses.replace(SMALL_FWD, tma="host"), dataclasses.replace(SMALL_BWD, tma="host")))
 
 
-def test_launch_plans_are_the_table_s_or_for_grouped_heads_the_triton_kernels_unfused(monkeypatch):
-    """What the tuning tools start from: the table's plans without groups; with them the Triton kernels'
-    plans (a Gluon entry cannot take grouped heads) and the backward in two passes."""
+def test_launch_plans_for_grouped_heads_are_the_triton_kernels_until_the_gluon_ones_take_them(monkeypatch):
+    """What the tuning tools start from: the table's plans without groups; with them the Triton kernels' plans
+    while the Gluon kernels' grouped path is off (``gluon_common.GROUPED``), the table's once it is on; a fused
+    Triton backward becomes two passes for grouped heads (one grid cannot span the kv and the query heads)."""
+    from kernels.methods.flash import gluon_common
+
     gf = plans.FwdPlan(block_m=128, block_n=128, num_stages=2, gluon=1)
     gb = plans.BwdPlan(block_m1=64, block_n1=128, block_n2=64, num_stages=2, gluon=2)
     tf, tb = plans.FwdPlan(block_m=64, block_n=32), plans.BwdPlan(block_m1=64, block_n1=32, fused=True)
-    monkeypatch.setitem(plans.TABLE, (64, "bfloat16", True), ((1 << 30, gf, gb),))
+    monkeypatch.setitem(plans.TABLE, (64, "bfloat16", True), ((1024, tf, tb), (1 << 30, gf, gb)))
     monkeypatch.setitem(plans.TRITON_TABLE, (64, "bfloat16", True), ((1 << 30, tf, tb),))
     plans.forget()
+    unfused = dataclasses.replace(tb, fused=False)
     try:
-        assert plans.launch_plans(64, 64, torch.bfloat16, True, 2048, 2048) == (gf, gb)
-        assert plans.launch_plans(64, 64, torch.bfloat16, True, 2048, 2048, grouped=True) == (
-            tf, dataclasses.replace(tb, fused=False))
+        for grouped_gluon in (False, True):
+            monkeypatch.setattr(gluon_common, "GROUPED", grouped_gluon)
+            assert plans.launch_plans(64, 64, torch.bfloat16, True, 2048, 2048) == (gf, gb)
+            assert plans.launch_plans(64, 64, torch.bfloat16, True, 2048, 2048, grouped=True) == (
+                (gf, gb) if grouped_gluon else (tf, unfused))
+            assert plans.launch_plans(64, 64, torch.bfloat16, True, 1024, 1024) == (tf, tb)
+            assert plans.launch_plans(64, 64, torch.bfloat16, True, 1024, 1024, grouped=True) == (tf, unfused)
     finally:
         plans.forget()
 

@@ -112,8 +112,13 @@ def compile_call(fn, args, kw, target: GPUTarget) -> dict:
 
 
 def _gluon_takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-    """gluon_common.supported as on a Hopper GPU for these shapes: the Gluon kernels take Hkv = H only."""
-    return None if k.shape[1] == q.shape[1] else "grouped-query attention runs the Triton kernels"
+    """gluon_common.supported as on a Hopper GPU for these shapes (bf16 / fp16, d = dv in 64 and 128, the model's
+    layout: TMA-readable; grouped heads where ``gluon_common.GROUPED``)."""
+    if q.dtype not in (torch.bfloat16, torch.float16) or q.shape[-1] != v.shape[-1] or q.shape[-1] not in (64, 128):
+        return "not a Gluon head dim or dtype"
+    if k.shape[1] != q.shape[1] and not gluon_common.GROUPED:
+        return "grouped-query attention runs the Triton kernels (gluon_common.GROUPED is off)"
+    return None if q.shape[1] % k.shape[1] == 0 else "Hkv does not divide H"
 
 
 def record(d: int, dtype: torch.dtype, causal: bool, fplan: plans.FwdPlan, bplan: plans.BwdPlan,
@@ -167,7 +172,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bwd", default="")
     p.add_argument("--arch", type=int, default=90, help="compute capability (90: H100/H200)")
     p.add_argument("--heads", default="12", help="query heads H, or H:Hkv with Hkv key/value heads dividing H "
-                   "(grouped-query attention; the table's plans fall back to the Triton kernels there), e.g. 14:2")
+                   "(grouped-query attention), e.g. 14:2")
+    p.add_argument("--gluon-grouped", action="store_true",
+                   help="grouped heads through the Gluon kernels (gluon_common.GROUPED, off until their GPU check; "
+                   "without it grouped heads compile the Triton kernels the launchers run)")
 
 
 def run(a: argparse.Namespace, error: Callable[[str], None]) -> None:
@@ -176,6 +184,7 @@ def run(a: argparse.Namespace, error: Callable[[str], None]) -> None:
         heads, kv_heads = parse_heads(a.heads)
     except ValueError as exc:
         error(f"--heads {exc}")
+    gluon_common.GROUPED = gluon_common.GROUPED or a.gluon_grouped
     print(f"triton {triton.__version__}, target sm_{a.arch}, {heads} query heads on {kv_heads} key/value heads")
     for d in (int(x) for x in a.d.split(",")):
         f0, b0 = plans.launch_plans(d, d, dtype, causal, 4096, 4096, grouped=kv_heads != heads)

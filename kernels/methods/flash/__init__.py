@@ -80,9 +80,11 @@ Code paths (each module opens with its own details):
   plans); the dk/dv pass runs one program per (key block, kv head, batch), loads its k and v block once and
   loops over the G query heads of its group and their query blocks, summing dk and dv on chip (no expanded
   gradient buffers, no atomics); delta per query head as before. ``delta_in_dq``, ``one_loop``, the atomic
-  dq modes and the deterministic path take groups as they are (the dq sums stay per query head). The fused
-  backward (one grid whose axis 1 cannot be both the kv and the query heads) and the Gluon kernels take Hkv =
-  H only: a table plan falls back (unfused; the Triton kernels' plan), an explicit plan refuses with the reason.
+  dq modes and the deterministic path take groups as they are (the dq sums stay per query head). The Gluon
+  kernels the same way (``KV_GROUP``): the forward's producer and the Gluon dq pass load kv head h // G, a
+  Gluon dk/dv program streams the query tiles of its G heads one head after another (adding each head's dq
+  share by TMA where the plan says so). The fused backward (one grid whose axis 1 cannot be both the kv and the
+  query heads) takes Hkv = H only: a table plan runs unfused, an explicit plan refuses with the reason.
 * Gradients: in their input's strides where that input is dense (a leaf's ``.grad`` then takes them as
   they are: autograd copies a gradient whose strides differ from its dense leaf's, three B H T d copies a
   backward on contiguous (B, H, T, d) inputs), else (a view of a projection: the model's) laid out as (B,

@@ -39,6 +39,11 @@ forward + backward at (4, 12, 4096, 64): 32 MB sections 339 -> 347-349 TFLOP/s, 
 against the overlap alone 350-352 (+2-3%, where a model of the grid's last wave predicted up to 9%); at
 (8, 16, 2048, 128) they lost 2-5%.
 
+Grouped-query attention (k and v with H / G heads, G = ``KV_GROUP``): a dk/dv program takes 2 x BLOCK_N keys of
+one kv head and streams the query tiles of its G query heads one head after another, summing their
+contributions in its accumulators (no atomics, no expanded k and v; dq's shares go to each query head's rows);
+its grid has the kv heads on axis 1. A dq program reads the keys and values of its query head's kv head.
+
 Rows past Tq get lse = +inf (p = 0). dk, dv, dq (dk and dq times scale) go out in the tensors' own
 strides (the (B, T, H, d) memory layout). Takes what the Gluon forward takes (``gluon_common.supported``):
 capability 9.0, 16-bit, d = dv in {64, 128}, inputs TMA can read; plus do.
@@ -119,21 +124,31 @@ if gluon is not None:
 
     @gluon.jit
     def _producer(desc_a, desc_b, desc_x, desc_y, a_bufs, b_bufs, x_bufs, y_bufs, fixed_bar, ready, empty, b, h,
-                  fixed0, lo, n_tiles, FIXED_ROWS: gl.constexpr, TILE_ROWS: gl.constexpr, STAGES: gl.constexpr):
-        """Both passes' producer: each consumer's tiles of a and b (rows fixed0 + c * FIXED_ROWS), once,
-        then the tiles of x and y from row lo on, TILE_ROWS at a time, through the ring. dk/dv: a, b = k, v
-        and x, y = q, do; dq: a, b = q, do and x, y = k, v."""
+                  fixed0, lo, n_tiles, h_x, FIXED_ROWS: gl.constexpr, TILE_ROWS: gl.constexpr, STAGES: gl.constexpr,
+                  GROUP: gl.constexpr = 1):
+        """Both passes' producer: each consumer's tiles of a and b (head h, rows fixed0 + c * FIXED_ROWS), once,
+        then the tiles of x and y (head h_x) from row lo on, TILE_ROWS at a time, through the ring; with GROUP > 1
+        the n_tiles tiles of heads h_x, h_x + 1, ..., h_x + GROUP - 1 in turn (slots and phases counting on).
+        dk/dv: a, b = k, v of a kv head and x, y = q, do of its GROUP query heads; dq: a, b = q, do and
+        x, y = k, v of its kv head (GROUP = 1)."""
         for c in gl.static_range(2):
             mbarrier.expect(fixed_bar.index(c), desc_a.block_type.nbytes + desc_b.block_type.nbytes)
             _tma_load(desc_a, [b, h, fixed0 + c * FIXED_ROWS, 0], fixed_bar.index(c), a_bufs.index(c))
             _tma_load(desc_b, [b, h, fixed0 + c * FIXED_ROWS, 0], fixed_bar.index(c), b_bufs.index(c))
-        for j in range(n_tiles):
-            s = j % STAGES
-            mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1)  # (a fresh slot passes at once)
+        for t in range(GROUP * n_tiles):
+            if GROUP == 1:
+                hx = h_x
+                j = t
+            else:
+                g = t // n_tiles
+                hx = h_x + g
+                j = t - g * n_tiles
+            s = t % STAGES
+            mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)  # (a fresh slot passes at once)
             bar = ready.index(s)
             mbarrier.expect(bar, desc_x.block_type.nbytes + desc_y.block_type.nbytes)
-            _tma_load(desc_x, [b, h, lo + j * TILE_ROWS, 0], bar, x_bufs.index(s))
-            _tma_load(desc_y, [b, h, lo + j * TILE_ROWS, 0], bar, y_bufs.index(s))
+            _tma_load(desc_x, [b, hx, lo + j * TILE_ROWS, 0], bar, x_bufs.index(s))
+            _tma_load(desc_y, [b, hx, lo + j * TILE_ROWS, 0], bar, y_bufs.index(s))
 
     # TMA's shared -> global reduction (cp.reduce.async.bulk.tensor .add): tma.async_atomic_add in newer Tritons;
     # Triton 3.6's Gluon builds the same op through its builder, without a Python wrapper
@@ -168,8 +183,10 @@ if gluon is not None:
                   qk_scale, scale, ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, C: gl.constexpr,
                   BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
                   CAUSAL: gl.constexpr, DQ: gl.constexpr, OVERLAP: gl.constexpr, DQ_SPLIT: gl.constexpr, n_sec,
-                  LPT: gl.constexpr):
-        """dk and dv of this consumer's BLOCK_N keys; with DQ also dq's shares (``_dq_turn``; the arguments
+                  LPT: gl.constexpr, KV_GROUP: gl.constexpr = 1):
+        """dk and dv of this consumer's BLOCK_N keys of kv head h (summed over the KV_GROUP query heads
+        h * KV_GROUP, ..., whose query tiles come one head after another; H counts query heads); with DQ also dq's
+        shares (``_dq_turn``; the arguments
         from ds_bufs to desc_dqa are DQ's buffers, barriers and descriptor, not read without it). Per query
         tile: s^T, then p^T and dv's product with dp^T, then ds^T and dk's product, each waited for at once;
         with OVERLAP dp^T is issued with s^T and each wait is for the product needed next (p^T's exponentials
@@ -197,7 +214,8 @@ if gluon is not None:
         if k0 >= TK:  # (the last program's second half past Tk: nothing of its to compute)
             j_first = n_tiles
         offs_n = k0 + gl.arange(0, BLOCK_N, layout=row_s)
-        row = (b * H + h).to(gl.int64) * TQ
+        row = (b * H + h * KV_GROUP).to(gl.int64) * TQ
+        qh = h * KV_GROUP
         dk = gl.zeros([BLOCK_N, D], gl.float32, layout=o_layout)
         dv = gl.zeros([BLOCK_N, D], gl.float32, layout=o_layout)
         zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
@@ -206,8 +224,15 @@ if gluon is not None:
             mbarrier.wait(kv_bar.index(1 - C), 0)
         k = k_bufs.index(C).reshape([BLOCK_N, D])
         v = v_bufs.index(C).reshape([BLOCK_N, D])
-        for j in range(n_tiles):
-            s = j % STAGES
+        for t in range(KV_GROUP * n_tiles):
+            if KV_GROUP == 1:
+                j = t
+            else:  # (query head qh's tile j: the producer's order)
+                g = t // n_tiles
+                j = t - g * n_tiles
+                qh = h * KV_GROUP + g
+                row = (b * H + qh).to(gl.int64) * TQ
+            s = t % STAGES
             m0 = lo + j * BLOCK_M
             offs_m = m0 + gl.arange(0, BLOCK_M, layout=col_s)
             # (lse and delta do not wait for the slot: their loads are in flight while it fills; delta, needed only
@@ -216,9 +241,9 @@ if gluon is not None:
             lse2 = gl.load(LSE + row + offs_m, mask=offs_m < TQ, other=float("inf")) * 1.4426950408889634
             offs_c = m0 + gl.arange(0, BLOCK_M, layout=compact)
             delta_c = gl.load(DELTA + row + offs_c, mask=offs_c < TQ, other=0.0)
-            mbarrier.wait(ready.index(s), (j // STAGES) & 1)
-            if DQ:  # this tile's ds^T slot: free once the dq turn (or with DQ_SPLIT both shares) of tile j - 2 read it
-                mbarrier.wait(ds_empty.index(j % 2), ((j // 2) & 1) ^ 1)
+            mbarrier.wait(ready.index(s), (t // STAGES) & 1)
+            if DQ:  # this tile's ds^T slot: free once the dq turn (or with DQ_SPLIT both shares) of tile t - 2 read it
+                mbarrier.wait(ds_empty.index(t % 2), ((t // 2) & 1) ^ 1)
             dst = zero_s  # (a tile before j_first adds nothing to dq either)
             if j >= j_first:
                 q = q_bufs.index(s).reshape([BLOCK_M, D])
@@ -249,12 +274,12 @@ if gluon is not None:
                     dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
             mbarrier.arrive(empty.index(s), count=1)
             if DQ:
-                _dq_turn(dst.to(dtype), k_bufs, ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, b, h, m0, j, scale, C,
+                _dq_turn(dst.to(dtype), k_bufs, ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, b, qh, m0, t, scale, C,
                          BLOCK_N, BLOCK_M, D, DQ_SPLIT)
         if DQ:  # (the last reduction reads its shared tile before the program ends)
             tma.store_wait(0)
         if not DQ:  # (b and h again, from the program's place: not held across the loop, where nothing reads them)
-            b, h, _ = _lpt_program(n_sec, H, LPT)
+            b, h, _ = _lpt_program(n_sec, H // KV_GROUP, LPT)
         rows = k0 + gl.arange(0, BLOCK_N, layout=row_o)
         cols = gl.arange(0, D, layout=col_o)
         keep = rows[:, None] < TK
@@ -267,7 +292,8 @@ if gluon is not None:
     @gluon.jit
     def _dq_turn(dst, k_bufs, ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, b, h, m0, j, scale, C: gl.constexpr,
                  BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, D: gl.constexpr, DQ_SPLIT: gl.constexpr):
-        """dq's share of query tile j from the program's 2 x BLOCK_N keys, FA3's way: each consumer puts its
+        """dq's share of query tile j (the j-th of the program's stream, which picks the slots; of query head h)
+        from the program's 2 x BLOCK_N keys, FA3's way: each consumer puts its
         ds^T (BLOCK_N keys x BLOCK_M queries; zeros where it had nothing to add) in the tile's shared slot
         ds_bufs[2 * (j % 2) + C] and arrives on ds_full[j % 2]; the consumer whose turn it is (C = j % 2)
         waits for both, runs dq = ds_0 k_0 + ds_1 k_1 (two wgmmas reading ds^T transposed from shared
@@ -313,13 +339,14 @@ if gluon is not None:
                         s_dkb, s_dkh, s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, H, TQ, TK, qk_scale, scale, n_sec,
                         desc_dqa, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
                         CAUSAL: gl.constexpr, DQ: gl.constexpr, OVERLAP: gl.constexpr = False,
-                        DQ_SPLIT: gl.constexpr = False, LPT: gl.constexpr = False):
-        """One program: 2 x BLOCK_N keys of (batch, head); see the module docstring. DQ: dq's shares too,
+                        DQ_SPLIT: gl.constexpr = False, LPT: gl.constexpr = False, KV_GROUP: gl.constexpr = 1):
+        """One program: 2 x BLOCK_N keys of (batch, kv head), with the query tiles of its KV_GROUP query heads
+        (grouped-query attention; H counts query heads, the grid's axis 1 the kv heads); see the module docstring. DQ: dq's shares too,
         added into the fp32 (B, H, Tq, D) rows desc_dqa describes (boxes of BLOCK_M x D, or BLOCK_M x D / 2
         with DQ_SPLIT: each consumer half the columns, ``_dq_turn``); without it desc_dqa is not read.
         OVERLAP: see ``_consumer``. The programs start heaviest first (the first keys see the most queries when
         causal), with LPT in sections of n_sec heads (``_lpt_program``)."""
-        b, h, blk = _lpt_program(n_sec, H, LPT)
+        b, h, blk = _lpt_program(n_sec, H // KV_GROUP, LPT)
         n0 = blk * (2 * BLOCK_N)
         if CAUSAL:  # the first query tile any of the program's keys is seen from
             lo = gl.maximum(n0 - (TK - TQ), 0) // BLOCK_M * BLOCK_M
@@ -342,15 +369,15 @@ if gluon is not None:
         fence_async_shared()
         gl.warp_specialize(
             [(_producer, (desc_k, desc_v, desc_q, desc_do, k_bufs, v_bufs, q_bufs, do_bufs, kv_bar, ready, empty, b,
-                          h, n0, lo, n_tiles, BLOCK_N, BLOCK_M, STAGES)),
+                          h, n0, lo, n_tiles, h * KV_GROUP, BLOCK_N, BLOCK_M, STAGES, KV_GROUP)),
              (_consumer, (k_bufs, v_bufs, q_bufs, do_bufs, kv_bar, ready, empty, LSE, DELTA, DK, DV, s_dkb, s_dkh,
                           s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, b, h, H, n0, lo, n_tiles, TQ, TK, qk_scale, scale,
                           ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, 0, BLOCK_N, BLOCK_M, D, STAGES, CAUSAL, DQ,
-                          OVERLAP, DQ_SPLIT, n_sec, LPT)),
+                          OVERLAP, DQ_SPLIT, n_sec, LPT, KV_GROUP)),
              (_consumer, (k_bufs, v_bufs, q_bufs, do_bufs, kv_bar, ready, empty, LSE, DELTA, DK, DV, s_dkb, s_dkh,
                           s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd, b, h, H, n0, lo, n_tiles, TQ, TK, qk_scale, scale,
                           ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, 1, BLOCK_N, BLOCK_M, D, STAGES, CAUSAL, DQ,
-                          OVERLAP, DQ_SPLIT, n_sec, LPT))],
+                          OVERLAP, DQ_SPLIT, n_sec, LPT, KV_GROUP))],
             [4, 4], [240, 240])
 
 
@@ -366,7 +393,11 @@ def launch_dkdv(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     programs' order (``lpt_heads``: sections of heads whose q and do take at most that many MB; 0 head by head).
     launched: as for ``launch_dq``."""
     B, H, TQ, D = q.shape
-    TK = k.shape[2]
+    HKV, TK = k.shape[1], k.shape[2]
+    if HKV < 1 or H % HKV or v.shape[1] != HKV or dk.shape[1] != HKV or dv.shape[1] != HKV:
+        raise ValueError(f"the Gluon dk/dv kernel takes k, v, dk and dv with a number of heads dividing q's "
+                         f"(grouped-query attention); got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+                         f"dk {tuple(dk.shape)}, dv {tuple(dv.shape)}")
     if block_n != 128 or block_m not in (32, 64):
         raise ValueError(f"the Gluon dk/dv kernel takes 128 keys a program (two warpgroups of 64) and 32 or 64 "
                          f"queries a tile; got block_n1={block_n}, block_m1={block_m}")
@@ -383,12 +414,13 @@ def launch_dkdv(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         raise ValueError(why)
     half = block_n // 2
     desc_k = descriptor(k, half)
-    one = (_dkdv_ws_kernel, (-(-TK // block_n), H, B),
+    one = (_dkdv_ws_kernel, (-(-TK // block_n), HKV, B),
            (desc_k, descriptor(v, half), descriptor(q, block_m), descriptor(do, block_m), lse, delta,
             dk, dv, *dk.stride(), *dv.stride(), H, TQ, TK, scale * LOG2E, scale,
-            lpt_heads(lpt_mb, TQ, D, do.shape[-1], q.element_size(), B * H),
+            lpt_heads(lpt_mb, (H // HKV) * TQ, D, do.shape[-1], q.element_size(), B * HKV),
             desc_k if dq_acc is None else descriptor(dq_acc, block_m, D // 2 if dq_split else D)),
            dict(BLOCK_N=half, BLOCK_M=block_m, D=D, STAGES=stages, CAUSAL=causal, DQ=dq_acc is not None,
+                KV_GROUP=H // HKV,
                 OVERLAP=overlap, DQ_SPLIT=dq_split, LPT=lpt_mb > 0, num_warps=4))
     fastlaunch.launch(*one)
     if launched is not None:

@@ -83,17 +83,17 @@ if gluon is not None:
     def _dq_ws_kernel(desc_q, desc_do, desc_k, desc_v, LSE, DELTA, DQ, s_dqb, s_dqh, s_dqm, s_dqd, O, s_ob, s_oh,
                       s_om, s_od, H, TQ, TK, qk_scale, scale, n_sec, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, DELTA_IN_DQ: gl.constexpr,
-                      LPT: gl.constexpr = False):
+                      LPT: gl.constexpr = False, KV_GROUP: gl.constexpr = 1):
         """One program: dq of 2 x BLOCK_M queries of (batch, head); the producer loads q and do once per
         consumer and streams the k and v tiles up to the program's last visible key, heaviest first (with LPT in
         sections of n_sec heads, ``_lpt_program``). DELTA_IN_DQ: the consumers form delta from O (see
-        ``_dq_consumer``)."""
+        ``_dq_consumer``). KV_GROUP: query heads a kv head (the k and v tiles are kv head h // KV_GROUP's)."""
         b, h, m0, n_tiles = _query_program(TQ, TK, n_sec, H, BLOCK_M, BLOCK_N, CAUSAL, LPT)
         q_bufs, do_bufs, k_bufs, v_bufs, qd_bar, ready, empty = _pass_buffers(desc_q, desc_do, desc_k, desc_v, STAGES)
         fence_async_shared()
         gl.warp_specialize(
             [(_producer, (desc_q, desc_do, desc_k, desc_v, q_bufs, do_bufs, k_bufs, v_bufs, qd_bar, ready, empty, b,
-                          h, m0, 0, n_tiles, BLOCK_M, BLOCK_N, STAGES)),
+                          h, m0, 0, n_tiles, h // KV_GROUP, BLOCK_M, BLOCK_N, STAGES)),
              (_dq_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, qd_bar, ready, empty, LSE, DELTA, DQ, s_dqb, s_dqh,
                              s_dqm, s_dqd, O, s_ob, s_oh, s_om, s_od, b, h, H, m0, n_tiles, TQ, TK, qk_scale, scale,
                              0, BLOCK_M, BLOCK_N, D, STAGES, CAUSAL, DELTA_IN_DQ)),
@@ -114,7 +114,10 @@ def launch_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     (``lpt_heads``: sections of heads whose k and v take at most that many MB; 0 head by head). launched: a
     list the launch (kernel, grid, arguments, meta) is appended to (for a prepared launch of the caller's)."""
     B, H, TQ, D = q.shape
-    TK = k.shape[2]
+    HKV, TK = k.shape[1], k.shape[2]
+    if HKV < 1 or H % HKV or v.shape[1] != HKV:
+        raise ValueError(f"the Gluon dq kernel takes k and v with a number of heads dividing q's (grouped-query "
+                         f"attention); got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if block_m != 128 or block_n not in (64, 128):
         raise ValueError(f"the Gluon dq kernel takes 128 queries a program (two warpgroups of 64) and 64 or 128 keys "
                          f"a tile; got block_m2={block_m}, block_n2={block_n}")
@@ -126,9 +129,9 @@ def launch_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     one = (_dq_ws_kernel, (-(-TQ // block_m), H, B),
            (descriptor(q, half), descriptor(do, half), descriptor(k, block_n), descriptor(v, block_n), lse, delta,
             dq, *dq.stride(), o, *o.stride(), H, TQ, TK, scale * LOG2E, scale,
-            lpt_heads(lpt_mb, TK, D, v.shape[-1], k.element_size(), B * H)),
+            min(B * H, lpt_heads(lpt_mb, TK, D, v.shape[-1], k.element_size(), B * HKV) * (H // HKV))),
            dict(BLOCK_M=half, BLOCK_N=block_n, D=D, STAGES=stages, CAUSAL=causal, DELTA_IN_DQ=out is not None,
-                LPT=lpt_mb > 0, num_warps=4))
+                LPT=lpt_mb > 0, KV_GROUP=H // HKV, num_warps=4))
     fastlaunch.launch(*one)
     if launched is not None:
         launched.append(one)

@@ -57,6 +57,10 @@ slots, phases and ping-pong turns count on across tiles (FA3's persistent kernel
 Where the code is: the consumers in ``fwd_gluon_consumers``, the work-tile schedule in ``fwd_gluon_schedule``;
 here the producer, the program (``_fwd_ws_kernel``) and its launcher.
 
+Grouped-query attention (k and v with H / G heads): query head h reads kv head h // G, which the producer
+loads instead of head h (the work tiles of a group's heads run one after another, so their keys and values are
+read from L2 after the first); ``section_mb`` counts a kv head once for its G query heads.
+
 Takes: CUDA capability 9.0 exactly (wgmma), Gluon, bfloat16 / float16, d = dv in {64, 128}, inputs
 TMA can read (16-byte aligned bases and strides). ``supported`` says why not; the launcher then runs
 the Triton kernel with the table's plan.
@@ -97,6 +101,12 @@ def section_heads(section_mb: int, tk: int, d: int, dv: int, itemsize: int, n_bh
     return max(1, min(n_bh, (section_mb << 20) // (max(tk, 1) * (d + dv) * itemsize)))
 
 
+def _group_section(section_mb: int, tk: int, d: int, dv: int, itemsize: int, b: int, h: int, hkv: int) -> int:
+    """``section_heads`` counted in query heads where h / hkv of them share a kv head (grouped-query attention):
+    the kv heads a section holds, times their query heads, at most b * h."""
+    return min(b * h, section_heads(section_mb, tk, d, dv, itemsize, b * hkv) * (h // hkv))
+
+
 def budget_reason(d: int, block_n: int, stages: int, persistent: bool = False, block_m: int = 128,
                   sum_mma: bool = False) -> Optional[str]:
     """Why the forward's buffers or registers do not fit a program (None: they do). block_m: the work tile's
@@ -120,10 +130,11 @@ if gluon is not None:
     @gluon.jit
     def _producer(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, n_m, n_bh,
                   n_sec, H, TQ, TK, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, LEVELS: gl.constexpr, CONSUMERS: gl.constexpr):
+                  Q_BUFS: gl.constexpr, CAUSAL: gl.constexpr, LEVELS: gl.constexpr, CONSUMERS: gl.constexpr,
+                  KV_GROUP: gl.constexpr):
         """The program's work tiles one after another: each consumer's q tile into its slot of the tile's q
         buffer (once the consumer released what it held there, Q_BUFS tiles ago), then the key and value
-        tiles through the ring; slots and phases count on across work tiles."""
+        tiles (of kv head h // KV_GROUP) through the ring; slots and phases count on across work tiles."""
         kv = 0
         for it in range(_tile_count(n_m * n_bh)):
             b, h, m0, n_tiles = _work_tile(_tile_of(it), n_m, n_bh, n_sec, H, TQ, TK, BLOCK_M, BLOCK_N, CAUSAL, LEVELS,
@@ -138,8 +149,8 @@ if gluon is not None:
                 mbarrier.wait(kv_empty.index(s), ((kv // STAGES) & 1) ^ 1)  # (a fresh slot passes at once)
                 bar = kv_ready.index(s)
                 mbarrier.expect(bar, desc_k.block_type.nbytes + desc_v.block_type.nbytes)
-                _tma_load(desc_k, [b, h, j * BLOCK_N, 0], bar, k_bufs.index(s))
-                _tma_load(desc_v, [b, h, j * BLOCK_N, 0], bar, v_bufs.index(s))
+                _tma_load(desc_k, [b, h // KV_GROUP, j * BLOCK_N, 0], bar, k_bufs.index(s))
+                _tma_load(desc_v, [b, h // KV_GROUP, j * BLOCK_N, 0], bar, v_bufs.index(s))
                 kv += 1
 
     @gluon.jit
@@ -147,11 +158,12 @@ if gluon is not None:
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
                        CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, Q_BUFS: gl.constexpr, LEVELS: gl.constexpr,
                        OVERLAP: gl.constexpr = False, SCALE_NONNEG: gl.constexpr = False, CONSUMERS: gl.constexpr = 2,
-                       SUM_MMA: gl.constexpr = False):
+                       SUM_MMA: gl.constexpr = False, KV_GROUP: gl.constexpr = 1):
         """Programs over work tiles of CONSUMERS x BLOCK_M queries of one (batch, head) (``_work_tile``): one
         tile a program, or (persistent) a tile a round (``_tile_of``), with Q_BUFS = 2 q buffers so the next
         tile's q loads while this one's run; CONSUMERS (2, or 3 at 160 registers each) consumer warpgroups
-        (``_consumer_of``: free-running, or with PINGPONG or OVERLAP lagged); see the module docstring."""
+        (``_consumer_of``: free-running, or with PINGPONG or OVERLAP lagged); KV_GROUP query heads a kv head
+        (grouped-query attention: k and v have H / KV_GROUP heads); see the module docstring."""
         dtype: gl.constexpr = desc_q.dtype
         q_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS * Q_BUFS, 1, 1, BLOCK_M, D], desc_q.layout)
         k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], desc_k.layout)
@@ -177,7 +189,7 @@ if gluon is not None:
             gl.warp_specialize(
                 [(_producer, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty,
                               n_m, n_bh, n_sec, H, TQ, TK, BLOCK_M, BLOCK_N, STAGES, Q_BUFS, CAUSAL, LEVELS,
-                              CONSUMERS)),
+                              CONSUMERS, KV_GROUP)),
                  (_consumer_of, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, ones, O, LSE,
                                  sob, soh, som, sod, n_m, n_bh, n_sec, H, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D,
                                  STAGES, Q_BUFS, CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS, SUM_MMA)),
@@ -192,7 +204,7 @@ if gluon is not None:
             gl.warp_specialize(
                 [(_producer, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty,
                               n_m, n_bh, n_sec, H, TQ, TK, BLOCK_M, BLOCK_N, STAGES, Q_BUFS, CAUSAL, LEVELS,
-                              CONSUMERS)),
+                              CONSUMERS, KV_GROUP)),
                  (_consumer_of, (q_bufs, k_bufs, v_bufs, q_bar, q_empty, kv_ready, kv_empty, turn, ones, O, LSE,
                                  sob, soh, som, sod, n_m, n_bh, n_sec, H, TQ, TK, qk_scale, 0, BLOCK_M, BLOCK_N, D,
                                  STAGES, Q_BUFS, CAUSAL, LEVELS, SCALE_NONNEG, PINGPONG, OVERLAP, CONSUMERS, SUM_MMA)),
@@ -229,7 +241,10 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
     if why:
         raise ValueError(why)
     B, H, TQ, D = q.shape
-    TK = k.shape[2]
+    HKV, TK = k.shape[1], k.shape[2]
+    if HKV < 1 or H % HKV or v.shape[1] != HKV:
+        raise ValueError(f"the Gluon forward takes k and v with a number of heads dividing q's (grouped-query "
+                         f"attention); got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     out = empty_bthd(B, H, TQ, D, q.dtype, q.device)
     lse = torch.empty((B, H, TQ), dtype=torch.float32, device=q.device)
     half = 64  # (a consumer warpgroup's queries)
@@ -249,10 +264,10 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
         programs = tiles
     one = (_fwd_ws_kernel, (programs,),
            (descriptor(q, half), descriptor(k, block_n), descriptor(v, block_n), out, lse, *out.stride(), H, TQ, TK,
-            scale * LOG2E, n_m, B * H, section_heads(section_mb, TK, D, v.shape[-1], q.element_size(), B * H)),
+            scale * LOG2E, n_m, B * H, _group_section(section_mb, TK, D, v.shape[-1], q.element_size(), B, H, HKV)),
            dict(BLOCK_M=half, BLOCK_N=block_n, D=D, STAGES=stages, CAUSAL=causal, PINGPONG=pingpong,
                 Q_BUFS=2 if persistent else 1, LEVELS=persistent and causal, OVERLAP=overlap, SCALE_NONNEG=scale >= 0,
-                CONSUMERS=block_m // 64, SUM_MMA=sum_mma, num_warps=4))
+                CONSUMERS=block_m // 64, SUM_MMA=sum_mma, KV_GROUP=H // HKV, num_warps=4))
     fastlaunch.launch(*one)
     if launched is not None:
         launched.append(one)

@@ -143,6 +143,13 @@ if gluon is not None:
         return z
 
 
+#: Whether the Gluon kernels take grouped-query attention (k and v with fewer heads than q, ``KV_GROUP``). Their
+#: grouped path compiles for sm_90 (tests/test_flash_gluon_compile.py) and launches over the kv heads as the CPU
+#: tests check, but has not yet run on a GPU: until its GPU tests (tests/test_flash_gqa.py, which turn it on) and
+#: the attention bench have, grouped heads run the Triton kernels, as before it existed.
+GROUPED = False
+
+
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
     """Why the Gluon forward cannot take these inputs (None: it can)."""
     if GLUON_ERROR:
@@ -161,9 +168,12 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str
         return f"the Gluon forward takes d = dv in {HEAD_DIMS} (got d={d}, dv={dv})"
     if not tma_eligible(q, k, v):
         return "the Gluon forward reads by TMA: 16-byte aligned bases and strides"
-    if k.shape[1] != q.shape[1]:
-        return (f"the Gluon kernels take k and v with q's number of heads (got {q.shape[1]} and {k.shape[1]}: "
-                "grouped-query attention runs the Triton kernels)")
+    if k.shape[1] < 1 or q.shape[1] % k.shape[1] or v.shape[1] != k.shape[1]:
+        return (f"the Gluon kernels take k and v with a number of heads dividing q's (got {q.shape[1]}, "
+                f"{k.shape[1]} and {v.shape[1]})")
+    if k.shape[1] != q.shape[1] and not GROUPED:
+        return (f"the Gluon kernels' grouped-query path is off until checked on a GPU (gluon_common.GROUPED; got "
+                f"{q.shape[1]} query heads on {k.shape[1]} kv heads): grouped heads run the Triton kernels")
     if not q.numel() or not k.numel():
         return "the Gluon forward takes no empty inputs (TMA descriptors need every dimension >= 1)"
     return None

@@ -18,6 +18,7 @@ from typing import Iterator, Optional
 
 import torch
 
+from kernels.methods.flash import gluon_common
 from kernels.runtime import fastlaunch
 
 #: How the kernels load and store their tiles: plain pointers (masked loads, cp.async pipelining),
@@ -355,14 +356,17 @@ def triton_plans(d: int, dv: int, dtype: torch.dtype, causal: bool, tq: int, tk:
 def launch_plans(d: int, dv: int, dtype: torch.dtype, causal: bool, tq: int, tk: int,
                  grouped: bool = False) -> tuple[FwdPlan, BwdPlan]:
     """The plans the launchers run when given none: the table's (:func:`plans_for`); for grouped-query
-    attention (``grouped``: Hkv < H) the Triton kernels' (:func:`triton_plans`: the Gluon kernels take Hkv = H
-    only) with the backward unfused (one grid's axis 1 cannot be both the kv and the query heads). What the
-    tuning tools start from. Outside an ``override`` only: there the launchers run the override's plans
-    (unfused for grouped heads), which :func:`plans_for` alone returns."""
+    attention (``grouped``: Hkv < H) the same where the Gluon kernels take groups (``gluon_common.GROUPED``), else
+    the Triton kernels' (:func:`triton_plans`), and a Triton backward unfused (one grid's axis 1 cannot be both
+    the kv and the query heads). What the tuning tools start from. Outside an ``override`` only: there the
+    launchers run the override's plans (unfused for grouped heads), which :func:`plans_for` alone returns."""
     if not grouped:
         return plans_for(d, dv, dtype, causal, tq, tk)
-    fwd, bwd = triton_plans(d, dv, dtype, causal, tq, tk)
-    return fwd, dataclasses.replace(bwd, fused=False)
+    if gluon_common.GROUPED:
+        fwd, bwd = plans_for(d, dv, dtype, causal, tq, tk)
+    else:
+        fwd, bwd = triton_plans(d, dv, dtype, causal, tq, tk)
+    return fwd, (dataclasses.replace(bwd, fused=False) if bwd.fused else bwd)
 
 
 @contextlib.contextmanager
