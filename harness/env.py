@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -43,6 +44,18 @@ def device_name(device: Optional[torch.device] = None) -> str:
     return f"CPU ({platform.processor() or platform.machine()})"
 
 
+def switches() -> dict:
+    """The HARNESS_* environment variables set for this process (kernel switches such as
+    HARNESS_FLASH_GLUON_GROUPED or HARNESS_TRITON_DIRECT change what runs: a result says which were set)."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("HARNESS_")}
+
+
+def switches_text(env: dict) -> str:
+    """", switches K=V ..." for a table's or report's header where any were set (``switches``), else ""."""
+    sw = env.get("switches") or {}
+    return ", switches " + " ".join(f"{k}={v}" for k, v in sw.items()) if sw else ""
+
+
 def environment() -> dict:
     return {
         "device_name": device_name(),
@@ -56,4 +69,5 @@ def environment() -> dict:
         "wandb": _version("wandb"),
         "python": platform.python_version(),
         "git_revision": git_revision(),
+        "switches": switches(),
     }

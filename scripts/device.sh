@@ -31,6 +31,8 @@
 #   profile-attention  Nsight Compute on scripts/profile_attention.py (ATTN_PROFILE_ARGS: method, shape,
 #            direction; ATTN_FWD, ATTN_BWD: flash plan knobs, e.g. ATTN_FWD="gluon=2 overlap=1"; NCU_KERNEL,
 #            default flash's kernels; NCU_ARGS as for profile: --launch-skip counts the warm-up call's launches)
+# HARNESS_* switches pass through to every stage (HARNESS_FLASH_GLUON_GROUPED=1: grouped heads by flash's Gluon
+# kernels; the tables and reports name the switches set).
 # Logs and results go to $OUT (or outputs/device); the last lines printed are a short summary.
 set -uo pipefail
 OUT=${OUT:-outputs/device}

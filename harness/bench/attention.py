@@ -36,7 +36,7 @@ from kernels.runtime import fastlaunch
 from harness.bench.common import (eager_and_graph_ms, error_text, fmt, free_memory, issue_us, parse_names, parse_shapes,
                                   peak_extra_gib, runnable, write_rows_csv)
 from harness.bench.model_shapes import ModelShape, models_option
-from harness.env import environment
+from harness.env import environment, switches_text
 from harness.results import atomic_write_text, write_json
 
 MAX_SCORES_GIB = 4.0
@@ -214,7 +214,7 @@ def run_attention_bench(methods: Optional[list[str]], shapes: list[Union[tuple, 
     how = ("inputs q (B, H, T, d), k and v (B, Hkv, T, d), three gradients" if layout == "separate" else
            "inputs one projection (B, T, (H + 2 Hkv) d) and its gradient: a native attention_qkv, else the attention "
            "on its split views (the backward then concatenates three gradients)")
-    lines = [f"## Causal attention on {env['device_name']} (torch {env['torch']}, triton {env['triton']}), bf16, "
+    lines = [f"## Causal attention on {env['device_name']} (torch {env['torch']}, triton {env['triton']}{switches_text(env)}), bf16, "
              f"{how}", "",
              "TFLOP/s: forward 4*B*H*T^2*d/2 (H query heads, whatever Hkv), forward + backward 3.5x that. Eager "
              "(launch cost included) and graph "

@@ -34,7 +34,7 @@ from harness.bench.common import (eager_and_graph_ms, error_text, fmt, free_memo
 from harness.bench.loss_shapes import add_shape_arguments, loss_shapes, shapes_of
 from harness.bench.model_shapes import ModelShape
 from harness.bench.timing import copy_bandwidth
-from harness.env import environment
+from harness.env import environment, switches_text
 from harness.results import atomic_write_text, write_json
 
 CHECK_ROWS = 256
@@ -257,7 +257,7 @@ def print_row(r: LossRow) -> None:
 
 def write_loss_table(rows: list[LossRow], env: dict, copy_gbs: float, out: Path) -> str:
     """loss.md, loss.csv and loss.json of ``rows`` in ``out``; the markdown table returned."""
-    lines = [f"## Cross-entropy on {env['device_name']} (torch {env['torch']}, triton {env['triton']}), bf16 logits", "",
+    lines = [f"## Cross-entropy on {env['device_name']} (torch {env['torch']}, triton {env['triton']}{switches_text(env)}), bf16 logits", "",
              f"Copy ceiling {copy_gbs:.0f} GB/s; ideal = one read of the logits + one write of their gradient at it. "
              "Host us: the host's time to issue one forward + backward; where it nears the eager ms, the GPU waited "
              "on the host.", "",

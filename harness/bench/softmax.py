@@ -29,7 +29,7 @@ from harness.bench.common import (DTYPES, dtype_name, eager_and_graph_ms, error_
                                   parse_ints, parse_names, runnable, write_rows_csv)
 from harness.bench.timing import copy_bandwidth, error_on_device, write_bandwidth
 from harness.bench.tuning.traffic import causal_traffic_ms
-from harness.env import environment
+from harness.env import environment, switches_text
 from harness.results import atomic_write_text, write_json
 
 DEFAULT_SIZES = "128,256,512,1024,2048,4096,8192,16384,32768,65536,262144"
@@ -239,7 +239,7 @@ def run_kernel_bench(methods: Optional[list[str]], sizes: list[int], elements: i
     fill_ratios(res.rows, copy_gbs, baselines)
     out.mkdir(parents=True, exist_ok=True)
     header = (f"## Softmax kernels on {env['device_name']} (torch {env['torch']}, triton {env['triton']}, "
-              f"CUDA {env['cuda']}), rows x N = {elements} elements")
+              f"CUDA {env['cuda']}{switches_text(env)}), rows x N = {elements} elements")
     md = markdown_table(res.rows, copy_gbs, header, baselines)
     md += f"\nWrite-only ceiling (fill): {res.write_gbs:.0f} GB/s.\n"
     if res.attention:

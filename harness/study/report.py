@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness.env import environment
+from harness.env import environment, switches_text
 from harness.loggers import wandb_mode
 from harness.results import atomic_write_text, write_json
 from harness.study.charts import plot_study
@@ -171,7 +171,7 @@ def write_outputs(rows: list[StudyRow], cfg: DictConfig, out: Path, partial: boo
         f"Model `{m.name}` ({m.n_layer} layers, {m.n_embd} dim, {m.n_head} heads, context {m.context}, vocabulary "
         f"{m.get('vocab_size') or 'of the data'}, batch {d.batch_size}), data `{d.name}`, {t.max_steps} steps "
         f"({t.warmup_steps} warm-up), seed {cfg.seed}; {env.get('device_name', '?')}, torch "
-        f"{env.get('torch', '?')}, triton {env.get('triton', '?')}, git {env.get('git_revision', '?')}.",
+        f"{env.get('torch', '?')}, triton {env.get('triton', '?')}, git {env.get('git_revision', '?')}{switches_text(env)}.",
         (f"Repeats: {repeats} per method, interleaved round-robin. " if round_robin else
          f"Repeats: the runs of one method in a group (up to {repeats}). ")
         + f"Figures are medians over repeats; with {MIN_INTERVAL_RUNS} or more, [lo, hi] is a 95% t-interval on log "

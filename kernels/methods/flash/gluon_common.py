@@ -5,6 +5,7 @@ layouts, the program prologues, ring barriers and masks both passes use, which i
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -146,8 +147,10 @@ if gluon is not None:
 #: Whether the Gluon kernels take grouped-query attention (k and v with fewer heads than q, ``KV_GROUP``). Their
 #: grouped path compiles for sm_90 (tests/test_flash_gluon_compile.py) and launches over the kv heads as the CPU
 #: tests check, but has not yet run on a GPU: until its GPU tests (tests/test_flash_gqa.py, which turn it on) and
-#: the attention bench have, grouped heads run the Triton kernels, as before it existed.
-GROUPED = False
+#: the attention bench have, grouped heads run the Triton kernels, as before it existed. The environment variable
+#: HARNESS_FLASH_GLUON_GROUPED=1 turns it on for a process (to measure it: benches and studies record the setting,
+#: harness.env).
+GROUPED = os.environ.get("HARNESS_FLASH_GLUON_GROUPED", "0") == "1"
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
