@@ -258,15 +258,9 @@ def test_gluon_dkdv_after_the_dq_pass_that_forms_delta(monkeypatch, gluon, d):
         torch.testing.assert_close(g, w, atol=atol, rtol=1e-2, msg=lambda m: f"{name}: {m}\n{where(g, w, atol, 1e-2)}")
 
 
-def test_the_backward_passes_start_in_lpt_sections_of_lpt_mb(monkeypatch):
-    """``lpt_heads``: as many heads as have the tiles a pass streams (rows x (d + dv) x 2 bytes each: the dk/dv
-    pass's q and do, the dq pass's k and v) within lpt_mb MB, at least one, at most every head; 0 is one (head by
-    head). Both Gluon passes get the count (n_sec) and LPT from the plan, each of its own tensors' rows."""
-    assert bwd_gluon.lpt_heads(0, 2048, 128, 128, 2, 128) == 1
-    assert bwd_gluon.lpt_heads(32, 2048, 128, 128, 2, 128) == 32  # (1 MB a head)
-    assert bwd_gluon.lpt_heads(32, 4096, 64, 64, 2, 48) == 32
-    assert bwd_gluon.lpt_heads(1, 8192, 128, 128, 2, 12) == 1  # (4 MB a head: still one)
-    assert bwd_gluon.lpt_heads(64, 100, 64, 64, 2, 6) == 6  # (never more than there are)
+def _recorded_launches(monkeypatch) -> list:
+    """(kernel name, grid, arguments, meta) of each launch from here on, none run; the Gluon kernels taking any
+    inputs (their checks are the GPU's). Skips where this Triton has no Gluon."""
     if bwd_gluon.GLUON_ERROR:
         pytest.skip(bwd_gluon.GLUON_ERROR)
     from kernels.runtime import fastlaunch
@@ -276,6 +270,19 @@ def test_the_backward_passes_start_in_lpt_sections_of_lpt_mb(monkeypatch):
         (getattr(kernel, "fn", kernel).__name__, grid, args, meta)))
     monkeypatch.setattr(gluon_common, "supported", lambda *t: None)
     monkeypatch.setattr(bwd, "tma_eligible", lambda *t: True)
+    return seen
+
+
+def test_the_backward_passes_start_in_lpt_sections_of_lpt_mb(monkeypatch):
+    """``lpt_heads``: as many heads as have the tiles a pass streams (rows x (d + dv) x 2 bytes each: the dk/dv
+    pass's q and do, the dq pass's k and v) within lpt_mb MB, at least one, at most every head; 0 is one (head by
+    head). Both Gluon passes get the count (n_sec) and LPT from the plan, each of its own tensors' rows."""
+    assert bwd_gluon.lpt_heads(0, 2048, 128, 128, 2, 128) == 1
+    assert bwd_gluon.lpt_heads(32, 2048, 128, 128, 2, 128) == 32  # (1 MB a head)
+    assert bwd_gluon.lpt_heads(32, 4096, 64, 64, 2, 48) == 32
+    assert bwd_gluon.lpt_heads(1, 8192, 128, 128, 2, 12) == 1  # (4 MB a head: still one)
+    assert bwd_gluon.lpt_heads(64, 100, 64, 64, 2, 6) == 6  # (never more than there are)
+    seen = _recorded_launches(monkeypatch)
     q = torch.zeros(1, 6, 2048, 64, dtype=torch.bfloat16)  # (512 KB of q and do, or of k and v, a head)
     k = torch.zeros(1, 6, 4096, 64, dtype=torch.bfloat16)  # (1 MB of k and v a head: the dq pass's sections)
     lse = torch.zeros(1, 6, 2048)
@@ -295,16 +302,9 @@ def test_grouped_heads_launch_the_gluon_passes_over_kv_heads(monkeypatch):
     with KV_GROUP = 3, their LPT sections counted in kv heads streaming 3 heads' q and do; the dq programs span the
     query heads, their sections a kv head's 3 query heads at a time; the forward gets KV_GROUP too. Heads that do
     not divide are refused before any launch."""
-    if bwd_gluon.GLUON_ERROR:
-        pytest.skip(bwd_gluon.GLUON_ERROR)
     from kernels.methods.flash import fwd_gluon
-    from kernels.runtime import fastlaunch
 
-    seen = []
-    monkeypatch.setattr(fastlaunch, "launch", lambda kernel, grid, args, meta, device=None: seen.append(
-        (getattr(kernel, "fn", kernel).__name__, grid, args, meta)))
-    monkeypatch.setattr(gluon_common, "supported", lambda *t: None)
-    monkeypatch.setattr(bwd, "tma_eligible", lambda *t: True)
+    seen = _recorded_launches(monkeypatch)
     q = torch.zeros(1, 6, 2048, 64, dtype=torch.bfloat16)  # (512 KB of q and do a head)
     k = torch.zeros(1, 2, 2048, 64, dtype=torch.bfloat16)  # (512 KB of k and v a kv head)
     lse = torch.zeros(1, 6, 2048)
