@@ -150,7 +150,16 @@ if gluon is not None:
 #: the attention bench have, grouped heads run the Triton kernels, as before it existed. The environment variable
 #: HARNESS_FLASH_GLUON_GROUPED=1 turns it on for a process (to measure it: benches and studies record the setting,
 #: harness.env).
-GROUPED = os.environ.get("HARNESS_FLASH_GLUON_GROUPED", "0") == "1"
+def grouped_switch(environ=os.environ) -> bool:
+    """HARNESS_FLASH_GLUON_GROUPED: "1" on; unset or "0" off; anything else refused, naming what is accepted."""
+    value = environ.get("HARNESS_FLASH_GLUON_GROUPED", "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"HARNESS_FLASH_GLUON_GROUPED={value!r}: 1 (grouped heads by the Gluon kernels) or 0 (by the "
+                         "Triton kernels, the default)")
+    return value == "1"
+
+
+GROUPED = grouped_switch()
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
