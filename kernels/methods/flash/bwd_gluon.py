@@ -290,25 +290,25 @@ if gluon is not None:
                  dv.to(dtype), mask=keep)
 
     @gluon.jit
-    def _dq_turn(dst, k_bufs, ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, b, h, m0, j, scale, C: gl.constexpr,
+    def _dq_turn(dst, k_bufs, ds_bufs, dq_bufs, ds_full, ds_empty, desc_dqa, b, h, m0, t, scale, C: gl.constexpr,
                  BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, D: gl.constexpr, DQ_SPLIT: gl.constexpr):
-        """dq's share of query tile j (the j-th of the program's stream, which picks the slots; of query head h)
-        from the program's 2 x BLOCK_N keys, FA3's way: each consumer puts its
+        """dq's share of the query tile at rows m0 of query head h, the t-th tile of the program's stream (t picks
+        the slots), from the program's 2 x BLOCK_N keys, FA3's way: each consumer puts its
         ds^T (BLOCK_N keys x BLOCK_M queries; zeros where it had nothing to add) in the tile's shared slot
-        ds_bufs[2 * (j % 2) + C] and arrives on ds_full[j % 2]; the consumer whose turn it is (C = j % 2)
+        ds_bufs[2 * (t % 2) + C] and arrives on ds_full[t % 2]; the consumer whose turn it is (C = t % 2)
         waits for both, runs dq = ds_0 k_0 + ds_1 k_1 (two wgmmas reading ds^T transposed from shared
         memory), hands the slots back (ds_empty) and adds dq * scale into the fp32 dq rows by one TMA
         reduction from its own shared tile, once its previous reduction has read that tile. One reduction
         per 2 x BLOCK_N keys and query tile. DQ_SPLIT: every tile both consumers wait for both ds^T and each
         forms and adds columns C * D / 2 .. (C + 1) * D / 2 of the share (both hand the slots back: ds_empty
         counts two)."""
-        par = j % 2
+        par = t % 2
         ds_bufs.index(2 * par + C).store(dst)
         fence_async_shared()  # (the stores seen by the wgmmas, which read through the async proxy)
         mbarrier.arrive(ds_full.index(par), count=1)
         if DQ_SPLIT:
             HALF: gl.constexpr = D // 2
-            mbarrier.wait(ds_full.index(par), (j // 2) & 1)
+            mbarrier.wait(ds_full.index(par), (t // 2) & 1)
             zero_q = gl.zeros([BLOCK_M, HALF], gl.float32, layout=mma_layout(HALF))
             k_0 = k_bufs.index(0).reshape([BLOCK_N, D]).slice(C * HALF, HALF, dim=1)
             k_1 = k_bufs.index(1).reshape([BLOCK_N, D]).slice(C * HALF, HALF, dim=1)
@@ -321,7 +321,7 @@ if gluon is not None:
             fence_async_shared()
             _tma_add(desc_dqa, [b, h, m0, C * HALF], dq_bufs.index(C))
         elif par == C:
-            mbarrier.wait(ds_full.index(par), (j // 2) & 1)
+            mbarrier.wait(ds_full.index(par), (t // 2) & 1)
             zero_q = gl.zeros([BLOCK_M, D], gl.float32, layout=mma_layout(D))
             dq = warpgroup_mma(ds_bufs.index(2 * par).permute((1, 0)), k_bufs.index(0).reshape([BLOCK_N, D]), zero_q,
                                use_acc=False, is_async=True)
