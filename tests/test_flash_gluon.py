@@ -144,6 +144,8 @@ def test_the_persistent_order_takes_heads_in_sections_of_section_mb(monkeypatch)
     assert fwd_gluon.section_heads(1, 8192, 128, 128, 2, 12) == 1  # (4 MB a head: still one)
     assert fwd_gluon.section_heads(64, 100, 64, 64, 2, 6) == 6  # (never more than there are)
     assert fwd_gluon.section_heads(0, 2048, 128, 128, 2, 128) == 128
+    assert fwd_gluon.section_heads(32, 2048, 128, 128, 2, 8, group=7) == 56  # (8 kv heads' 7 query heads each)
+    assert fwd_gluon.section_heads(0, 2048, 128, 128, 2, 8, group=7) == 56
     for bad in (-1, 2.0, False):
         with pytest.raises(ValueError, match="an int >= 0"):
             fwd_gluon.section_heads(bad, 2048, 128, 128, 2, 128)

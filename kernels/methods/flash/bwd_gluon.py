@@ -59,7 +59,7 @@ from kernels.methods.flash.fwd_gluon import section_heads
 from kernels.methods.flash.gluon_common import (GLUON_ERROR, SHARED_LIMIT, descriptor, _lpt_program, _ring_barriers,
                                              _tma_load, fence_async_shared, gl, gluon, mbarrier, mma_layout,
                                              operand_layout, tma, warpgroup_mma, warpgroup_mma_wait)
-from kernels.methods.flash.tiles import LOG2E
+from kernels.methods.flash.tiles import LOG2E, kv_group
 from kernels.runtime import fastlaunch
 
 __all__ = ["GLUON_ERROR", "budget_reason", "launch_dkdv", "lpt_heads", "shared_bytes"]
@@ -74,11 +74,12 @@ def shared_bytes(d: int, tile_rows: int, stages: int, dq: bool = False, dq_split
     return 2 * 2 * 64 * d * 2 + stages * 2 * tile_rows * d * 2 + extra + 1024
 
 
-def lpt_heads(lpt_mb: int, rows: int, d: int, dv: int, itemsize: int, n_bh: int) -> int:
+def lpt_heads(lpt_mb: int, rows: int, d: int, dv: int, itemsize: int, n_bh: int, group: int = 1) -> int:
     """Heads a section of a pass's LPT program order holds (``BwdPlan.lpt_mb``, ``_lpt_program``): as many as have
     the tiles the pass streams (rows x (d + dv) values: the dk/dv pass's q and do, the dq pass's k and v) within
-    lpt_mb MB, at least one, at most n_bh; lpt_mb = 0: one (head by head, each head's heaviest blocks first)."""
-    return 1 if lpt_mb == 0 else section_heads(lpt_mb, rows, d, dv, itemsize, n_bh)
+    lpt_mb MB, at least one, at most n_bh; lpt_mb = 0: one (head by head, each head's heaviest blocks first). group:
+    as for ``section_heads`` (the dq pass's query heads, whole groups of a kv head)."""
+    return group if lpt_mb == 0 else section_heads(lpt_mb, rows, d, dv, itemsize, n_bh, group)
 
 
 def _over_budget(what: str, d: int, tile_rows: int, stages: int, dq: bool = False,
@@ -394,10 +395,7 @@ def launch_dkdv(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     launched: as for ``launch_dq``."""
     B, H, TQ, D = q.shape
     HKV, TK = k.shape[1], k.shape[2]
-    if HKV < 1 or H % HKV or v.shape[1] != HKV or dk.shape[1] != HKV or dv.shape[1] != HKV:
-        raise ValueError(f"the Gluon dk/dv kernel takes k, v, dk and dv with a number of heads dividing q's "
-                         f"(grouped-query attention); got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
-                         f"dk {tuple(dk.shape)}, dv {tuple(dv.shape)}")
+    group = kv_group(H, HKV)
     if block_n != 128 or block_m not in (32, 64):
         raise ValueError(f"the Gluon dk/dv kernel takes 128 keys a program (two warpgroups of 64) and 32 or 64 "
                          f"queries a tile; got block_n1={block_n}, block_m1={block_m}")
@@ -417,11 +415,10 @@ def launch_dkdv(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     one = (_dkdv_ws_kernel, (-(-TK // block_n), HKV, B),
            (desc_k, descriptor(v, half), descriptor(q, block_m), descriptor(do, block_m), lse, delta,
             dk, dv, *dk.stride(), *dv.stride(), H, TQ, TK, scale * LOG2E, scale,
-            lpt_heads(lpt_mb, (H // HKV) * TQ, D, do.shape[-1], q.element_size(), B * HKV),
+            lpt_heads(lpt_mb, group * TQ, D, do.shape[-1], q.element_size(), B * HKV),
             desc_k if dq_acc is None else descriptor(dq_acc, block_m, D // 2 if dq_split else D)),
            dict(BLOCK_N=half, BLOCK_M=block_m, D=D, STAGES=stages, CAUSAL=causal, DQ=dq_acc is not None,
-                KV_GROUP=H // HKV,
-                OVERLAP=overlap, DQ_SPLIT=dq_split, LPT=lpt_mb > 0, num_warps=4))
+                KV_GROUP=group, OVERLAP=overlap, DQ_SPLIT=dq_split, LPT=lpt_mb > 0, num_warps=4))
     fastlaunch.launch(*one)
     if launched is not None:
         launched.append(one)

@@ -13,7 +13,7 @@ from kernels.methods.flash.bwd_gluon import _over_budget, _pass_buffers, _produc
 from kernels.methods.flash.gluon_common import (_key_range, _mask_tile, _query_program, descriptor,
                                              fence_async_shared, gl, gluon, mbarrier, mma_layout, operand_layout,
                                              row_layout, warpgroup_mma, warpgroup_mma_wait)
-from kernels.methods.flash.tiles import LOG2E
+from kernels.methods.flash.tiles import LOG2E, kv_group
 from kernels.runtime import fastlaunch
 
 __all__ = ["launch_dq"]
@@ -115,9 +115,7 @@ def launch_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     list the launch (kernel, grid, arguments, meta) is appended to (for a prepared launch of the caller's)."""
     B, H, TQ, D = q.shape
     HKV, TK = k.shape[1], k.shape[2]
-    if HKV < 1 or H % HKV or v.shape[1] != HKV:
-        raise ValueError(f"the Gluon dq kernel takes k and v with a number of heads dividing q's (grouped-query "
-                         f"attention); got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    group = kv_group(H, HKV)
     if block_m != 128 or block_n not in (64, 128):
         raise ValueError(f"the Gluon dq kernel takes 128 queries a program (two warpgroups of 64) and 64 or 128 keys "
                          f"a tile; got block_m2={block_m}, block_n2={block_n}")
@@ -129,9 +127,9 @@ def launch_dq(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     one = (_dq_ws_kernel, (-(-TQ // block_m), H, B),
            (descriptor(q, half), descriptor(do, half), descriptor(k, block_n), descriptor(v, block_n), lse, delta,
             dq, *dq.stride(), o, *o.stride(), H, TQ, TK, scale * LOG2E, scale,
-            min(B * H, lpt_heads(lpt_mb, TK, D, v.shape[-1], k.element_size(), B * HKV) * (H // HKV))),
+            lpt_heads(lpt_mb, TK, D, v.shape[-1], k.element_size(), B * HKV, group)),
            dict(BLOCK_M=half, BLOCK_N=block_n, D=D, STAGES=stages, CAUSAL=causal, DELTA_IN_DQ=out is not None,
-                LPT=lpt_mb > 0, KV_GROUP=H // HKV, num_warps=4))
+                LPT=lpt_mb > 0, KV_GROUP=group, num_warps=4))
     fastlaunch.launch(*one)
     if launched is not None:
         launched.append(one)

@@ -13,8 +13,8 @@ import torch
 from kernels.methods.flash import fwd_gluon, gluon_common, replay
 from kernels.methods.flash import plan as plans
 from kernels.methods.flash.tiles import (LOG2E, TMA_CODE, device_descriptor, empty_bthd, ensure_allocator,
-                                         fast_log2, host_descriptor, interpreter_enabled, key_bounds, load_rows, mma,
-                                         store_rows, tl, tma_eligible, tma_supported, triton)
+                                         fast_log2, host_descriptor, interpreter_enabled, key_bounds, kv_group,
+                                         load_rows, mma, store_rows, tl, tma_eligible, tma_supported, triton)
 from kernels.runtime import fastlaunch
 
 if triton is not None:
@@ -169,10 +169,7 @@ def precision(dtype: torch.dtype) -> int:
 def group_kwargs(n_head: int, n_kv_head: int) -> dict:
     """The kernels' KV_GROUP (query heads per kv head; 1, the constexpr's default, without groups: the same
     specialization as before). Always by keyword: fastlaunch's direct path needs every constexpr given so."""
-    if n_kv_head < 1 or n_head % n_kv_head:
-        raise ValueError(f"flash attention takes k and v with a number of heads dividing q's (grouped-query "
-                         f"attention); got {n_head} query heads and {n_kv_head} kv heads")
-    return {"KV_GROUP": n_head // n_kv_head}
+    return {"KV_GROUP": kv_group(n_head, n_kv_head)}
 
 
 def resolve_tma(mode: str, device: torch.device, *tensors: torch.Tensor) -> str:

@@ -77,7 +77,7 @@ from kernels.methods.flash.fwd_gluon_schedule import _tile_count, _tile_of, _wor
 from kernels.methods.flash.gluon_common import (CONSUMER_REGS_3, GLUON_ERROR, SHARED_LIMIT, descriptor, _ring_barriers,
                                                 _tma_load, fence_async_shared, gl, gluon, mbarrier, supported)
 from kernels.methods.flash.plan import check_section_mb
-from kernels.methods.flash.tiles import LOG2E, empty_bthd
+from kernels.methods.flash.tiles import LOG2E, empty_bthd, kv_group
 from kernels.runtime import fastlaunch
 from kernels.runtime.device import device_props
 
@@ -92,19 +92,15 @@ def shared_bytes(d: int, block_n: int, stages: int, persistent: bool = False, co
             + (block_n * 16 * 2 if sum_mma else 0) + 1024)
 
 
-def section_heads(section_mb: int, tk: int, d: int, dv: int, itemsize: int, n_bh: int) -> int:
+def section_heads(section_mb: int, tk: int, d: int, dv: int, itemsize: int, n_bh: int, group: int = 1) -> int:
     """Heads a section of the persistent causal tile order holds (``_work_tile``): as many as have keys and values
-    within section_mb MB (at least one, at most n_bh); section_mb = 0: every head (n_bh)."""
+    within section_mb MB (at least one, at most n_bh); section_mb = 0: every head (n_bh). group: query heads a kv
+    head (grouped-query attention): n_bh then counts (batch, kv head) pairs and the result their query heads, whole
+    groups."""
     check_section_mb(section_mb)
     if section_mb == 0:
-        return n_bh
-    return max(1, min(n_bh, (section_mb << 20) // (max(tk, 1) * (d + dv) * itemsize)))
-
-
-def _group_section(section_mb: int, tk: int, d: int, dv: int, itemsize: int, b: int, h: int, hkv: int) -> int:
-    """``section_heads`` counted in query heads where h / hkv of them share a kv head (grouped-query attention):
-    the kv heads a section holds, times their query heads, at most b * h."""
-    return min(b * h, section_heads(section_mb, tk, d, dv, itemsize, b * hkv) * (h // hkv))
+        return n_bh * group
+    return max(1, min(n_bh, (section_mb << 20) // (max(tk, 1) * (d + dv) * itemsize))) * group
 
 
 def budget_reason(d: int, block_n: int, stages: int, persistent: bool = False, block_m: int = 128,
@@ -242,9 +238,7 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
         raise ValueError(why)
     B, H, TQ, D = q.shape
     HKV, TK = k.shape[1], k.shape[2]
-    if HKV < 1 or H % HKV or v.shape[1] != HKV:
-        raise ValueError(f"the Gluon forward takes k and v with a number of heads dividing q's (grouped-query "
-                         f"attention); got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    group = kv_group(H, HKV)
     out = empty_bthd(B, H, TQ, D, q.dtype, q.device)
     lse = torch.empty((B, H, TQ), dtype=torch.float32, device=q.device)
     half = 64  # (a consumer warpgroup's queries)
@@ -264,10 +258,10 @@ def launch_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
         programs = tiles
     one = (_fwd_ws_kernel, (programs,),
            (descriptor(q, half), descriptor(k, block_n), descriptor(v, block_n), out, lse, *out.stride(), H, TQ, TK,
-            scale * LOG2E, n_m, B * H, _group_section(section_mb, TK, D, v.shape[-1], q.element_size(), B, H, HKV)),
+            scale * LOG2E, n_m, B * H, section_heads(section_mb, TK, D, v.shape[-1], q.element_size(), B * HKV, group)),
            dict(BLOCK_M=half, BLOCK_N=block_n, D=D, STAGES=stages, CAUSAL=causal, PINGPONG=pingpong,
                 Q_BUFS=2 if persistent else 1, LEVELS=persistent and causal, OVERLAP=overlap, SCALE_NONNEG=scale >= 0,
-                CONSUMERS=block_m // 64, SUM_MMA=sum_mma, KV_GROUP=H // HKV, num_warps=4))
+                CONSUMERS=block_m // 64, SUM_MMA=sum_mma, KV_GROUP=group, num_warps=4))
     fastlaunch.launch(*one)
     if launched is not None:
         launched.append(one)

@@ -70,6 +70,15 @@ def _capability(index: int) -> int:
     return cap
 
 
+def kv_group(n_head: int, n_kv_head: int) -> int:
+    """Query heads a kv head (grouped-query attention: query head h reads kv head h // group), refusing a number
+    of kv heads that does not divide the query heads'."""
+    if n_kv_head < 1 or n_head % n_kv_head:
+        raise ValueError(f"flash attention takes k and v with a number of heads dividing q's (grouped-query "
+                         f"attention); got {n_head} query heads and {n_kv_head} kv heads")
+    return n_head // n_kv_head
+
+
 def tma_eligible(*tensors: torch.Tensor) -> bool:
     """TMA reads a tensor when its base is 16-byte aligned, its last stride is 1 and every other
     stride is a positive multiple of 16 bytes (a broadcast stride 0 or an odd row pitch: pointers)."""
