@@ -111,16 +111,6 @@ def compile_call(fn, args, kw, target: GPUTarget) -> dict:
             "global_loads": len(re.findall(r"\bld\.global", k.asm["ptx"]))}
 
 
-def _gluon_takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-    """gluon_common.supported as on a Hopper GPU for these shapes (bf16 / fp16, d = dv in 64 and 128, the model's
-    layout: TMA-readable; grouped heads where ``gluon_common.GROUPED``)."""
-    if q.dtype not in (torch.bfloat16, torch.float16) or q.shape[-1] != v.shape[-1] or q.shape[-1] not in (64, 128):
-        return "not a Gluon head dim or dtype"
-    if k.shape[1] != q.shape[1] and not gluon_common.GROUPED:
-        return "grouped-query attention runs the Triton kernels (gluon_common.GROUPED is off)"
-    return None if q.shape[1] % k.shape[1] == 0 else "Hkv does not divide H"
-
-
 def record(d: int, dtype: torch.dtype, causal: bool, fplan: plans.FwdPlan, bplan: plans.BwdPlan,
            B: int = 4, H: int = 12, T: int = 1024, kv_heads: int = 0) -> list:
     """The launches the launchers would make for (B, H, T, d) inputs in the model's layout; ``kv_heads``
@@ -131,7 +121,9 @@ def record(d: int, dtype: torch.dtype, causal: bool, fplan: plans.FwdPlan, bplan
              (fwd, "tma_supported", lambda device: True)]  # compiling for sm_90: TMA exists there
     if fwd_gluon.GLUON_ERROR is None:  # (the Gluon kernels' checks of the tensors are for the GPU they run on)
         kernels += [(fwd_gluon, "_fwd_ws_kernel"), (bwd_gluon, "_dkdv_ws_kernel"), (bwd_gluon_dq, "_dq_ws_kernel")]
-        stubs += [(gluon_common, "supported", _gluon_takes), (bwd, "tma_eligible", lambda *tensors: True),
+        # (the inputs' checks as on a Hopper GPU: the device's are for the GPU the kernels run on)
+        stubs += [(gluon_common, "supported", gluon_common.inputs_reason),
+                  (bwd, "tma_eligible", lambda *tensors: True),
                   # persistent plans: programs as on an H100 / H200 (132 SMs), asked of no GPU here
                   (fwd_gluon, "device_props", lambda device: types.SimpleNamespace(multi_processor_count=132)),
                   (torch.cuda, "current_device", lambda: 0)]

@@ -163,7 +163,13 @@ GROUPED = grouped_switch()
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
-    """Why the Gluon forward cannot take these inputs (None: it can)."""
+    """Why the Gluon forward cannot take these inputs (None: it can): where they are (``device_reason``), then
+    what they are (``inputs_reason``)."""
+    return device_reason(q) or inputs_reason(q, k, v)
+
+
+def device_reason(q: torch.Tensor) -> Optional[str]:
+    """Why the Gluon kernels cannot run where q is (None: a Hopper GPU and a Triton with Gluon)."""
     if GLUON_ERROR:
         return GLUON_ERROR
     if interpreter_enabled() or not q.is_cuda:
@@ -173,6 +179,12 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str
     if (props.major, props.minor) != (9, 0):
         return (f"the Gluon forward uses Hopper's wgmma (compute capability 9.0; this GPU has "
                 f"{(props.major, props.minor)})")
+    return None
+
+
+def inputs_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
+    """Why the Gluon kernels cannot take these tensors wherever they are (None: they can): dtype, head dims,
+    TMA-readable strides, kv heads dividing q's (grouped ones while ``GROUPED``), no empty input."""
     if q.dtype not in (torch.bfloat16, torch.float16):
         return f"the Gluon forward takes bfloat16 or float16 (got {q.dtype})"
     d, dv = q.shape[-1], v.shape[-1]
